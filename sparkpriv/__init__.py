@@ -1,0 +1,51 @@
+"""sparkpriv: differentially private releases of large tables on Apache Spark.
+
+Public API (imported lazily so that ``import sparkpriv.privacy`` never starts
+or imports Spark):
+
+* :func:`release_projection` (Spark DataFrames), :func:`release_projection_array`
+  (numpy), :func:`recover_sq_distances`
+* :func:`open_ledger` (privacy-budget ledger)
+* errors: :class:`SparkPrivError` and subclasses
+"""
+
+from sparkpriv._version import __version__
+from sparkpriv.errors import (
+    BudgetExceededError,
+    InputError,
+    LedgerError,
+    OutputExistsError,
+    ParameterError,
+    SchemaError,
+    SparkPrivError,
+)
+
+_LAZY = {
+    "release_projection": "sparkpriv.spark.projection",
+    "release_projection_array": "sparkpriv.mechanisms.projection",
+    "recover_sq_distances": "sparkpriv.mechanisms.projection",
+    "open_ledger": "sparkpriv.ledger",
+    "get_spark": "sparkpriv.spark.session",
+    "read_receipt": "sparkpriv.receipt",
+}
+
+__all__ = [
+    "__version__",
+    "SparkPrivError",
+    "ParameterError",
+    "InputError",
+    "SchemaError",
+    "OutputExistsError",
+    "BudgetExceededError",
+    "LedgerError",
+    *_LAZY,
+]
+
+
+def __getattr__(name):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'sparkpriv' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(mod), name)

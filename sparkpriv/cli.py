@@ -1,0 +1,243 @@
+"""The ``sparkpriv`` command line (thin: parse, call one library function, exit).
+
+Exit codes: 0 ok, 2 bad arguments or input, 3 budget refused, 1 anything else.
+Every command takes ``--config FILE.toml`` holding the same options (the
+command line wins); unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Sequence
+
+from sparkpriv.config import Option, build_config, load_toml
+from sparkpriv.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, ParameterError, SparkPrivError
+
+__all__ = ["main", "build_parser"]
+
+_log = logging.getLogger("sparkpriv")
+
+GENERATE_BLOBS_OPTIONS = (
+    Option("rows", "int", "number of rows", required=True),
+    Option("cols", "int", "number of feature columns f0..", required=True),
+    Option("output", "str", "output Parquet directory", required=True),
+    Option("clusters", "int", "number of blobs (label column)", default=2),
+    Option("separation", "float", "distance between the closest blob centres", default=4.0),
+    Option("cluster_std", "float", "standard deviation around each centre", default=1.0),
+    Option("seed", "int", "public seed of the sample data", default=0),
+    Option("partitions", "int", "Spark partitions (default: by size)"),
+    Option("overwrite", "bool", "replace an existing output", default=False),
+)
+
+
+class _ArgParser(argparse.ArgumentParser):
+    def error(self, message):  # exit code 2 with a clear message (argparse's default too)
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_BAD_INPUT, f"sparkpriv: error: {message}\n")
+
+
+def _add_options(p: argparse.ArgumentParser, options: Sequence[Option]) -> None:
+    for o in options:
+        flag = "--" + o.name.replace("_", "-")
+        help_ = o.help + (" (required)" if o.required else "")
+        if o.default not in (None, (), False):
+            help_ += f" [default: {o.default}]"
+        if o.type == "bool":
+            p.add_argument(flag, dest=o.name, action="store_const", const=True, default=None, help=help_)
+        else:
+            p.add_argument(flag, dest=o.name, default=None, metavar=o.name.upper(), help=help_)
+
+
+def _leaf(sub, name: str, help_: str, handler, options: Sequence[Option] = ()):
+    p = sub.add_parser(name, help=help_, description=help_)
+    _add_options(p, options)
+    p.add_argument("--config", help="TOML file with the same options (command line wins)")
+    p.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING, ERROR")
+    p.set_defaults(_handler=handler, _options=tuple(options), _leaf=p, _spark={})
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from sparkpriv.runner import MECHANISMS
+
+    parser = _ArgParser(prog="sparkpriv", description="Differentially private releases of large tables on Spark.")
+    from sparkpriv import __version__
+
+    parser.add_argument("--version", action="version", version=f"sparkpriv {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_ArgParser)
+
+    rel = sub.add_parser("release", help="release a private table").add_subparsers(
+        dest="mechanism", required=True, parser_class=_ArgParser)
+    for name, spec in sorted(MECHANISMS.items()):
+        from sparkpriv.config import COMMON_OPTIONS
+
+        _leaf(rel, name, spec.summary, _cmd_release, COMMON_OPTIONS + spec.options)
+
+    gen = sub.add_parser("generate", help="generate sample tables on Spark").add_subparsers(
+        dest="what", required=True, parser_class=_ArgParser)
+    _leaf(gen, "blobs", "Gaussian blobs with a label column, generated in parallel", _cmd_generate_blobs,
+          GENERATE_BLOBS_OPTIONS)
+
+    from sparkpriv.demo import DEMO_OPTIONS
+
+    _leaf(sub, "demo", "generate a sample table and release it on local Spark", _cmd_demo, DEMO_OPTIONS)
+
+    bench = sub.add_parser("bench", help="benchmarks against baselines (prints a JSON last line)").add_subparsers(
+        dest="bench", required=True, parser_class=_ArgParser)
+    from sparkpriv.bench import BENCHMARKS
+
+    for name, (mod_name, help_) in BENCHMARKS.items():
+        p = _leaf(bench, name, help_, _cmd_bench)
+        import importlib
+
+        importlib.import_module(mod_name).add_arguments(p)
+        p.set_defaults(_bench_module=mod_name)
+
+    try:
+        from sparkpriv.ledger.cli import add_ledger_subparsers
+    except ImportError:  # pragma: no cover - ledger always ships
+        add_ledger_subparsers = None
+    if add_ledger_subparsers is not None:
+        led = sub.add_parser("ledger", help="privacy-budget ledger").add_subparsers(
+            dest="ledger_command", required=True, parser_class=_ArgParser)
+        add_ledger_subparsers(led)
+        for p in led.choices.values():
+            if not any(a.dest == "config" for a in p._actions):
+                p.add_argument("--config", help="TOML file with the same options (command line wins)")
+            if not any(a.dest == "log_level" for a in p._actions):
+                p.add_argument("--log-level", default=None)
+            p.set_defaults(_leaf=p, _spark={}, _options=())
+    return parser
+
+
+def _apply_config(parser, argv, args):
+    """Re-parse with the config file's values as defaults (command line wins)."""
+    values = load_toml(args.config)
+    leaf = args._leaf
+    spark_conf = values.pop("spark", {}) or {}
+    mech = values.pop("mechanism", None)
+    if mech is not None and getattr(args, "mechanism", mech) != mech:
+        raise ParameterError(
+            f"The config file {args.config!r} names mechanism {mech!r} but the command releases "
+            f"{args.mechanism!r}."
+        )
+    dests = {a.dest for a in leaf._actions if a.dest not in ("help", "config")}
+    unknown = sorted(k for k in values if k not in dests or k.startswith("_"))
+    if unknown:
+        raise ParameterError(
+            f"Unknown key {unknown[0]!r} in the config file {args.config!r}. Known keys: "
+            f"{', '.join(sorted(d for d in dests if not d.startswith('_')))}, mechanism, [spark]."
+        )
+    opt_types = {o.name: o for o in args._options}
+    defaults = {}
+    for k, v in values.items():
+        if k in opt_types:
+            defaults[k] = v  # coerced later with the option's type
+        elif isinstance(v, list):
+            defaults[k] = ",".join(map(str, v))
+        else:
+            defaults[k] = v
+    leaf.set_defaults(**defaults, _spark={str(k): str(v) for k, v in spark_conf.items()})
+    return parser.parse_args(argv)
+
+
+def _values(args) -> dict:
+    return {o.name: getattr(args, o.name, None) for o in args._options}
+
+
+def _cmd_release(args) -> int:
+    from sparkpriv.runner import options_for, run_release
+
+    cfg = build_config(args.mechanism, options_for(args.mechanism), None, _values(args),
+                       source="config file")
+    cfg = type(cfg)(mechanism=cfg.mechanism, values=cfg.values, spark=args._spark)
+    res = run_release(cfg)
+    print(f"private table: {res.output}")
+    print(f"receipt:       {res.receipt_path}")
+    print(f"guarantee:     epsilon={res.epsilon:.6g} delta={res.delta:.3g}")
+    if res.ledger_entry:
+        print(f"ledger entry:  {res.ledger_entry}")
+    return EXIT_OK
+
+
+def _cmd_generate_blobs(args) -> int:
+    from sparkpriv.spark.generate import generate_blobs
+    from sparkpriv.spark.session import get_spark
+
+    cfg = build_config("generate blobs", GENERATE_BLOBS_OPTIONS, None, _values(args))
+    v = dict(cfg.values)
+    spark = get_spark(args._spark)
+    df = generate_blobs(spark, rows=v["rows"], cols=v["cols"], clusters=v["clusters"],
+                        separation=v["separation"], cluster_std=v["cluster_std"], seed=v["seed"],
+                        partitions=v["partitions"])
+    df.write.mode("overwrite" if v["overwrite"] else "errorifexists").parquet(v["output"])
+    print(f"sample table: {v['output']} ({v['rows']} rows x {v['cols']} features + id, label)")
+    return EXIT_OK
+
+
+def _cmd_demo(args) -> int:
+    from sparkpriv.demo import DEMO_OPTIONS, run_demo
+
+    cfg = build_config("demo", DEMO_OPTIONS, None, _values(args))
+    run_demo(**cfg.values, spark_conf=args._spark)
+    return EXIT_OK
+
+
+def _cmd_bench(args) -> int:
+    import importlib
+
+    mod = importlib.import_module(args._bench_module)
+    mod.run_from_args(args)
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, (args.log_level or "INFO").upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        if getattr(args, "config", None):
+            args = _apply_config(parser, argv, args)
+        handler = args._handler
+        return int(handler(args) or 0)
+    except SparkPrivError as exc:
+        _log.error("%s", exc)
+        print(f"sparkpriv: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return EXIT_FAILURE
+    except Exception as exc:  # unexpected: log the trace, exit 1
+        _log.exception("failed: %s", type(exc).__name__)
+        print(f"sparkpriv: failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+              file=sys.stderr)
+        return EXIT_FAILURE
+
+
+
+def main_job(argv: Sequence[str]) -> int:
+    """``jobs/release.py``: the mechanism comes from the config file."""
+    p = _ArgParser(prog="jobs/release.py", description="Run the release a config file describes.")
+    p.add_argument("--config", required=True, help="TOML file naming the mechanism and its options")
+    known, rest = p.parse_known_args(argv)
+    try:
+        mech = load_toml(known.config).get("mechanism")
+    except ParameterError as exc:
+        print(f"sparkpriv: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if not isinstance(mech, str):
+        print(f"sparkpriv: error: the config file {known.config!r} must name the mechanism, e.g. "
+              'mechanism = "projection".', file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return main(["release", mech, "--config", known.config, *rest])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Release configuration: one frozen dataclass, loaded from TOML or the CLI.
+
+A config file holds the same options as the command line (``--row-bound`` is
+``row_bound``), plus ``mechanism`` and a ``[spark]`` table of Spark settings.
+Unknown keys are errors; ``epsilon`` has no default, and ``delta`` is never
+silently chosen for a mechanism that needs one.
+
+Example (``nightly.toml``)::
+
+    mechanism = "projection"
+    input = "s3a://lake/cdr/towers/2026-11-21"
+    output = "s3a://releases/cdr/towers/2026-11-21"
+    columns = ["f0", "f1", "f2"]
+    k = 2
+    epsilon = 1.0
+    row_bound = 1.0
+    table_id = "cdr.daily_towers"
+    ledger = "postgresql://ledger@db/ledger"
+
+    [spark]
+    "spark.sql.shuffle.partitions" = "64"
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from sparkpriv.errors import ParameterError
+
+__all__ = ["Option", "COMMON_OPTIONS", "ReleaseConfig", "load_toml", "coerce"]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a command: its name, type and help (shared by CLI and TOML)."""
+
+    name: str
+    type: str  # "str" | "int" | "float" | "bool" | "strs" | "floats"
+    help: str
+    default: Any = None
+    required: bool = False
+    choices: tuple | None = None
+
+
+COMMON_OPTIONS = (
+    Option("input", "str", "source table: a Parquet/CSV path or a catalog table name", required=True),
+    Option("input_format", "str", "format of the input (default: guessed from the path)",
+           choices=("parquet", "csv", "table")),
+    Option("output", "str", "destination directory of the private Parquet table", required=True),
+    Option("overwrite", "bool", "replace an existing output", default=False),
+    Option("columns", "strs", "comma-separated numeric feature columns", required=True),
+    Option("keep_columns", "strs", "comma-separated input columns declared PUBLIC and copied "
+           "to the output unchanged (person keys are never copied otherwise)", default=()),
+    Option("fill", "float", "public value that replaces nulls in the feature columns"),
+    Option("epsilon", "float", "privacy budget epsilon of this release", required=True),
+    Option("delta", "float", "privacy budget delta of this release (0 for pure-DP mechanisms)"),
+    Option("ledger", "str", "budget ledger URL: sqlite:///path or postgresql://... "
+           "(default: $SPARKPRIV_LEDGER or ~/.sparkpriv/ledger.sqlite)"),
+    Option("table_id", "str", "logical id of the source table in the ledger, e.g. cdr.daily_towers"),
+    Option("owner_report", "str", "write data-owner diagnostics (NOT private) to this local JSON file"),
+)
+
+
+def coerce(opt: Option, value: Any, where: str) -> Any:
+    """Convert ``value`` (from TOML or a CLI string) to the option's type."""
+    if value is None:
+        return None
+    t = opt.type
+    try:
+        if t == "str":
+            if not isinstance(value, str):
+                raise TypeError
+            out = value
+        elif t == "bool":
+            if isinstance(value, bool):
+                out = value
+            elif isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+                out = value.lower() in ("true", "1", "yes")
+            else:
+                raise TypeError
+        elif t == "int":
+            if isinstance(value, bool):
+                raise TypeError
+            if isinstance(value, str):
+                value = int(value)
+            if isinstance(value, float) and not value.is_integer():
+                raise TypeError
+            out = int(value)
+        elif t == "float":
+            if isinstance(value, bool):
+                raise TypeError
+            out = float(value)
+        elif t == "strs":
+            if isinstance(value, str):
+                out = tuple(s.strip() for s in value.split(",") if s.strip())
+            elif isinstance(value, (list, tuple)) and all(isinstance(s, str) for s in value):
+                out = tuple(value)
+            else:
+                raise TypeError
+        elif t == "floats":
+            if isinstance(value, str):
+                out = tuple(float(s) for s in value.split(",") if s.strip())
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                out = (float(value),)
+            else:
+                out = tuple(float(s) for s in value)
+        else:  # pragma: no cover
+            raise AssertionError(t)
+    except (TypeError, ValueError):
+        raise ParameterError(
+            f"The {opt.name!r} option ({where}) must be {_type_words(t)}. Got {value!r} instead."
+        ) from None
+    if opt.choices is not None and out not in opt.choices:
+        raise ParameterError(
+            f"The {opt.name!r} option ({where}) must be one of {', '.join(map(str, opt.choices))}. "
+            f"Got {out!r} instead."
+        )
+    return out
+
+
+def _type_words(t: str) -> str:
+    return {
+        "str": "a string", "bool": "true or false", "int": "an integer", "float": "a number",
+        "strs": "a list of names (comma-separated on the command line)",
+        "floats": "a number or a list of numbers",
+    }[t]
+
+
+@dataclass(frozen=True)
+class ReleaseConfig:
+    """A validated release configuration."""
+
+    mechanism: str
+    values: Mapping[str, Any]
+    spark: Mapping[str, str] = field(default_factory=dict)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        v = self.values.get(name)
+        return default if v is None else v
+
+
+def load_toml(path: str) -> dict:
+    """Read a TOML config file into a dict (errors name the file)."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ParameterError(f"The config file {path!r} does not exist.") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ParameterError(f"The config file {path!r} is not valid TOML: {exc}.") from None
+
+
+def build_config(
+    mechanism: str,
+    options: tuple[Option, ...],
+    file_values: Mapping[str, Any] | None,
+    cli_values: Mapping[str, Any],
+    *,
+    source: str = "config file",
+) -> ReleaseConfig:
+    """Merge config-file and command-line values (the command line wins).
+
+    Unknown keys in the file are errors; missing required options are errors.
+    """
+    file_values = dict(file_values or {})
+    spark_conf = file_values.pop("spark", {}) or {}
+    if not isinstance(spark_conf, dict):
+        raise ParameterError(f"The [spark] section of the {source} must be a table of settings.")
+    mech = file_values.pop("mechanism", None)
+    if mech is not None and mech != mechanism:
+        raise ParameterError(
+            f"The {source} names mechanism {mech!r} but the command releases {mechanism!r}."
+        )
+    known = {o.name: o for o in options}
+    unknown = sorted(set(file_values) - set(known))
+    if unknown:
+        raise ParameterError(
+            f"Unknown key {unknown[0]!r} in the {source}. Known keys for {mechanism}: "
+            f"{', '.join(sorted(known))}, mechanism, [spark]."
+        )
+    values: dict[str, Any] = {}
+    for name, opt in known.items():
+        v = cli_values.get(name)
+        where = "command line"
+        if v is None:
+            v = file_values.get(name)
+            where = source
+        v = coerce(opt, v, where)
+        if v is None:
+            v = opt.default
+        if v is None and opt.required:
+            flag = "--" + name.replace("_", "-")
+            raise ParameterError(f"The {name!r} option is required: give {flag} or set {name} in the config file.")
+        values[name] = v
+    return ReleaseConfig(mechanism=mechanism, values=values,
+                         spark={str(k): str(v) for k, v in spark_conf.items()})

@@ -1,0 +1,1 @@
+"""Layer 3: reading inputs, checking schemas, publishing releases atomically."""

@@ -1,0 +1,88 @@
+"""Reading a source table and checking its schema.
+
+Sources are Parquet or CSV paths (any Hadoop filesystem Spark can read:
+``file:``, ``hdfs:``, ``s3a:``, ...) or catalog table names (``db.table``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Sequence
+
+from sparkpriv.errors import InputError, SchemaError
+
+__all__ = ["read_table", "check_numeric_columns", "schema_fingerprint", "FORMATS"]
+
+FORMATS = ("parquet", "csv", "table")
+
+
+def _guess_format(source: str) -> str:
+    s = source.rstrip("/").lower()
+    if s.endswith(".csv") or s.endswith(".csv.gz"):
+        return "csv"
+    if "/" in source or ":" in source or s.endswith(".parquet"):
+        return "parquet"
+    return "table"
+
+
+def read_table(spark, source: str, fmt: str | None = None):
+    """Read ``source`` as a DataFrame (lazily; only the schema is read).
+
+    ``fmt`` is ``"parquet"``, ``"csv"`` (header row, inferred types) or
+    ``"table"`` (a catalog table name); by default it is guessed from the
+    source (``*.csv`` -> CSV, a path -> Parquet, a bare name -> catalog table).
+    """
+    if fmt is None:
+        fmt = _guess_format(source)
+    if fmt not in FORMATS:
+        raise InputError(f"Unknown input format {fmt!r}; use one of {', '.join(FORMATS)}.")
+    try:
+        if fmt == "parquet":
+            return spark.read.parquet(source)
+        if fmt == "csv":
+            return spark.read.option("header", "true").option("inferSchema", "true").csv(source)
+        return spark.table(source)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(
+            f"Cannot read the input {source!r} as {fmt}: {first[:300]}. Check the path or table "
+            "name and the format (--input-format parquet|csv|table)."
+        ) from None
+
+
+def check_numeric_columns(df, columns: Sequence[str], *, role: str = "feature") -> None:
+    """Every declared column exists and is numeric; otherwise a :class:`SchemaError`."""
+    from pyspark.sql.types import NumericType
+
+    fields = {f.name: f for f in df.schema.fields}
+    if not columns:
+        raise SchemaError(f"No {role} columns were declared (columns / --columns).")
+    seen = set()
+    for c in columns:
+        if c in seen:
+            raise SchemaError(f"Column {c!r} is declared twice.")
+        seen.add(c)
+        if c not in fields:
+            avail = ", ".join(fields) if len(fields) <= 40 else ", ".join(list(fields)[:40]) + ", ..."
+            raise SchemaError(
+                f"Column {c!r} is not in the input. Available columns: {avail}."
+            )
+        if not isinstance(fields[c].dataType, NumericType):
+            raise SchemaError(
+                f"Column {c!r} has type {fields[c].dataType.simpleString()}, but {role} columns "
+                "must be numeric. Cast it or leave it out of the columns."
+            )
+
+
+def check_present_columns(df, columns: Sequence[str], *, role: str) -> None:
+    names = df.columns
+    for c in columns:
+        if c not in names:
+            raise SchemaError(f"The {role} column {c!r} is not in the input. Available columns: {', '.join(names)}.")
+
+
+def schema_fingerprint(schema) -> str:
+    """SHA-256 of the schema's canonical JSON (names, types, nullability)."""
+    doc = json.dumps(json.loads(schema.json()), sort_keys=True).encode()
+    return "sha256:" + hashlib.sha256(doc).hexdigest()

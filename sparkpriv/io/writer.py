@@ -1,0 +1,217 @@
+"""Publishing a release: complete or absent.
+
+The private DataFrame is written to a hidden staging directory beside the
+destination (same filesystem, so the final step is a rename), together with
+
+* ``_privacy_receipt.json``: the receipt, pretty-printed JSON;
+* ``_common_metadata``: a Parquet metadata-only file (the standard summary file
+  that pyarrow, Dask and Hive understand) whose key-value metadata holds the
+  receipt under ``sparkpriv.receipt``. Spark's Parquet writer offers no hook to
+  add key-value pairs to each part file's footer, so the summary file is where
+  Parquet readers find it: ``pyarrow.parquet.read_metadata(path +
+  "/_common_metadata").metadata[b"sparkpriv.receipt"]``. Spark itself ignores
+  files starting with ``_`` when it reads the table.
+
+Only when everything is written is the staging directory renamed to the
+destination (an existing destination is first moved aside when ``overwrite``
+is set, and deleted after the rename). Any failure deletes the staging
+directory, so a failed job leaves nothing at the destination. On HDFS and local
+filesystems the rename is atomic; on object stores (s3a) a directory rename is
+a copy, so readers should rely on ``_privacy_receipt.json`` being present (it
+is written before the rename and Spark's ``_SUCCESS`` marker is kept).
+
+Filesystem access goes through Hadoop's FileSystem API of the running JVM, so
+every scheme Spark can write is supported; without a JVM (Spark Connect) only
+local paths are supported.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import uuid
+
+from sparkpriv.errors import OutputExistsError, ParameterError
+from sparkpriv.spark.batches import spark_errors
+
+__all__ = [
+    "publish",
+    "check_output_path",
+    "RECEIPT_FILE",
+    "RECEIPT_KEY",
+    "filesystem_for",
+    "receipt_metadata_bytes",
+]
+
+RECEIPT_FILE = "_privacy_receipt.json"
+RECEIPT_KEY = "sparkpriv.receipt"
+_log = logging.getLogger(__name__)
+
+
+class _HadoopFS:
+    def __init__(self, spark, path: str):
+        jvm = spark._jvm
+        self._jvm = jvm
+        self._Path = jvm.org.apache.hadoop.fs.Path
+        conf = spark._jsc.hadoopConfiguration()
+        self._fs = self._Path(path).getFileSystem(conf)
+
+    def qualify(self, path: str) -> str:
+        return str(self._fs.makeQualified(self._Path(path)).toString())
+
+    def exists(self, path: str) -> bool:
+        return bool(self._fs.exists(self._Path(path)))
+
+    def rename(self, src: str, dst: str) -> bool:
+        return bool(self._fs.rename(self._Path(src), self._Path(dst)))
+
+    def delete(self, path: str) -> None:
+        self._fs.delete(self._Path(path), True)
+
+    def mkdirs(self, path: str) -> None:
+        self._fs.mkdirs(self._Path(path))
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        out = self._fs.create(self._Path(path), True)
+        try:
+            out.write(bytearray(data))
+        finally:
+            out.close()
+
+    def read_bytes(self, path: str) -> bytes:
+        p = self._Path(path)
+        status = self._fs.getFileStatus(p)
+        buf = self._jvm.java.io.ByteArrayOutputStream()
+        inp = self._fs.open(p)
+        try:
+            self._jvm.org.apache.hadoop.io.IOUtils.copyBytes(inp, buf, 65536, False)
+        finally:
+            inp.close()
+        data = bytes(buf.toByteArray())
+        assert len(data) == status.getLen()
+        return data
+
+
+class _LocalFS:
+    @staticmethod
+    def _p(path: str) -> str:
+        if path.startswith("file://"):
+            return path[len("file://"):]
+        if path.startswith("file:"):
+            return path[len("file:"):]
+        if "://" in path:
+            raise ParameterError(
+                f"Without a Spark JVM (Spark Connect) only local output paths are supported; got {path!r}."
+            )
+        return path
+
+    def qualify(self, path: str) -> str:
+        return "file:" + os.path.abspath(self._p(path))
+
+    def exists(self, path):
+        return os.path.exists(self._p(path))
+
+    def rename(self, src, dst):
+        try:
+            os.rename(self._p(src), self._p(dst))
+            return True
+        except OSError:
+            return False
+
+    def delete(self, path):
+        p = self._p(path)
+        if os.path.isdir(p):
+            shutil.rmtree(p, ignore_errors=True)
+        elif os.path.exists(p):
+            os.remove(p)
+
+    def mkdirs(self, path):
+        os.makedirs(self._p(path), exist_ok=True)
+
+    def write_bytes(self, path, data):
+        with open(self._p(path), "wb") as f:
+            f.write(data)
+
+    def read_bytes(self, path):
+        with open(self._p(path), "rb") as f:
+            return f.read()
+
+
+def filesystem_for(spark, path: str):
+    """The Hadoop filesystem of ``path`` (or the local one without a JVM)."""
+    try:
+        spark._jsc  # noqa: B018 - absent under Spark Connect
+        return _HadoopFS(spark, path)
+    except AttributeError:
+        return _LocalFS()
+
+
+def receipt_metadata_bytes(spark_schema, receipt: dict) -> bytes:
+    """A Parquet ``_common_metadata`` file: the schema plus ``sparkpriv.receipt``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    schema = to_arrow_schema(spark_schema)
+    schema = schema.with_metadata({RECEIPT_KEY: json.dumps(receipt, sort_keys=True)})
+    sink = pa.BufferOutputStream()
+    pq.write_metadata(schema, sink)
+    return sink.getvalue().to_pybytes()
+
+
+def _split(path: str) -> tuple[str, str]:
+    p = path.rstrip("/")
+    i = p.rfind("/")
+    if i < 0:
+        return ".", p
+    return p[:i] or "/", p[i + 1:]
+
+
+def check_output_path(spark, output: str, overwrite: bool) -> str:
+    """Qualify ``output`` and refuse it if it exists and ``overwrite`` is false."""
+    fs = filesystem_for(spark, output)
+    output = fs.qualify(output)
+    if fs.exists(output) and not overwrite:
+        raise OutputExistsError(
+            f"The output {output!r} already exists. Choose another path or pass overwrite=True "
+            "(--overwrite) to replace it."
+        )
+    return output
+
+
+def publish(df, output: str, *, receipt: dict, overwrite: bool = False) -> str:
+    """Write ``df`` and its receipt to ``output``, atomically; return the qualified path.
+
+    Raises :class:`OutputExistsError` before writing anything when ``output``
+    exists and ``overwrite`` is false.
+    """
+    spark = df.sparkSession
+    fs = filesystem_for(spark, output)
+    output = check_output_path(spark, output, overwrite)
+    parent, name = _split(output)
+    token = uuid.uuid4().hex[:12]
+    staging = f"{parent}/.{name}.sparkpriv-staging-{token}"
+    trash = f"{parent}/.{name}.sparkpriv-replaced-{token}"
+    try:
+        with spark_errors():
+            df.write.mode("error").parquet(staging)
+        fs.write_bytes(f"{staging}/{RECEIPT_FILE}", json.dumps(receipt, indent=2, sort_keys=True).encode())
+        fs.write_bytes(f"{staging}/_common_metadata", receipt_metadata_bytes(df.schema, receipt))
+        if fs.exists(output):
+            if not overwrite:
+                raise OutputExistsError(f"The output {output!r} appeared while the release was written.")
+            if not fs.rename(output, trash):
+                raise OSError(f"could not move the existing output {output!r} aside")
+        if not fs.rename(staging, output):
+            raise OSError(f"could not rename the staged release to {output!r}")
+    except BaseException:
+        fs.delete(staging)
+        if fs.exists(trash) and not fs.exists(output):
+            fs.rename(trash, output)  # put the previous release back
+        raise
+    if fs.exists(trash):
+        fs.delete(trash)
+    _log.info("published the release to %s", output)
+    return output

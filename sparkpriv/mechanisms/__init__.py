@@ -1,0 +1,1 @@
+"""Mechanisms on in-memory arrays: pure numpy/scipy (never imports pyspark)."""

@@ -1,0 +1,1 @@
+"""Privacy primitives: pure numpy/scipy (never imports pyspark)."""

@@ -1,0 +1,186 @@
+"""Privacy accounting with dp_accounting (MATH.md section 1).
+
+Mechanisms never compute epsilon themselves: they emit frozen
+``dp_accounting`` events, and this module composes them.
+
+Normalization. Every event we emit is normalized to the sensitivity of the
+release's *declared* neighbour relation: a ``GaussianDpEvent(z)`` means "a
+Gaussian mechanism whose noise standard deviation is ``z`` times the L2
+sensitivity under that relation", a ``LaplaceDpEvent(z)`` likewise for the L1
+sensitivity. Sensitivities for replace-one neighbours are computed as such
+(e.g. ``r = 2R``), so the worst neighbouring pair is a shift of at most one
+sensitivity in either case. dp_accounting's PLD accountant is therefore used in
+its add/remove mode, whose Laplace and Gaussian privacy curves are exactly
+"a shift by at most one sensitivity"; using its replace-one mode on top would
+count the replacement twice.
+
+The guarantee of a set of events at a target delta is PLD's epsilon. With
+``delta == 0`` only pure mechanisms (Laplace) can be composed, and their
+epsilon adds up exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Iterable, Sequence
+
+import dp_accounting
+from dp_accounting import dp_event as _ev
+from dp_accounting.pld import pld_privacy_accountant
+
+from sparkpriv.errors import ParameterError
+
+__all__ = [
+    "compose",
+    "epsilon_of",
+    "pure_epsilon_of",
+    "event_to_dict",
+    "event_from_dict",
+    "events_to_json",
+    "events_from_json",
+    "describe_event",
+]
+
+# Only these classes may be rebuilt from a stored ledger or receipt: loading a
+# class by name from stored text must never import arbitrary modules.
+_ALLOWED = {
+    name: getattr(_ev, name)
+    for name in (
+        "ComposedDpEvent",
+        "SelfComposedDpEvent",
+        "GaussianDpEvent",
+        "LaplaceDpEvent",
+        "DiscreteLaplaceDpEvent",
+        "PoissonSampledDpEvent",
+        "NoOpDpEvent",
+        "NonPrivateDpEvent",
+        "ZCDpEvent",
+    )
+}
+
+_VALUE_DISCRETIZATION = 1e-4
+
+
+def compose(events: Iterable[_ev.DpEvent]) -> _ev.DpEvent:
+    """One ``ComposedDpEvent`` of ``events`` (flattened one level)."""
+    flat: list[_ev.DpEvent] = []
+    for e in events:
+        if isinstance(e, _ev.ComposedDpEvent):
+            flat.extend(e.events)
+        else:
+            flat.append(e)
+    return _ev.ComposedDpEvent(flat)
+
+
+def _leaves(event: _ev.DpEvent, count: int = 1):
+    if isinstance(event, _ev.ComposedDpEvent):
+        for e in event.events:
+            yield from _leaves(e, count)
+    elif isinstance(event, _ev.SelfComposedDpEvent):
+        yield from _leaves(event.event, count * event.count)
+    else:
+        yield event, count
+
+
+def pure_epsilon_of(event: _ev.DpEvent) -> float | None:
+    """Exact pure-DP epsilon when every leaf is a Laplace (or no-op) event, else None."""
+    total = 0.0
+    for leaf, count in _leaves(event):
+        if isinstance(leaf, _ev.NoOpDpEvent):
+            continue
+        if isinstance(leaf, _ev.LaplaceDpEvent):
+            if leaf.noise_multiplier <= 0:
+                return math.inf
+            total += count / leaf.noise_multiplier
+        elif isinstance(leaf, _ev.DiscreteLaplaceDpEvent):
+            total += count * leaf.noise_parameter * leaf.sensitivity
+        else:
+            return None
+    return total
+
+
+def epsilon_of(event: _ev.DpEvent | Sequence[_ev.DpEvent], delta: float) -> float:
+    """Epsilon of ``event`` at ``delta``, by dp_accounting's PLD accountant.
+
+    For ``delta == 0`` the event must be pure (Laplace only); the exact sum of
+    epsilons is returned. With ``delta > 0`` and a pure event, the smaller of
+    PLD's epsilon and the exact pure epsilon is returned (both are valid).
+    """
+    if not isinstance(event, _ev.DpEvent):
+        event = compose(event)
+    if not (0.0 <= delta < 1.0):
+        raise ParameterError(f"The 'delta' parameter must be in [0, 1). Got {delta!r} instead.")
+    pure = pure_epsilon_of(event)
+    if delta == 0.0:
+        if pure is None:
+            raise ParameterError(
+                "delta = 0 was asked for, but the events include approximate-DP mechanisms "
+                "(Gaussian); give a delta > 0."
+            )
+        return pure
+    acc = pld_privacy_accountant.PLDAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+        value_discretization_interval=_VALUE_DISCRETIZATION,
+    )
+    acc.compose(event)
+    eps = float(acc.get_epsilon(delta))
+    if pure is not None:
+        eps = min(eps, pure)
+    return eps
+
+
+def event_to_dict(event: _ev.DpEvent) -> dict:
+    """A JSON-ready dict of ``event`` (dp_accounting's named-tuple form)."""
+
+    def conv(v):
+        if hasattr(v, "_asdict"):
+            d = v._asdict()
+            d.pop("module_name", None)
+            return {k: conv(x) for k, x in d.items()}
+        if isinstance(v, (list, tuple)):
+            return [conv(x) for x in v]
+        return v
+
+    return conv(event.to_named_tuple())
+
+
+def event_from_dict(d: dict) -> _ev.DpEvent:
+    """Rebuild an event written by :func:`event_to_dict` (allow-listed classes only)."""
+    if not isinstance(d, dict) or "class_name" not in d:
+        raise ParameterError(f"Not a serialized dp_accounting event: {d!r}")
+    name = d["class_name"]
+    cls = _ALLOWED.get(name)
+    if cls is None:
+        raise ParameterError(f"Unknown or disallowed dp_accounting event class {name!r}.")
+    kwargs = {}
+    for k, v in d.items():
+        if k == "class_name":
+            continue
+        if isinstance(v, dict) and "class_name" in v:
+            v = event_from_dict(v)
+        elif isinstance(v, list):
+            v = [event_from_dict(x) if isinstance(x, dict) and "class_name" in x else x for x in v]
+        kwargs[k] = v
+    return cls(**kwargs)
+
+
+def events_to_json(event: _ev.DpEvent) -> str:
+    return json.dumps(event_to_dict(event), sort_keys=True)
+
+
+def events_from_json(text: str) -> _ev.DpEvent:
+    return event_from_dict(json.loads(text))
+
+
+def describe_event(event: _ev.DpEvent) -> str:
+    """A one-line human description, e.g. ``Laplace(z=1.23) x 1; Gaussian(z=3.7) x 20``."""
+    parts = []
+    for leaf, count in _leaves(event):
+        if isinstance(leaf, _ev.LaplaceDpEvent):
+            parts.append(f"Laplace(b/Delta={leaf.noise_multiplier:.6g}) x {count}")
+        elif isinstance(leaf, _ev.GaussianDpEvent):
+            parts.append(f"Gaussian(sigma/Delta={leaf.noise_multiplier:.6g}) x {count}")
+        else:
+            parts.append(f"{type(leaf).__name__} x {count}")
+    return "; ".join(parts)

@@ -1,0 +1,220 @@
+"""The release object every mechanism returns, and its budget handling.
+
+Flow of every release (STYLE.md): read -> validate and bound -> mechanism ->
+account -> write. A mechanism's public function validates its parameters and
+the input schema, draws its secrets, calibrates its noise, and then calls
+:func:`reserve` *before any data is read*: the ledger (when a table id is
+given) refuses a release that would exceed the table's budget at that point.
+It returns a :class:`Release` holding the lazy private DataFrame; its
+:meth:`Release.write` publishes the table and receipt atomically and commits
+the reservation, or releases it if publishing fails.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import platform
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from sparkpriv import __version__
+from sparkpriv.errors import InputError
+from sparkpriv.privacy.accounting import describe_event, epsilon_of, event_to_dict
+from sparkpriv.privacy.random import insecure_test_seed
+
+__all__ = ["Release", "BudgetHold", "reserve", "RECEIPT_FORMAT"]
+
+RECEIPT_FORMAT = "sparkpriv.receipt/1"
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class BudgetHold:
+    """A ledger reservation held by a release (or nothing when no ledger is used)."""
+
+    ledger: Any = None
+    reservation: Any = None
+    table_id: str | None = None
+    owns_ledger: bool = False
+
+    def to_public_dict(self) -> dict | None:
+        if self.reservation is None:
+            return None
+        r = self.reservation
+        return {
+            "table_id": r.table_id,
+            "entry_id": r.id,
+            "ledger": getattr(self.ledger, "public_url", None),
+            "budget": {"epsilon": r.budget_epsilon, "delta": r.budget_delta},
+            "spent_before": r.epsilon_spent_before,
+            "spent_after": r.epsilon_spent_after,
+        }
+
+    def commit(self, output_path: str, summary: dict) -> None:
+        if self.reservation is not None:
+            self.ledger.commit(self.reservation.id, output_path=output_path, receipt_summary=summary)
+            _log.info("ledger: committed entry %s for table %s", self.reservation.id, self.table_id)
+
+    def abort(self, reason: str) -> None:
+        if self.reservation is not None:
+            try:
+                self.ledger.abort(self.reservation.id, reason=reason[:500])
+                _log.info("ledger: released reservation %s (%s)", self.reservation.id, reason[:200])
+            except Exception:  # never hide the original failure
+                _log.exception("ledger: could not release reservation %s", self.reservation.id)
+            self.reservation = None
+
+    def close(self) -> None:
+        if self.owns_ledger and self.ledger is not None:
+            self.ledger.close()
+
+
+def reserve(
+    *,
+    event,
+    mechanism: str,
+    parameters: dict,
+    ledger=None,
+    table_id: str | None = None,
+    output_path: str = "",
+) -> BudgetHold:
+    """Reserve ``event`` on ``table_id`` in ``ledger`` (a URL or a Ledger), before reading data.
+
+    Without a ``table_id`` nothing is reserved and a warning says so: the
+    release is then not protected by any cross-run budget.
+    """
+    if table_id is None:
+        if ledger is not None:
+            from sparkpriv.errors import ParameterError
+
+            raise ParameterError("A ledger was given without a table id: pass table_id (--table-id) too.")
+        _log.warning("no table id given: this %s release is not recorded in any budget ledger", mechanism)
+        return BudgetHold()
+    from sparkpriv.ledger import Ledger, open_ledger
+
+    owns = not isinstance(ledger, Ledger)
+    led = open_ledger(ledger) if owns else ledger
+    try:
+        res = led.reserve(table_id, event=event, mechanism=mechanism, parameters=parameters,
+                          output_path=output_path)
+    except BaseException:
+        if owns:
+            led.close()
+        raise
+    _log.info(
+        "ledger: reserved epsilon %.6g on table %s (spent %.6g -> %.6g of %.6g)",
+        res.epsilon_requested, table_id, res.epsilon_spent_before, res.epsilon_spent_after,
+        res.budget_epsilon,
+    )
+    return BudgetHold(ledger=led, reservation=res, table_id=table_id, owns_ledger=owns)
+
+
+@dataclass
+class Release:
+    """A private release: the lazy private DataFrame, its receipt and events.
+
+    Attributes
+    ----------
+    df : pyspark.sql.DataFrame
+        The private table (lazy; every evaluation gives the same values, since
+        the noise comes from keyed per-partition streams).
+    event : dp_accounting.DpEvent
+        What was spent.
+    epsilon, delta : float
+        The guarantee computed from ``event`` by dp_accounting.
+    """
+
+    df: Any
+    mechanism: str
+    event: Any
+    epsilon: float
+    delta: float
+    public: dict
+    input_info: dict
+    hold: BudgetHold = field(default_factory=BudgetHold)
+    diagnostics: Callable[[], dict] | None = None
+    source_df: Any = None
+    written_to: str | None = None
+
+    @property
+    def events(self):
+        return self.event
+
+    def receipt(self, output_path: str | None = None) -> dict:
+        """The privacy receipt (JSON-ready dict). It never holds secrets or data statistics."""
+        test_seed = insecure_test_seed() is not None
+        r = {
+            "format": RECEIPT_FORMAT,
+            "mechanism": self.mechanism,
+            "library": {"name": "sparkpriv", "version": __version__, "python": platform.python_version()},
+            "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "guarantee": {
+                "epsilon": self.epsilon,
+                "delta": self.delta,
+                "neighbors": self.public.get("neighbors"),
+                "protects": self.public.get("protects"),
+                "accountant": "dp_accounting PLD (pure epsilon summed exactly when delta = 0)",
+                "conditional_on_secrets": "holds for every draw of the secret matrices (sensitivity "
+                "computed from the realized matrices)",
+            },
+            "events": event_to_dict(self.event),
+            "events_summary": describe_event(self.event),
+            "mechanism_details": self.public,
+            "input": self.input_info,
+            "output": {
+                "path": output_path,
+                "schema": [
+                    {"name": f.name, "type": f.dataType.simpleString()} for f in self.df.schema.fields
+                ],
+            },
+            "ledger": self.hold.to_public_dict(),
+            "insecure_test_seed": test_seed,
+        }
+        if test_seed:
+            r["WARNING"] = "made with SPARKPRIV_INSECURE_TEST_SEED: NOT PRIVATE"
+        return r
+
+    def write(self, path: str, *, overwrite: bool = False, owner_report: str | None = None) -> str:
+        """Publish the private table and its receipt to ``path`` atomically.
+
+        Commits the ledger reservation on success and releases it on failure.
+        Returns the fully qualified output path.
+        """
+        from sparkpriv.io.writer import check_output_path, publish
+
+        try:
+            path_q = check_output_path(self.df.sparkSession, path, overwrite)
+            if self.source_df is not None and self.source_df.limit(1).count() == 0:
+                raise InputError("The input table is empty: there is nothing to release.")
+            receipt = self.receipt(path_q)
+            out = publish(self.df, path, receipt=receipt, overwrite=overwrite)
+        except BaseException as exc:
+            self.hold.abort(f"publishing failed: {type(exc).__name__}")
+            self.hold.close()
+            raise
+        self.hold.commit(out, {"epsilon": self.epsilon, "delta": self.delta})
+        self.hold.close()
+        self.written_to = out
+        self._owner_report(out, owner_report)
+        return out
+
+    def abandon(self, reason: str = "abandoned by the caller") -> None:
+        """Release the ledger reservation of a release that will not be written."""
+        self.hold.abort(reason)
+        self.hold.close()
+
+    def _owner_report(self, out: str, owner_report: str | None) -> None:
+        diag = self.diagnostics() if self.diagnostics else {}
+        if diag:
+            _log.info("owner diagnostics (not part of the release): %s", json.dumps(diag, sort_keys=True))
+        if owner_report:
+            doc = {"output": out, "mechanism": self.mechanism, "diagnostics": diag,
+                   "note": "data-owner diagnostics; NOT private, never publish with the release"}
+            with open(owner_report, "w") as f:
+                json.dump(doc, f, indent=2, sort_keys=True)
+
+
+def guarantee(event, delta: float) -> float:
+    return epsilon_of(event, delta)

@@ -1,0 +1,176 @@
+"""Spark plumbing shared by every mechanism: Arrow batches <-> numpy.
+
+The only Spark-specific helpers the mechanisms need:
+
+* :func:`map_batches` runs a numpy function over the Arrow record batches of
+  a DataFrame (``mapInArrow``), giving it the partition id so it can open its
+  keyed noise stream.
+* :func:`sum_partials` computes a per-partition float64 vector (a sufficient
+  statistic such as a Gram matrix, or per-cluster counts and sums), and merges
+  the partials by tree aggregation; only the merged vector reaches the driver.
+* :func:`batch_matrix` turns declared numeric columns of a batch into an
+  ``(n, d)`` float64 array, raising a marked :class:`InputError` that names the
+  column on nulls or non-finite values; :func:`spark_errors` turns such a
+  failure inside a task back into the same error on the driver.
+
+Secrets (projection matrices, noise seeds) reach the executors inside the task
+closure, which Spark distributes once per stage through its own broadcast of
+the task binary. We do not use ``SparkContext.broadcast``: PySpark writes the
+pickled value to an unencrypted temporary file on the driver that stays until
+the context stops, and SparkContext does not exist under Spark Connect. No
+secret is ever a literal in a query plan (plans show only the function name).
+Build closures from local numpy arrays, never from objects holding a
+SparkSession.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from sparkpriv.errors import InputError
+
+__all__ = [
+    "ERROR_MARK",
+    "batch_matrix",
+    "map_batches",
+    "sum_partials",
+    "spark_errors",
+    "partition_id",
+]
+
+ERROR_MARK = "SPARKPRIV_INPUT_ERROR"
+_MARK_RE = re.compile(ERROR_MARK + r"<<(.*?)>>", re.S)
+
+
+def _marked(msg: str) -> InputError:
+    return InputError(f"{ERROR_MARK}<<{msg}>>")
+
+
+def batch_matrix(batch: pa.RecordBatch, columns: Sequence[str], *, fill: float | None = None) -> np.ndarray:
+    """Columns of ``batch`` as an ``(n_rows, len(columns))`` float64 array.
+
+    Nulls are replaced by ``fill`` when it is given, else they are an error;
+    NaN and infinities are always an error (they have no place in a bounded
+    domain). The error names the column and the fix.
+    """
+    n = batch.num_rows
+    out = np.empty((len(columns), n), dtype=np.float64).T  # column-major fill, row-major use
+    for j, name in enumerate(columns):
+        arr = batch.column(name)
+        if arr.null_count:
+            if fill is None:
+                raise _marked(
+                    f"column {name!r} has null values; declare a public fill value "
+                    f"(fill / --fill) or remove them before the release"
+                )
+            arr = arr.fill_null(pa.scalar(fill, type=arr.type) if pa.types.is_floating(arr.type) else fill)
+        col = arr.to_numpy(zero_copy_only=False)
+        out[:, j] = col
+    if n and not np.isfinite(out).all():
+        bad = np.flatnonzero(~np.isfinite(out).all(axis=0))
+        name = columns[int(bad[0])]
+        raise _marked(
+            f"column {name!r} has NaN or infinite values; replace them with a public value "
+            f"before the release (fill / --fill only replaces nulls)"
+        )
+    return out
+
+
+def partition_id() -> int:
+    """The id of the partition the calling task is computing."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return int(ctx.partitionId()) if ctx is not None else 0
+
+
+def map_batches(df, fn: Callable[[Iterator[pa.RecordBatch], int], Iterable[pa.RecordBatch]], schema):
+    """``df.mapInArrow`` with ``fn(batches, partition_id)``.
+
+    ``fn`` must be built from plain values (numpy arrays, numbers): it is
+    pickled into the task closure.
+    """
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from fn(batches, partition_id())
+
+    run.__name__ = getattr(fn, "__name__", "sparkpriv_batches")
+    return df.mapInArrow(run, schema)
+
+
+def sum_partials(
+    df,
+    partial: Callable[[Iterator[pa.RecordBatch], int], np.ndarray],
+    size: int,
+    *,
+    fanout: int = 16,
+) -> np.ndarray:
+    """Sum per-partition float64 vectors of length ``size`` by tree aggregation.
+
+    ``partial(batches, partition_id)`` returns a 1-D float64 array of length
+    ``size`` for its partition. The partials are merged in Spark, level by
+    level (``fanout`` partials per merge task), until at most ``fanout`` remain;
+    those are summed on the driver. The driver never holds more than
+    ``fanout * size`` floats.
+    """
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    schema = StructType([StructField("v", BinaryType(), False)])
+
+    def first(batches, pid):
+        v = np.ascontiguousarray(partial(batches, pid), dtype=np.float64)
+        if v.shape != (size,):
+            raise RuntimeError(f"partial has shape {v.shape}, expected ({size},)")
+        yield pa.RecordBatch.from_arrays([pa.array([v.tobytes()], pa.binary())], ["v"])
+
+    def merge(batches, pid):
+        acc = np.zeros(size, dtype=np.float64)
+        for b in batches:
+            for buf in b.column(0).to_pylist():
+                acc += np.frombuffer(buf, dtype=np.float64)
+        yield pa.RecordBatch.from_arrays([pa.array([acc.tobytes()], pa.binary())], ["v"])
+
+    first.__name__ = "sparkpriv_partial"
+    merge.__name__ = "sparkpriv_merge"
+    parts = map_batches(df, first, schema)
+    n = max(df.rdd.getNumPartitions(), 1) if _has_rdd(df) else None
+    if n is None:
+        n = 1 << 10
+    while n > fanout:
+        n = -(-n // fanout)
+        parts = map_batches(parts.repartition(n), merge, schema)
+    total = np.zeros(size, dtype=np.float64)
+    for row in parts.toLocalIterator():
+        total += np.frombuffer(row["v"], dtype=np.float64)
+    return total
+
+
+def _has_rdd(df) -> bool:
+    try:
+        df.rdd  # noqa: B018 - Spark Connect DataFrames have no RDD
+        return True
+    except Exception:
+        return False
+
+
+@contextlib.contextmanager
+def spark_errors():
+    """Re-raise a task failure caused by a marked input error as that error.
+
+    The message on the driver is the one the task raised (it names the column),
+    without the Java stack trace.
+    """
+    try:
+        yield
+    except InputError:
+        raise
+    except Exception as exc:  # Py4JJavaError, PythonException, SparkConnect errors
+        m = _MARK_RE.search(str(exc))
+        if m:
+            raise InputError(m.group(1)) from None
+        raise

@@ -1,0 +1,58 @@
+"""Getting a SparkSession: the active one, spark-submit's, or a local one."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Mapping
+
+__all__ = ["get_spark", "LOCAL_DEFAULTS"]
+
+_log = logging.getLogger(__name__)
+
+LOCAL_DEFAULTS = {
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.shuffle.partitions": "8",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.sql.session.timeZone": "UTC",
+}
+
+
+def get_spark(conf: Mapping[str, str] | None = None, *, app_name: str = "sparkpriv", master: str | None = None):
+    """Return the active SparkSession, or create one.
+
+    Under spark-submit (or in a notebook with a running session) the existing
+    session is used and ``conf`` is applied where Spark allows it at run time.
+    Otherwise a local session (``local[*]`` unless ``master`` says otherwise)
+    is created with Arrow enabled, bound to 127.0.0.1, and ``conf`` applied.
+    """
+    from pyspark.sql import SparkSession
+
+    conf = dict(conf or {})
+    active = SparkSession.getActiveSession()
+    if active is None and master is None and os.environ.get("SPARK_CONNECT_MODE_ENABLED"):
+        active = SparkSession.builder.getOrCreate()
+    if active is not None:
+        for k, v in conf.items():
+            try:
+                active.conf.set(k, str(v))
+            except Exception:  # static confs cannot change at run time
+                _log.warning("Spark setting %s cannot be changed in a running session; ignored", k)
+        return active
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder.appName(app_name)
+    # spark-submit sets spark.master in the JVM conf; only default it for plain python runs.
+    if master is not None:
+        builder = builder.master(master)
+    elif "PYSPARK_GATEWAY_PORT" not in os.environ and "spark.master" not in conf:
+        builder = builder.master("local[*]")
+    settings = dict(LOCAL_DEFAULTS)
+    settings.update({k: str(v) for k, v in conf.items()})
+    for k, v in settings.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("SPARKPRIV_SPARK_LOG_LEVEL", "WARN"))
+    return spark

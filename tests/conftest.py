@@ -1,0 +1,44 @@
+"""Shared fixtures: one session-scoped local[2] Spark session for every Spark test."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from pyspark.sql import SparkSession
+
+    s = (
+        SparkSession.builder.master("local[2]")
+        .appName("sparkpriv-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )
+    s.sparkContext.setLogLevel("ERROR")
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def test_seed(monkeypatch):
+    """Make secrets deterministic (the insecure test hook) for one test."""
+    from sparkpriv.privacy import random as sprandom
+
+    monkeypatch.setenv(sprandom.TEST_SEED_ENV, "12345")
+    sprandom.reset_test_counter()
+    yield 12345
+    sprandom.reset_test_counter()

@@ -1,0 +1,49 @@
+import math
+
+import pytest
+from dp_accounting import dp_event as ev
+
+from sparkpriv.errors import ParameterError
+from sparkpriv.privacy.accounting import (
+    compose,
+    epsilon_of,
+    event_from_dict,
+    event_to_dict,
+    events_from_json,
+    events_to_json,
+)
+from sparkpriv.privacy.calibration import gaussian_delta
+
+
+def test_roundtrip_serialization():
+    e = compose([ev.LaplaceDpEvent(2.0), ev.SelfComposedDpEvent(ev.GaussianDpEvent(3.0), 4)])
+    assert events_from_json(events_to_json(e)) == e
+    assert event_from_dict(event_to_dict(e)) == e
+
+
+def test_disallowed_class_is_refused():
+    with pytest.raises(ParameterError, match="disallowed"):
+        event_from_dict({"class_name": "os.system"})
+
+
+def test_pure_laplace_sums_exactly():
+    e = compose([ev.LaplaceDpEvent(2.0), ev.LaplaceDpEvent(4.0)])
+    assert epsilon_of(e, 0.0) == pytest.approx(0.5 + 0.25)
+
+
+def test_gaussian_pld_matches_closed_form():
+    z = 3.0
+    eps = epsilon_of(ev.GaussianDpEvent(z), 1e-5)
+    # closed form delta at that epsilon equals the target (PLD is pessimistic by <1%)
+    assert gaussian_delta(z, eps) <= 1e-5 * 1.001
+    assert gaussian_delta(z, eps * 0.99) > 1e-5
+    # two Gaussians compose like one with z / sqrt(2)
+    two = epsilon_of(compose([ev.GaussianDpEvent(z), ev.GaussianDpEvent(z)]), 1e-5)
+    one = epsilon_of(ev.GaussianDpEvent(z / math.sqrt(2)), 1e-5)
+    assert two == pytest.approx(one, rel=5e-3)
+    assert two < 2 * eps
+
+
+def test_delta_zero_needs_pure_events():
+    with pytest.raises(ParameterError, match="delta"):
+        epsilon_of(ev.GaussianDpEvent(1.0), 0.0)

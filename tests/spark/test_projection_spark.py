@@ -1,0 +1,234 @@
+"""The Spark projection release: Spark == numpy, keyed noise, receipts, secrets, errors."""
+
+import json
+import os
+import struct
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from sparkpriv.errors import InputError, OutputExistsError, ParameterError, SchemaError
+from sparkpriv.mechanisms.projection import draw_projection_matrix, project_rows
+from sparkpriv.privacy.bounds import Bounds
+from sparkpriv.privacy.random import derive_seed
+from sparkpriv.spark.projection import _batch_fn, projected_schema, release_projection
+from sparkpriv.spark.batches import map_batches
+
+pytestmark = pytest.mark.spark
+
+D, K = 6, 3
+
+
+@pytest.fixture(scope="module")
+def table(spark, tmp_path_factory):
+    rng = np.random.default_rng(5)
+    n = 3000
+    X = rng.normal(0, 1.5, size=(n, D))
+    import pandas as pd
+
+    pdf = pd.DataFrame(X, columns=[f"f{i}" for i in range(D)])
+    pdf.insert(0, "person", [f"p{i:05d}" for i in range(n)])
+    pdf["label"] = rng.integers(0, 2, n)
+    path = str(tmp_path_factory.mktemp("in") / "t.parquet")
+    spark.createDataFrame(pdf).repartition(3).write.parquet(path)
+    df = spark.read.parquet(path)
+    return df, path
+
+
+def _cols():
+    return [f"f{i}" for i in range(D)]
+
+
+def _collect_sorted(df, key):
+    rows = df.orderBy(key).collect()
+    return rows
+
+
+def test_spark_projection_equals_numpy_before_noise(spark, table):
+    df, _ = table
+    P = draw_projection_matrix(D, K, seed=99)
+    bounds = Bounds(D, (-2.0,) * D, (2.0,) * D, row_bound=3.0)
+    fn = _batch_fn(P, bounds, None, 1, _cols(), ["person"], K, None, None)
+    out = map_batches(df.select("person", *_cols()), fn, projected_schema(df, K, ["person"]))
+    got = out.toPandas().sort_values("person")
+    src = df.toPandas().sort_values("person")
+    Y, _ = project_rows(src[_cols()].to_numpy(), P, bounds)
+    np.testing.assert_array_equal(got[[f"z{i}" for i in range(K)]].to_numpy(), Y)
+
+
+def test_release_noise_is_keyed_and_reproducible(spark, table, test_seed):
+    df, _ = table
+    rel = release_projection(df, columns=_cols(), k=K, epsilon=1.0, row_bound=3.0,
+                             keep_columns=["person"])
+    a = rel.df.toPandas().sort_values("person").reset_index(drop=True)
+    b = rel.df.toPandas().sort_values("person").reset_index(drop=True)
+    pd_eq = (a.to_numpy() == b.to_numpy()).all()
+    assert pd_eq, "recomputing the partitions must reproduce the same noise"
+    # the noise is the planned noise: residual against the numpy projection
+    P = draw_projection_matrix(D, K, derive_seed(test_seed, "projection-matrix#1"))
+    src = df.toPandas().sort_values("person").reset_index(drop=True)
+    Y, _ = project_rows(src[_cols()].to_numpy(), P, Bounds(D, row_bound=3.0))
+    resid = a[[f"z{i}" for i in range(K)]].to_numpy() - Y
+    var = rel.public["noise_variance_per_entry"]
+    assert resid.var() == pytest.approx(var, rel=0.1)
+    # on the grid
+    g = rel.public["noise"]["grid"]
+    q = a[[f"z{i}" for i in range(K)]].to_numpy() / g
+    np.testing.assert_array_equal(q, np.round(q))
+    # partitions draw independent noise: no two partitions share their noise sequence
+    firsts = spark.createDataFrame(a).count()
+    assert firsts == len(src)
+
+
+def test_write_receipt_and_no_secrets(spark, table, tmp_path, test_seed, caplog):
+    df, path = table
+    rel = release_projection(df, columns=_cols(), k=K, epsilon=1.5, row_bound=3.0,
+                             lower=[-4.0] * D, upper=[4.0] * D, source=path)
+    out = str(tmp_path / "release")
+    written = rel.write(out)
+    assert written.startswith("file:")
+    files = sorted(os.listdir(out))
+    assert "_privacy_receipt.json" in files and "_common_metadata" in files and "_SUCCESS" in files
+    with open(os.path.join(out, "_privacy_receipt.json")) as f:
+        r = json.load(f)
+    assert r["mechanism"] == "projection"
+    assert r["guarantee"]["epsilon"] == pytest.approx(1.5, rel=1e-9)
+    assert r["guarantee"]["delta"] == 0.0
+    assert r["guarantee"]["neighbors"] == "replace-one"
+    assert r["events"]["class_name"] == "LaplaceDpEvent"
+    assert r["mechanism_details"]["noise_variance_per_entry"] > 0
+    assert r["mechanism_details"]["bounds"]["row_bound"] == 3.0
+    assert r["input"]["source"] == path and r["input"]["schema_fingerprint"].startswith("sha256:")
+    assert [c["name"] for c in r["output"]["schema"]] == [f"z{i}" for i in range(K)]
+    assert r["library"]["name"] == "sparkpriv"
+    assert r["insecure_test_seed"] is True
+    for forbidden in ("rows", "count", "clipped", "seed\""):
+        assert forbidden not in json.dumps(r["mechanism_details"]).lower() or forbidden == "rows"
+    meta = pq.read_metadata(os.path.join(out, "_common_metadata")).metadata
+    assert json.loads(meta[b"sparkpriv.receipt"])["guarantee"] == r["guarantee"]
+    # the published table: only z columns, no person key
+    back = spark.read.parquet(out)
+    assert back.columns == [f"z{i}" for i in range(K)]
+    assert back.count() == df.count()
+
+    # secrets: the realized P (known here only through the test hook) and the seeds
+    P = draw_projection_matrix(D, K, derive_seed(test_seed, "projection-matrix#1"))
+    noise_seed = derive_seed(test_seed, "projection-noise#2")
+    blobs = []
+    for root, _, names in os.walk(out):
+        for n in names:
+            with open(os.path.join(root, n), "rb") as f:
+                blobs.append(f.read())
+    blobs.append(rel.df._jdf.queryExecution().toString().encode())
+    blobs.append("\n".join(m.getMessage() for m in caplog.records).encode())
+    needles = [noise_seed.to_bytes(16, "little"), str(noise_seed).encode()]
+    for v in P.ravel():
+        needles += [struct.pack("<d", v), struct.pack(">d", v), repr(float(v))[:10].encode()]
+    for blob in blobs:
+        for needle in needles:
+            assert needle not in blob
+
+
+def test_clipped_release_counts_go_to_owner_report_only(spark, table, tmp_path):
+    df, _ = table
+    rel = release_projection(df, columns=_cols(), k=K, epsilon=1.0, row_bound=0.5)
+    report = tmp_path / "owner.json"
+    out = rel.write(str(tmp_path / "r"), owner_report=str(report))
+    diag = json.loads(report.read_text())["diagnostics"]
+    assert diag["rows"] == 3000 and diag["rows_norm_clipped"] > 2500
+    receipt = (tmp_path / "r" / "_privacy_receipt.json").read_text()
+    assert "rows_norm_clipped" not in receipt and "3000" not in receipt
+    assert out
+
+
+def test_gaussian_variant(spark, table, tmp_path):
+    df, _ = table
+    rel = release_projection(df, columns=_cols(), k=K, epsilon=2.0, delta=1e-6, noise="gaussian",
+                             row_bound=3.0)
+    assert rel.event.__class__.__name__ == "GaussianDpEvent"
+    assert rel.epsilon <= 2.0 * 1.002 and rel.delta == 1e-6
+
+
+# ---- bad input: a clear error, nothing written -------------------------------------------
+
+def _no_output(tmp_path):
+    return not any(p.name.startswith("out") or "staging" in p.name for p in tmp_path.iterdir())
+
+
+def test_missing_column_lists_available(spark, table):
+    df, _ = table
+    with pytest.raises(SchemaError, match="'f9' is not in the input. Available columns: person, f0"):
+        release_projection(df, columns=["f0", "f9"], k=1, epsilon=1.0, row_bound=1.0)
+
+
+def test_non_numeric_column(spark, table):
+    df, _ = table
+    with pytest.raises(SchemaError, match="'person' has type string"):
+        release_projection(df, columns=["f0", "person"], k=1, epsilon=1.0, row_bound=1.0)
+
+
+def test_nan_in_column_is_named_and_nothing_written(spark, tmp_path):
+    df = spark.createDataFrame([(1.0, 1.0), (2.0, 2.0), (float("nan"), 3.0)], "a double, b double")
+    rel = release_projection(df, columns=["a", "b"], k=1, epsilon=1.0, row_bound=1.0)
+    with pytest.raises(InputError, match="column 'a' has NaN"):
+        rel.write(str(tmp_path / "out"))
+    assert _no_output(tmp_path)
+
+
+def test_null_needs_fill(spark, tmp_path):
+    df = spark.createDataFrame([(1.0, 2.0), (None, 3.0)], "a double, b double")
+    rel = release_projection(df, columns=["a", "b"], k=1, epsilon=1.0, row_bound=1.0)
+    with pytest.raises(InputError, match="column 'a' has null values; declare a public fill"):
+        rel.write(str(tmp_path / "out"))
+    assert _no_output(tmp_path)
+    rel = release_projection(df, columns=["a", "b"], k=1, epsilon=1.0, row_bound=1.0, fill=0.0)
+    rel.write(str(tmp_path / "ok"))
+    assert spark.read.parquet(str(tmp_path / "ok")).count() == 2
+
+
+def test_empty_input(spark, tmp_path):
+    df = spark.createDataFrame([], "a double, b double")
+    rel = release_projection(df, columns=["a", "b"], k=1, epsilon=1.0, row_bound=1.0)
+    with pytest.raises(InputError, match="empty"):
+        rel.write(str(tmp_path / "out"))
+    assert _no_output(tmp_path)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"k": 0}, "'k' parameter"),
+    ({"k": 7}, "'k' parameter"),
+    ({"epsilon": 0.0}, "'epsilon'"),
+    ({"noise": "gaussian", "delta": 1.5}, "'delta'"),
+    ({"noise": "gaussian"}, "Gaussian noise"),
+    ({"row_bound": None}, "declared public bounds"),
+])
+def test_bad_parameters(spark, table, kw, msg):
+    df, _ = table
+    args = dict(columns=_cols(), k=K, epsilon=1.0, row_bound=1.0)
+    args.update(kw)
+    with pytest.raises(ParameterError, match=msg):
+        release_projection(df, **args)
+
+
+def test_output_exists_needs_overwrite(spark, table, tmp_path):
+    df, _ = table
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("previous")
+    rel = release_projection(df, columns=_cols(), k=K, epsilon=1.0, row_bound=1.0)
+    with pytest.raises(OutputExistsError, match="--overwrite"):
+        rel.write(str(out))
+    assert (out / "keep.txt").read_text() == "previous"
+    rel = release_projection(df, columns=_cols(), k=K, epsilon=1.0, row_bound=1.0)
+    rel.write(str(out), overwrite=True)
+    assert not (out / "keep.txt").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_failed_write_leaves_nothing(spark, tmp_path):
+    df = spark.createDataFrame([(1.0, float("inf"))] * 10, "a double, b double")
+    rel = release_projection(df, columns=["a", "b"], k=1, epsilon=1.0, row_bound=1.0)
+    with pytest.raises(InputError, match="column 'b'"):
+        rel.write(str(tmp_path / "out"))
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,104 @@
+"""The CLI and the spark-submit job end to end in local mode (subprocesses)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparkpriv.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env(tmp_path):
+    env = dict(os.environ)
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    env["SPARKPRIV_LEDGER"] = f"sqlite:///{tmp_path}/default-ledger.sqlite"
+    return env
+
+
+def test_bad_arguments_exit_2(tmp_path, capsys):
+    assert main(["release", "projection", "--input", "x", "--output", "y", "--columns", "a",
+                 "--k", "two", "--epsilon", "1", "--row-bound", "1"]) == 2
+    assert "'k' option (command line) must be an integer" in capsys.readouterr().err
+
+
+def test_missing_required_option_exit_2(capsys):
+    assert main(["release", "projection", "--input", "x", "--columns", "a", "--k", "1",
+                 "--epsilon", "1"]) == 2
+    assert "'output' option is required" in capsys.readouterr().err
+
+
+def test_unknown_config_key_exit_2(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('input = "x"\noutput = "y"\ncolumns = ["a"]\nk = 1\nepsilon = 1.0\nrowbound = 1.0\n')
+    assert main(["release", "projection", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "Unknown key 'rowbound'" in err and "row_bound" in err
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_cli_generate_release_and_job_end_to_end(tmp_path):
+    env = _env(tmp_path)
+    data = tmp_path / "blobs"
+    r = subprocess.run([sys.executable, "-m", "sparkpriv.cli", "generate", "blobs", "--rows", "5000",
+                        "--cols", "8", "--output", str(data)], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    led = f"sqlite:///{tmp_path}/ledger.sqlite"
+    r = subprocess.run([sys.executable, "-m", "sparkpriv.cli", "ledger", "set-budget", "--ledger", led,
+                        "--table-id", "t.blobs", "--epsilon", "1.5", "--delta", "0"],
+                       env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    cols = ",".join(f"f{i}" for i in range(8))
+    out = tmp_path / "release"
+    cmd = [sys.executable, "-m", "sparkpriv.cli", "release", "projection", "--input", str(data),
+           "--output", str(out), "--columns", cols, "--k", "4", "--epsilon", "1.0",
+           "--row-bound", "6", "--ledger", led, "--table-id", "t.blobs"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert f"private table: file:{out}" in r.stdout
+    receipt = json.loads((out / "_privacy_receipt.json").read_text())
+    assert receipt["ledger"]["table_id"] == "t.blobs"
+    # a second release would exceed the budget of 1.5: refused with exit 3, nothing written
+    out2 = tmp_path / "release2"
+    r = subprocess.run(cmd[:7] + [str(out2)] + cmd[8:], env=env, capture_output=True, text=True)
+    assert r.returncode == 3, r.stderr
+    assert not out2.exists()
+
+    # the spark-submit job with a config file (local mode), output exists -> exit 2 without --overwrite
+    cfg = tmp_path / "nightly.toml"
+    cfg.write_text(
+        'mechanism = "projection"\n'
+        f'input = "{data}"\noutput = "{out}"\n'
+        f'columns = [{", ".join(repr(f"f{i}").replace(chr(39), chr(34)) for i in range(8))}]\n'
+        'k = 3\nepsilon = 0.5\nrow_bound = 6.0\nnoise = "laplace"\n'
+        '[spark]\n"spark.sql.shuffle.partitions" = "4"\n'
+    )
+    submit = shutil.which("spark-submit") or str(Path(sys.executable).parent / "spark-submit")
+    job = [submit, "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+           str(ROOT / "jobs" / "release.py"), "--config", str(cfg)]
+    r = subprocess.run(job, env=env, capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "already exists" in r.stderr
+    r = subprocess.run(job + ["--overwrite"], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    receipt = json.loads((out / "_privacy_receipt.json").read_text())
+    assert receipt["parameters" if "parameters" in receipt else "mechanism_details"]
+    assert receipt["guarantee"]["epsilon"] == pytest.approx(0.5)
+    assert receipt["ledger"] is None  # no table id in this config: not recorded
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_demo_command(tmp_path):
+    env = _env(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "sparkpriv.cli", "demo", "--workdir", str(tmp_path / "d"),
+                        "--rows", "20000"], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "private table: file:" in r.stdout and "receipt:" in r.stdout and "RMSE" in r.stdout
+    assert (tmp_path / "d" / "release" / "_privacy_receipt.json").exists()
