@@ -95,6 +95,8 @@ def _projection(df, cfg: ReleaseConfig, source: str):
         lower=per_column(cfg.get("lower"), len(cols), "lower"),
         upper=per_column(cfg.get("upper"), len(cols), "upper"),
         element_bound=cfg.get("element_bound"),
+        row_bound_quantile=cfg.get("row_bound_quantile"),
+        bound_epsilon_share=cfg.get("bound_epsilon_share", 0.1),
         keep_columns=cfg.get("keep_columns", ()),
         fill=cfg.get("fill"),
         matrix_key=read_key_file(cfg.get("matrix_key_file")),
@@ -119,10 +121,80 @@ register(MechanismSpec(
         Option("lower", "floats", "declared per-column lower bounds (one value for all columns, or one per column)"),
         Option("upper", "floats", "declared per-column upper bounds (one value for all columns, or one per column)"),
         Option("element_bound", "float", "largest change of one attribute (element-wise relation)"),
+        Option("row_bound_quantile", "float", "instead of --row-bound: estimate the row bound as this "
+               "DP quantile of the row norms (spends --bound-epsilon-share of epsilon)"),
+        Option("bound_epsilon_share", "float", "share of epsilon spent on --row-bound-quantile",
+               default=0.1),
         Option("matrix_key_file", "str", "file holding a secret key (>= 16 bytes) from which the "
                "projection matrix is derived, to reuse the same matrix across releases"),
     ),
     release=_projection,
+))
+
+
+def _dprp(df, cfg: ReleaseConfig, source: str):
+    from sparkpriv.mechanisms.dprp import DEFAULT_BUDGET_SPLIT, DEFAULT_IMPUTE_SHARE
+    from sparkpriv.spark.dprp import release_dprp
+
+    cols = cfg.get("columns")
+    if cfg.get("delta") is None:
+        raise ParameterError("DPRP adds Gaussian noise and needs a delta: give --delta (e.g. 1e-6).")
+    fill = cfg.get("fill")
+    if cfg.get("fill_dp_mean"):
+        if fill is not None:
+            raise ParameterError("Give either --fill (a public constant) or --fill-dp-mean, not both.")
+        fill = "dp-mean"
+    return release_dprp(
+        df,
+        columns=cols,
+        label=cfg.get("label"),
+        labels=cfg.get("labels"),
+        classes=cfg.get("classes"),
+        epsilon=cfg.get("epsilon"),
+        delta=cfg.get("delta"),
+        lower=per_column(cfg.get("lower"), len(cols), "lower"),
+        upper=per_column(cfg.get("upper"), len(cols), "upper"),
+        k1=cfg.get("k1"),
+        k2=cfg.get("k2"),
+        row_bound=cfg.get("row_bound"),
+        budget_split=cfg.get("budget_split", DEFAULT_BUDGET_SPLIT),
+        fill=fill,
+        impute_share=cfg.get("impute_share", DEFAULT_IMPUTE_SHARE),
+        label_scale=cfg.get("label_scale", 1.0),
+        keep_columns=cfg.get("keep_columns", ()),
+        ledger=cfg.get("ledger"),
+        table_id=cfg.get("table_id"),
+        source=source,
+    )
+
+
+register(MechanismSpec(
+    name="dprp",
+    summary="DPRP private table release: noisy random projection + noisy Gram, same columns and scale",
+    options=(
+        Option("lower", "floats", "declared per-column lower bounds (one value for all columns, or one "
+               "per column); features are mapped to [0, 1] by them", required=True),
+        Option("upper", "floats", "declared per-column upper bounds (one value for all columns, or one "
+               "per column)", required=True),
+        Option("label", "str", "label column (integer, string or boolean)"),
+        Option("labels", "str", "how the label is treated: public (released as is, one run per class, "
+               "class sizes released) or private (protected, decoded by argmax)",
+               choices=("public", "private")),
+        Option("classes", "strs", "the declared label values, comma-separated (required with --label)"),
+        Option("k1", "int", "projection dimension [default: 4 k2]"),
+        Option("k2", "int", "eigenvectors kept [default: round(0.6 d)]"),
+        Option("row_bound", "float", "L2 bound of a row on the [0, 1] scale (rows are clipped to it) "
+               "[default: the largest norm the bounds allow: no clipping]"),
+        Option("budget_split", "floats", "shares of the Gaussian-DP budget for projection,Gram "
+               "(sum 1) [default: 0.8,0.2]"),
+        Option("fill_dp_mean", "bool", "replace nulls by DP column means (spends --impute-share of the "
+               "budget; one more read of the input)", default=False),
+        Option("impute_share", "float", "share of the Gaussian-DP budget (mu^2) for --fill-dp-mean "
+               "[default: 0.05]"),
+        Option("label_scale", "float", "value of the one-hot label entry with private labels "
+               "[default: 1.0]"),
+    ),
+    release=_dprp,
 ))
 
 
@@ -151,3 +223,61 @@ def run_release(cfg: ReleaseConfig, spark=None) -> RunResult:
                         owner_report=cfg.get("owner_report"))
     return RunResult(output=out, receipt_path=f"{out}/{RECEIPT_FILE}", epsilon=release.epsilon,
                      delta=release.delta, ledger_entry=entry)
+
+
+def _kmeans(df, cfg: ReleaseConfig, source: str):
+    from sparkpriv.spark.kmeans import release_kmeans
+
+    cols = cfg.get("columns")
+    delta = cfg.get("delta")
+    if delta is None:
+        raise ParameterError("k-means uses Gaussian noise and needs a delta: give --delta (e.g. 1e-6).")
+    init = None
+    if cfg.get("init_file") is not None:
+        import numpy as np
+
+        try:
+            init = np.loadtxt(cfg.get("init_file"), delimiter=",", ndmin=2)
+        except OSError as exc:
+            raise ParameterError(f"Cannot read the public init file {cfg.get('init_file')!r}: {exc.strerror}.") from None
+    return release_kmeans(
+        df,
+        columns=cols,
+        k=cfg.get("k"),
+        epsilon=cfg.get("epsilon"),
+        delta=delta,
+        iterations=cfg.get("iterations", 10),
+        variant=cfg.get("variant", "kernel"),
+        row_bound=cfg.get("row_bound"),
+        lower=per_column(cfg.get("lower"), len(cols), "lower"),
+        upper=per_column(cfg.get("upper"), len(cols), "upper"),
+        kernel_width=cfg.get("kernel_width"),
+        frequencies=cfg.get("frequencies", 128),
+        init=init,
+        final_share=cfg.get("final_share"),
+        fill=cfg.get("fill"),
+        ledger=cfg.get("ledger"),
+        table_id=cfg.get("table_id"),
+        source=source,
+    )
+
+
+register(MechanismSpec(
+    name="kmeans",
+    summary="DP k-means (kernel: random Fourier features; linear: DPLloyd); releases noisy centres",
+    options=(
+        Option("k", "int", "number of clusters (2 .. floor(sqrt(rows)))", required=True),
+        Option("iterations", "int", "Lloyd iterations", default=10),
+        Option("variant", "str", "kernel (RBF random Fourier features) or linear (DPLloyd)",
+               default="kernel", choices=("kernel", "linear")),
+        Option("row_bound", "float", "declared bound on each row's L2 norm (rows are clipped to it)"),
+        Option("lower", "floats", "declared per-column lower bounds (one value for all columns, or one per column)"),
+        Option("upper", "floats", "declared per-column upper bounds (one value for all columns, or one per column)"),
+        Option("kernel_width", "float", "RBF kernel width s, exp(-||x-y||^2/(2 s^2)) (kernel variant)"),
+        Option("frequencies", "int", "random Fourier frequencies D (2D features; kernel variant)", default=128),
+        Option("final_share", "float", "kernel: share of the budget (mu^2) for the input-space centres [default: 0.1]"),
+        Option("init_file", "str", "CSV of k PUBLIC rows used as initial centres (default: random "
+               "points of the declared domain)"),
+    ),
+    release=_kmeans,
+))

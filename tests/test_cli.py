@@ -66,7 +66,7 @@ def test_cli_generate_release_and_job_end_to_end(tmp_path):
     assert receipt["ledger"]["table_id"] == "t.blobs"
     # a second release would exceed the budget of 1.5: refused with exit 3, nothing written
     out2 = tmp_path / "release2"
-    r = subprocess.run(cmd[:7] + [str(out2)] + cmd[8:], env=env, capture_output=True, text=True)
+    r = subprocess.run(cmd[:8] + [str(out2)] + cmd[9:], env=env, capture_output=True, text=True)
     assert r.returncode == 3, r.stderr
     assert not out2.exists()
 
@@ -84,7 +84,7 @@ def test_cli_generate_release_and_job_end_to_end(tmp_path):
            str(ROOT / "jobs" / "release.py"), "--config", str(cfg)]
     r = subprocess.run(job, env=env, capture_output=True, text=True)
     assert r.returncode == 2, r.stderr[-2000:]
-    assert "already exists" in r.stderr
+    assert "already exists" in r.stderr + r.stdout, (r.stdout, [ln for ln in r.stderr.splitlines() if "INFO" not in ln])
     r = subprocess.run(job + ["--overwrite"], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     receipt = json.loads((out / "_privacy_receipt.json").read_text())

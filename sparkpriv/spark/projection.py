@@ -26,11 +26,18 @@ from sparkpriv.mechanisms.projection import (
     secret_matrix_and_seed,
 )
 from sparkpriv.privacy import noise as _noise
-from sparkpriv.privacy.accounting import epsilon_of
-from sparkpriv.privacy.bounds import Bounds, ClipCounts
-from sparkpriv.privacy.random import stream
+from sparkpriv.privacy.accounting import compose, epsilon_of
+from sparkpriv.privacy.bounds import Bounds, ClipCounts, clip_rows
+from sparkpriv.privacy.quantile import (
+    DEFAULT_EXPONENTS,
+    candidate_bounds,
+    choose_bound,
+    histogram_noise,
+    norm_bucket_counts,
+)
+from sparkpriv.privacy.random import new_secret_seed, stream
 from sparkpriv.release import Release, reserve
-from sparkpriv.spark.batches import batch_matrix, map_batches
+from sparkpriv.spark.batches import batch_matrix, map_batches, spark_errors, sum_partials
 
 __all__ = ["release_projection", "projected_schema"]
 
@@ -71,6 +78,9 @@ def release_projection(
     keep_columns: Sequence[str] = (),
     fill: float | None = None,
     matrix_key: bytes | None = None,
+    row_bound_quantile: float | None = None,
+    bound_epsilon_share: float = 0.1,
+    bound_search: tuple[int, int] = DEFAULT_EXPONENTS,
     ledger=None,
     table_id: str | None = None,
     source: str | None = None,
@@ -98,6 +108,12 @@ def release_projection(
         Declared per-column box (values are clipped to it).
     element_bound : float
         Largest change of one attribute (element-wise relation only).
+    row_bound_quantile : float in (0, 1], optional
+        Instead of declaring ``row_bound``, estimate it as this DP quantile of
+        the row norms (after the box clip), spending ``bound_epsilon_share`` of
+        ``epsilon`` on a Laplace histogram over the public candidates
+        ``2^j, j in bound_search`` (:mod:`sparkpriv.privacy.quantile`). The
+        chosen bound is released in the receipt.
     keep_columns : sequence of str
         Input columns declared PUBLIC, copied to the output unchanged. Nothing
         else of the input (person keys included) is copied.
@@ -143,21 +159,62 @@ def release_projection(
     d = len(columns)
     check_param("k", k, [Interval("integer", 1, d, "both")], caller)
     check_param("fill", fill, [None, Interval("real", None, None, "neither")], caller)
-    bounds = Bounds(d, _tup(lower), _tup(upper), row_bound, norm, element_bound, _caller=caller)
+    dp_bound = row_bound_quantile is not None
+    if dp_bound:
+        check_param("row_bound_quantile", row_bound_quantile, [Interval("real", 0, 1, "right")], caller)
+        check_param("bound_epsilon_share", bound_epsilon_share, [Interval("real", 0, 1, "neither")], caller)
+        if row_bound is not None or neighbors == "element":
+            raise ParameterError(
+                f"{caller}: row_bound_quantile estimates the row bound; it cannot be combined with a "
+                "declared row_bound or with the element-wise relation. Give one or the other."
+            )
+        candidates = candidate_bounds(tuple(bound_search))
+        hist_noise = histogram_noise(epsilon=epsilon * bound_epsilon_share, neighbors=neighbors,
+                                     buckets=candidates.size + 1)
+        eps_release = epsilon * (1.0 - bound_epsilon_share)
+        bounds = Bounds(d, _tup(lower), _tup(upper), float(candidates[-1]), norm, None, _caller=caller)
+    else:
+        eps_release = epsilon
+        bounds = Bounds(d, _tup(lower), _tup(upper), row_bound, norm, element_bound, _caller=caller)
 
     P, seed = secret_matrix_and_seed(d, k, matrix_key)
-    plan = plan_projection(P, bounds, epsilon=epsilon, delta=delta, noise=noise,
+    plan = plan_projection(P, bounds, epsilon=eps_release, delta=delta, noise=noise,
                            neighbors=neighbors, caller=caller)
-    event = plan.dp_event()
+    # The event depends on epsilon (and delta) only, not on the bound: it is known
+    # before the data is read, even when the bound itself comes from the data.
+    event = compose([hist_noise.dp_event(), plan.dp_event()]) if dp_bound else plan.dp_event()
     eps = epsilon_of(event, plan.delta)
-    public = plan.to_public_dict()
     params = {
         "columns": columns, "k": k, "epsilon": float(epsilon), "delta": float(delta),
         "noise": noise, "neighbors": neighbors, "keep_columns": keep_columns, "fill": fill,
-        "bounds": bounds.to_public_dict(), "matrix_from_key": matrix_key is not None,
+        "bounds": bounds.to_public_dict() if not dp_bound else {
+            "lower": bounds.to_public_dict()["lower"], "upper": bounds.to_public_dict()["upper"],
+            "row_bound": f"DP quantile {row_bound_quantile}", "norm": norm},
+        "reusable_projection": matrix_key is not None,
     }
     hold = reserve(event=event, mechanism="projection", parameters=params, ledger=ledger,
                    table_id=table_id)
+    bound_info = None
+    if dp_bound:
+        try:
+            R = _dp_row_bound(df, columns, bounds, fill, candidates, hist_noise, row_bound_quantile)
+        except BaseException as exc:
+            hold.abort(f"estimating the row bound failed: {type(exc).__name__}")
+            hold.close()
+            raise
+        bounds = Bounds(d, _tup(lower), _tup(upper), R, norm, None, _caller=caller)
+        plan = plan_projection(P, bounds, epsilon=eps_release, delta=delta, noise=noise,
+                               neighbors=neighbors, caller=caller)
+        bound_info = {
+            "method": "DP quantile of row norms (Laplace histogram over public power-of-two candidates)",
+            "quantile": row_bound_quantile, "epsilon": epsilon * bound_epsilon_share,
+            "candidates": [float(candidates[0]), float(candidates[-1])],
+            "histogram_noise": hist_noise.to_public_dict(), "chosen_row_bound": R,
+        }
+        _log.info("DP row bound: %.6g (quantile %g)", R, row_bound_quantile)
+    public = plan.to_public_dict()
+    if bound_info is not None:
+        public["row_bound_estimation"] = bound_info
 
     schema = projected_schema(df, k, keep_columns)
     counters = _counters(df.sparkSession)
@@ -183,6 +240,27 @@ def release_projection(
     return Release(df=out, mechanism="projection", event=event, epsilon=eps, delta=plan.delta,
                    public=public, input_info=input_info, hold=hold, diagnostics=diagnostics,
                    source_df=df)
+
+
+def _dp_row_bound(df, columns, bounds, fill, candidates, hist_noise, quantile) -> float:
+    """Pass over the data: noisy histogram of row norms; noise drawn once on the driver."""
+    box = Bounds(bounds.dim, bounds.lower, bounds.upper)
+    l2 = bounds.norm == "l2"
+    size = candidates.size + 1
+
+    def sparkpriv_norm_histogram(batches, pid):
+        acc = np.zeros(size)
+        for batch in batches:
+            X, _ = clip_rows(batch_matrix(batch, columns, fill=fill), box)
+            norms = np.sqrt(np.einsum("ij,ij->i", X, X)) if l2 else np.abs(X).sum(axis=1)
+            acc += norm_bucket_counts(norms, candidates)
+        return acc
+
+    with spark_errors():
+        counts = sum_partials(df.select(*columns), sparkpriv_norm_histogram, size)
+    rng = stream(new_secret_seed("bound-histogram-noise"), 0)
+    noisy = _noise.add_noise(counts, hist_noise, rng)
+    return choose_bound(noisy, candidates, quantile)
 
 
 def _tup(x):

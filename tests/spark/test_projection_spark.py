@@ -232,3 +232,22 @@ def test_failed_write_leaves_nothing(spark, tmp_path):
     with pytest.raises(InputError, match="column 'b'"):
         rel.write(str(tmp_path / "out"))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_dp_row_bound_quantile(spark, tmp_path):
+    rng = np.random.default_rng(11)
+    X = rng.standard_normal((4000, 4))
+    X *= (3.0 / np.linalg.norm(X, axis=1))[:, None]  # every row has norm 3 -> bucket 4
+    df = spark.createDataFrame([tuple(map(float, r)) for r in X], "a double, b double, c double, d double")
+    rel = release_projection(df, columns=["a", "b", "c", "d"], k=2, epsilon=2.0,
+                             row_bound_quantile=0.9, bound_epsilon_share=0.25)
+    est = rel.public["row_bound_estimation"]
+    assert est["chosen_row_bound"] == 4.0
+    assert est["epsilon"] == pytest.approx(0.5)
+    assert rel.public["bounds"]["row_bound"] == 4.0
+    # histogram (0.5) + release (1.5) compose to the requested 2.0, never more
+    assert rel.epsilon == pytest.approx(2.0, rel=1e-9) and rel.epsilon <= 2.0 * (1 + 1e-12)
+    assert rel.event.__class__.__name__ == "ComposedDpEvent"
+    rel.write(str(tmp_path / "q"))
+    with pytest.raises(ParameterError, match="either|one or the other"):
+        release_projection(df, columns=["a", "b"], k=1, epsilon=1.0, row_bound=1.0, row_bound_quantile=0.9)

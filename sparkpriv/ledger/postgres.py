@@ -1,0 +1,90 @@
+"""The PostgreSQL ledger: one database shared by schedulers on several hosts.
+
+Check-and-spend is one transaction that first locks the table's budget row
+(``SELECT ... FOR UPDATE``) and only then reads the table's entries, so two
+reservations on the same table are serialized by the server, from any host;
+reservations on different tables do not wait for each other. Under READ
+COMMITTED each statement sees every transaction committed before it started,
+so the second reserver, once it holds the lock, sees the first one's entry.
+
+psycopg 3 is imported only when a ``postgresql://`` ledger is opened
+(``pip install 'sparkpriv[postgres]'``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Sequence
+
+from sparkpriv.errors import LedgerError
+from sparkpriv.ledger.base import Ledger
+
+__all__ = ["PostgresLedger"]
+
+#: How long a statement waits for another transaction's lock before failing.
+LOCK_TIMEOUT_S = 60
+CONNECT_TIMEOUT_S = 30
+#: pg_advisory_xact_lock key that serializes concurrent schema creation ("SPLG").
+_SCHEMA_LOCK_KEY = 0x53504C47
+
+
+def _import_psycopg():
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise LedgerError(
+            "A postgresql:// ledger needs psycopg 3, which is not installed. "
+            "Install it with `pip install 'sparkpriv[postgres]'`."
+        ) from exc
+    return psycopg
+
+
+class _PostgresTx:
+    def __init__(self, cursor):
+        self._cursor = cursor
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        # The shared SQL uses '?' placeholders and contains no literal '?' or '%'.
+        self._cursor.execute(sql.replace("?", "%s"), tuple(params))
+        return self._cursor.fetchall() if self._cursor.description is not None else []
+
+
+class PostgresLedger(Ledger):
+    """A ledger in the PostgreSQL database of ``url`` (tables ``sparkpriv_*``)."""
+
+    _FOR_UPDATE = " FOR UPDATE"
+
+    def __init__(self, url: str):
+        super().__init__(url)
+        self._psycopg = _import_psycopg()
+        try:
+            self._conn = self._psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+            self._conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT_S}s'")
+        except self._psycopg.Error as exc:
+            raise LedgerError(
+                f"Cannot connect to the PostgreSQL ledger {self.url}: {str(exc).strip()}. "
+                "Check the URL, that the server is up, and the user's rights."
+            ) from exc
+        try:
+            self._ensure_schema()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def _lock_schema(self, tx: _PostgresTx) -> None:
+        # CREATE TABLE IF NOT EXISTS is not safe against a concurrent one in PostgreSQL.
+        tx.execute("SELECT pg_advisory_xact_lock(?)", (_SCHEMA_LOCK_KEY,))
+
+    @contextlib.contextmanager
+    def _transaction(self, *, write: bool) -> Iterator[_PostgresTx]:
+        try:
+            with self._conn.transaction():
+                cursor = self._conn.cursor()
+                if not write:  # one snapshot for the budget and its entries
+                    cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                yield _PostgresTx(cursor)
+        except self._psycopg.Error as exc:
+            raise LedgerError(f"The PostgreSQL ledger {self.url} failed: {str(exc).strip()}.") from exc

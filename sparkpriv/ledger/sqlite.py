@@ -1,0 +1,82 @@
+"""The embedded SQLite ledger: one file, for schedulers that run on one host.
+
+Check-and-spend runs in a ``BEGIN IMMEDIATE`` transaction: it takes the
+database's single write lock before reading the budget and the entries, so two
+processes reserving on the same file are serialized (the second waits up to the
+busy timeout). WAL mode lets ``ledger show`` read while a job writes. Do not put
+the file on a network file system (SQLite's locks are not reliable there); use
+the PostgreSQL ledger for several hosts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from typing import Any, Iterator, Sequence
+
+from sparkpriv.errors import LedgerError
+from sparkpriv.ledger.base import Ledger
+
+__all__ = ["SQLiteLedger"]
+
+#: How long a transaction waits for another process's write lock.
+BUSY_TIMEOUT_S = 60.0
+
+
+class _SQLiteTx:
+    def __init__(self, conn: sqlite3.Connection):
+        self._conn = conn
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        return self._conn.execute(sql, tuple(params)).fetchall()
+
+
+class SQLiteLedger(Ledger):
+    """A ledger in the SQLite file ``path`` (created with its parent directories)."""
+
+    def __init__(self, url: str, path: str):
+        super().__init__(url)
+        self.path = path
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            # isolation_level=None: no implicit transactions; we issue BEGIN ourselves.
+            self._conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            self._conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            self._conn.execute("PRAGMA synchronous = FULL")  # a committed spend survives a power cut
+            self._conn.execute("PRAGMA foreign_keys = ON")
+        except (OSError, sqlite3.Error) as exc:
+            raise LedgerError(f"Cannot open the SQLite ledger {path}: {exc}. Check the path and permissions.") from exc
+        try:
+            self._ensure_schema()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def _rollback(self) -> None:
+        with contextlib.suppress(sqlite3.Error):  # nothing to roll back if SQLite already did
+            self._conn.execute("ROLLBACK")
+
+    @contextlib.contextmanager
+    def _transaction(self, *, write: bool) -> Iterator[_SQLiteTx]:
+        try:
+            self._conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        except sqlite3.Error as exc:
+            raise LedgerError(f"Cannot start a transaction on the SQLite ledger {self.path}: {exc}.") from exc
+        try:
+            yield _SQLiteTx(self._conn)
+        except sqlite3.Error as exc:
+            self._rollback()
+            raise LedgerError(f"The SQLite ledger {self.path} failed: {exc}.") from exc
+        except BaseException:
+            self._rollback()
+            raise
+        try:
+            self._conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._rollback()
+            raise LedgerError(f"Cannot commit to the SQLite ledger {self.path}: {exc}.") from exc
