@@ -209,7 +209,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler = args._handler
         return int(handler(args) or 0)
     except SparkPrivError as exc:
-        _log.error("%s", exc)
         print(f"sparkpriv: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
