@@ -1,0 +1,619 @@
+"""DP k-means with noisy per-cluster sums (Acs et al., Alg. 2; MATH.md section 4).
+
+Two variants share one Lloyd loop:
+
+* ``linear`` (DPLloyd / SuLQ, the baseline diffprivlib also implements): the
+  features are the clipped input rows, ``||x||_2 <= C``;
+* ``kernel``: random Fourier features of the RBF kernel
+  ``exp(-||x - y||^2 / (2 s^2))``: ``W`` (D, d) with ``W_ij ~ N(0, 1/s^2)`` and
+  the *paired* features ``z(x) = [cos(W x), sin(W x)] / sqrt(D)``, so that
+  ``||z(x)||_2^2 = (1/D) sum_i (cos^2 + sin^2) = 1`` exactly: ``C = 1`` is a
+  deterministic bound (the paper's single-cosine features are not bounded by 1;
+  MATH.md). We use ``C = 1 + 1e-12`` to cover float rounding in cos/sin.
+
+Each iteration (:func:`cluster_stats` per batch, :func:`noisy_update` on the
+driver): assign rows to the nearest current centre; per cluster the count
+``n_j`` and the sum ``S_j`` of features, as ONE float64 vector of length
+``k (D' + 1)`` laid out as a ``(k, D' + 1)`` matrix ``[n_j, S_j]``; partial
+vectors of batches and partitions are summed; the driver adds Gaussian noise
+ONCE and sets ``centre_j = noisy S_j / max(noisy n_j, 1)``.
+
+Privacy
+-------
+Neighbours: replace-one (``n`` is public). Public: ``k``, ``d``, the bounds,
+``T``, the kernel width, ``W`` (drawn independently of the data and released),
+the initial centres (data-independent), ``n``. Secret: the noise seed.
+
+Sensitivity of one iteration (record ``x`` replaced by ``x'``, features of
+norm at most ``C``): if they fall in different clusters, the counts change by
+``sqrt(2)`` (two entries by 1) and the sums by ``sqrt(||z||^2 + ||z'||^2) <=
+sqrt(2) C``; in the same cluster the counts do not change and the sums change
+by ``||z - z'|| <= 2 C``. With noise ``s_n`` on counts and ``s_S`` on sums the
+iteration is a Gaussian mechanism on ``(n / s_n, S / s_S)`` with unit noise,
+i.e. mu-GDP with
+
+    mu^2 = max(2 / s_n^2 + 2 C^2 / s_S^2, 4 C^2 / s_S^2)
+        <= 2 / s_n^2 + 4 C^2 / s_S^2            (MATH.md's bound).
+
+**Noise split between counts and sums.** We take ``s_n = s_S / C``: then both
+cases give ``mu^2 = 4 C^2 / s_S^2`` -- the counts cost nothing beyond what the
+same-cluster case of the sums already costs. Concretely the driver noises the
+single vector ``v = (C n_j, S_j)_j`` with i.i.d. ``N(0, s_S^2)`` per entry;
+its L2 sensitivity is ``2 C`` in both cases (``sqrt(2 C^2 + 2 C^2)`` and
+``2 C``), so one call of :func:`sparkpriv.privacy.noise.add_noise` with
+sensitivity ``2 C`` and noise multiplier ``1 / mu_iter`` releases the whole
+iteration; noisy counts are ``v_n / C`` (std ``s_S / C``).
+
+**Budget split.** ``mu_total = gdp_mu_for(epsilon, delta)`` (analytic
+Gaussian, exact). Gaussian-DP composes exactly, also adaptively:
+``mu_total^2 = T mu_iter^2 + mu_final^2``. ``kernel``: the last step releases
+input-space centres as noisy per-cluster means of the clipped inputs
+(sensitivity ``2 C_x``, ``C_x`` the input norm bound), with share
+``final_share`` (default 0.1) of ``mu_total^2``; the T iterations share the
+rest equally. ``linear``: the features ARE the clipped inputs, so the centres
+of iteration T are the input-space release; no extra step (all of
+``mu_total^2`` goes to the iterations). Splits round down
+(:func:`~sparkpriv.privacy.calibration.split_mu`). Each noise addition is a
+discrete Gaussian on a power-of-two grid and is recorded as a
+``GaussianDpEvent`` whose multiplier is at least ``1 / mu`` (the grid rounding
+is in its sensitivity); the release's event is
+``Composed[SelfComposed(iteration, T), final]``.
+
+**Grid.** :func:`~sparkpriv.privacy.noise.gaussian_noise_from_multiplier`
+picks a grid about ``2^-56`` of sigma, which only admits values up to about
+``64 sigma``; counts and sums reach ``n C``. The grid here is chosen from the
+public cap ``MAX_ROWS C`` instead (data-independent, so the event is known
+before any data is read), and ``n <= MAX_ROWS`` is checked.
+
+Initial centres are data-independent: ``k`` uniform points of the declared
+domain (box, else L2 ball), clipped and mapped through the feature map, or a
+public sample given by the user. Assignments are never released.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+from dp_accounting import dp_event
+
+from sparkpriv._validation import Interval, Options, check_param
+from sparkpriv.errors import ParameterError
+from sparkpriv.privacy import noise as _noise
+from sparkpriv.privacy.accounting import compose, epsilon_of
+from sparkpriv.privacy.bounds import Bounds, ClipCounts, clip_rows
+from sparkpriv.privacy.calibration import gdp_mu_for, split_mu
+from sparkpriv.privacy.random import new_secret_seed, stream
+
+__all__ = [
+    "VARIANTS",
+    "MAX_ROWS",
+    "FeatureMap",
+    "KMeansPlan",
+    "KMeansResult",
+    "draw_frequencies",
+    "rff_features",
+    "input_norm_bound",
+    "max_clusters",
+    "make_feature_map",
+    "plan_kmeans",
+    "calibrate_stats_noise",
+    "assign_nearest",
+    "cluster_stats",
+    "noisy_update",
+    "initial_centres",
+    "release_kmeans_array",
+    "clustering_accuracy",
+]
+
+VARIANTS = ("linear", "kernel")
+MAX_ROWS = 2**34  # public cap on n that fixes the noise grid (see module docstring)
+ITER_STAGE = 11  # public label of the driver noise stream of iteration t: (seed, ITER_STAGE, t)
+FINAL_STAGE = 12
+C_ROUNDING = 1.0 + 1e-12  # RFF norm bound covering float rounding of cos^2 + sin^2
+_POS = Interval("real", 0, None, "neither")
+
+
+# ----------------------------------------------------------------------------- feature maps
+
+
+def draw_frequencies(d: int, frequencies: int, kernel_width: float, seed: int) -> np.ndarray:
+    """``W`` (frequencies, d) with i.i.d. ``N(0, 1/kernel_width^2)`` entries (public)."""
+    return stream(seed, 0).standard_normal((frequencies, d)) / float(kernel_width)
+
+
+def rff_features(X: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """Paired random Fourier features ``[cos(X W^T), sin(X W^T)] / sqrt(D)``, shape (n, 2D).
+
+    Every row has L2 norm 1 (up to float rounding).
+    """
+    D = W.shape[0]
+    P = X @ W.T
+    Z = np.empty((X.shape[0], 2 * D), dtype=np.float64)
+    np.cos(P, out=Z[:, :D])
+    np.sin(P, out=Z[:, D:])
+    Z *= 1.0 / math.sqrt(D)
+    return Z
+
+
+def input_norm_bound(bounds: Bounds) -> float:
+    """L2 bound ``C_x`` on a clipped row: min(row_bound, the box's largest norm).
+
+    An L1 row bound also bounds the L2 norm. After the box clip and the norm
+    clip (which only shrinks a row) both bounds hold.
+    """
+    c = math.inf
+    if bounds.row_bound is not None:
+        c = float(bounds.row_bound)
+    if bounds.has_box:
+        far = np.maximum(np.abs(np.asarray(bounds.lower, float)), np.abs(np.asarray(bounds.upper, float)))
+        c = min(c, float(np.sqrt(np.sum(far * far))) * (1.0 + 1e-12))
+    return c
+
+
+@dataclass(frozen=True)
+class FeatureMap:
+    """The public map from an input row to its Lloyd feature vector."""
+
+    variant: str
+    bounds: Bounds
+    W: np.ndarray | None = None  # (D, d), kernel only
+    kernel_width: float | None = None
+
+    @property
+    def d(self) -> int:
+        return self.bounds.dim
+
+    @property
+    def dim(self) -> int:
+        """Feature dimension ``D'`` (d for linear, 2D for kernel)."""
+        return self.d if self.W is None else 2 * self.W.shape[0]
+
+    @property
+    def feature_bound(self) -> float:
+        """``C``: the L2 bound on one feature vector."""
+        return input_norm_bound(self.bounds) if self.variant == "linear" else C_ROUNDING
+
+    def clip(self, X: np.ndarray) -> tuple[np.ndarray, ClipCounts]:
+        return clip_rows(X, self.bounds)
+
+    def from_clipped(self, Xc: np.ndarray) -> np.ndarray:
+        return Xc if self.W is None else rff_features(Xc, self.W)
+
+    def features(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, ClipCounts]:
+        """``(Z, Xc, counts)``: features, clipped inputs and clipping counts of ``X`` (n, d)."""
+        Xc, counts = self.clip(X)
+        return self.from_clipped(Xc), Xc, counts
+
+
+def make_feature_map(variant: str, bounds: Bounds, *, kernel_width=None, frequencies: int = 128,
+                     seed: int | None = None, caller: str = "release_kmeans") -> FeatureMap:
+    check_param("variant", variant, [Options(VARIANTS)], caller)
+    if variant == "linear":
+        return FeatureMap("linear", bounds)
+    if kernel_width is None:
+        raise ParameterError(
+            f"The 'kernel_width' parameter of {caller} is required for variant='kernel': give the "
+            "public RBF width s of exp(-||x-y||^2 / (2 s^2)) (--kernel-width), e.g. about the "
+            "typical distance between two points of one cluster."
+        )
+    check_param("kernel_width", kernel_width, [_POS], caller)
+    check_param("frequencies", frequencies, [Interval("integer", 1, 100_000, "both")], caller)
+    seed = new_secret_seed("kmeans-frequencies") if seed is None else seed
+    W = draw_frequencies(bounds.dim, frequencies, kernel_width, seed)
+    return FeatureMap("kernel", bounds, W, float(kernel_width))
+
+
+# ----------------------------------------------------------------------------- calibration
+
+
+def max_clusters(n: int) -> int:
+    """The largest ``k`` allowed for ``n`` rows: ``floor(sqrt(n))``.
+
+    With fewer than about ``sqrt(n)`` rows per cluster on average, the noisy
+    sums swamp the centres at any useful epsilon (``n`` is public under
+    replace-one, so the rule may depend on it).
+    """
+    return max(int(math.isqrt(max(int(n), 0))), 0)
+
+
+def calibrate_stats_noise(*, sensitivity: float, mu: float, dim: int) -> _noise.GaussianNoise:
+    """Discrete Gaussian noise of multiplier ``>= 1/mu`` for a vector of ``dim`` stats.
+
+    Same construction as :func:`~sparkpriv.privacy.noise.gaussian_noise_from_multiplier`
+    (grid sensitivity ``sensitivity/g + sqrt(dim)``, sigma rounded up) but on
+    the grid ``g = 2^ceil(log2(MAX_ROWS * sensitivity / 2^62))``, which admits
+    values up to ``MAX_ROWS * sensitivity / 2`` (>= ``n C``). It depends only on
+    public quantities.
+    """
+    caller = "calibrate_stats_noise"
+    check_param("sensitivity", sensitivity, [_POS], caller)
+    check_param("mu", mu, [_POS], caller)
+    m = 1.0 / float(mu)
+    g = max(_noise.gaussian_grid(m * sensitivity),
+            _noise._pow2_ceil(math.ldexp(float(MAX_ROWS) * float(sensitivity), -62)))
+    gs = _noise._round_up(Fraction(float(sensitivity)) / Fraction(g) + _noise._sqrt_up(int(dim)))
+    sigma = _noise._round_up(Fraction(m) * Fraction(gs))
+    _noise._check_sigma(sigma, caller)
+    return _noise.GaussianNoise(g, sigma, float(sensitivity), gs, math.nan, math.nan, int(dim))
+
+
+@dataclass(frozen=True)
+class KMeansPlan:
+    """Everything public about a calibrated k-means release (no secrets)."""
+
+    variant: str
+    k: int
+    d: int
+    dim: int
+    iterations: int
+    epsilon: float
+    delta: float
+    final_share: float
+    mu_total: float
+    mu_iter: float
+    mu_final: float | None
+    feature_bound: float
+    input_bound: float
+    iter_noise: _noise.GaussianNoise
+    final_noise: _noise.GaussianNoise | None
+
+    def iteration_event(self) -> dp_event.DpEvent:
+        return self.iter_noise.dp_event()
+
+    def dp_event(self) -> dp_event.DpEvent:
+        """``Composed[SelfComposed(iteration, T), final]`` (final only for ``kernel``)."""
+        events = [dp_event.SelfComposedDpEvent(self.iteration_event(), self.iterations)]
+        if self.final_noise is not None:
+            events.append(self.final_noise.dp_event())
+        return compose(events)
+
+    def epsilon_spent(self) -> float:
+        return epsilon_of(self.dp_event(), self.delta)
+
+    @property
+    def count_std(self) -> float:
+        """Std of one noisy count in an iteration (``s_S / C``)."""
+        return self.iter_noise.std / self.feature_bound
+
+    def to_public_dict(self) -> dict:
+        d = {
+            "variant": self.variant, "k": self.k, "d": self.d, "feature_dim": self.dim,
+            "iterations": self.iterations, "neighbors": "replace-one",
+            "protects": "one record (person) replaced by another; n is public",
+            "gdp": {"mu_total": self.mu_total, "mu_per_iteration": self.mu_iter,
+                    "mu_final": self.mu_final, "final_share": self.final_share},
+            "sensitivity": {
+                "feature_bound_C": self.feature_bound, "input_bound_C_x": self.input_bound,
+                "iteration": "vector (C n_j, S_j): L2 2C (same cluster: sums 2C; different: "
+                             "counts sqrt(2) -> sqrt(2) C after scaling, sums sqrt(2) C)",
+            },
+            "iteration_noise": self.iter_noise.to_public_dict(),
+            "iteration_sum_std": self.iter_noise.std,
+            "iteration_count_std": self.count_std,
+        }
+        if self.final_noise is not None:
+            d["final_noise"] = self.final_noise.to_public_dict()
+            d["final_sum_std"] = self.final_noise.std
+            d["final_count_std"] = self.final_noise.std / self.input_bound
+        return d
+
+
+def plan_kmeans(
+    fmap: FeatureMap,
+    *,
+    k: int,
+    epsilon: float,
+    delta: float,
+    iterations: int,
+    final_share: float | None = None,
+    caller: str = "release_kmeans",
+) -> KMeansPlan:
+    """Validate the privacy parameters and calibrate every noise addition (no data)."""
+    check_param("k", k, [Interval("integer", 2, None, "left")], caller)
+    check_param("iterations", iterations, [Interval("integer", 1, 10_000, "both")], caller)
+    check_param("epsilon", epsilon, [_POS], caller)
+    check_param("delta", delta, [Interval("real", 0, 1, "neither")], caller)
+    if fmap.variant == "linear":
+        if final_share not in (None, 0, 0.0):
+            raise ParameterError(
+                f"The 'final_share' parameter of {caller} must be None for variant='linear': its "
+                "features are the inputs, so the last iteration's centres are the release. "
+                f"Got {final_share!r} instead."
+            )
+        final_share = 0.0
+    else:
+        final_share = 0.1 if final_share is None else final_share
+        check_param("final_share", final_share, [Interval("real", 0, 1, "neither")], caller)
+    bounds = fmap.bounds
+    bounds.require_any(caller)
+    cx = input_norm_bound(bounds)
+    if not math.isfinite(cx):
+        raise ParameterError(
+            f"{caller} needs an L2 bound on the rows: give row_bound (--row-bound) or per-column "
+            "lower/upper bounds (the final centres are noisy means of clipped inputs)."
+        )
+    mu_total = gdp_mu_for(epsilon, delta)
+    T = int(iterations)
+    if final_share > 0:
+        parts = split_mu(mu_total, [(1.0 - final_share) / T, final_share])
+        mu_iter = parts[0]
+        mu_final = parts[1]
+    else:
+        mu_iter = split_mu(mu_total, [1.0 / T])[0]
+        mu_final = None
+    C = fmap.feature_bound
+    dim = fmap.dim
+    iter_noise = calibrate_stats_noise(sensitivity=2.0 * C, mu=mu_iter, dim=k * (dim + 1))
+    final_noise = None
+    if mu_final is not None:
+        final_noise = calibrate_stats_noise(sensitivity=2.0 * cx, mu=mu_final, dim=k * (fmap.d + 1))
+    return KMeansPlan(fmap.variant, int(k), fmap.d, dim, T, float(epsilon), float(delta),
+                      float(final_share), float(mu_total), float(mu_iter),
+                      None if mu_final is None else float(mu_final), float(C), float(cx),
+                      iter_noise, final_noise)
+
+
+# ----------------------------------------------------------------------------- Lloyd step
+
+
+def assign_nearest(Z: np.ndarray, centres: np.ndarray) -> np.ndarray:
+    """Index of the nearest centre (squared L2) for each row of ``Z`` (n, D'); ties -> lowest."""
+    if Z.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    cn = np.einsum("ij,ij->i", centres, centres)
+    dist = cn[None, :] - 2.0 * (Z @ centres.T)
+    return np.argmin(dist, axis=1)
+
+
+def cluster_stats(Z: np.ndarray, centres: np.ndarray, values: np.ndarray | None = None) -> np.ndarray:
+    """Per-cluster counts and sums of one batch as ONE float64 vector of length ``k (p + 1)``.
+
+    Rows of ``Z`` (n, D') are assigned to the nearest of ``centres`` (k, D');
+    the sums are of ``values`` (n, p) (default ``Z``). Layout: the
+    ``(k, p + 1)`` matrix ``[n_j, S_j]`` flattened row-major. The vectors of
+    batches add up to the vector of their union.
+    """
+    k = centres.shape[0]
+    V = Z if values is None else values
+    p = V.shape[1]
+    out = np.zeros((k, p + 1), dtype=np.float64)
+    if Z.shape[0] == 0:
+        return out.ravel()
+    lab = assign_nearest(Z, centres)
+    out[:, 0] = np.bincount(lab, minlength=k)
+    onehot = np.zeros((k, Z.shape[0]), dtype=np.float64)
+    onehot[lab, np.arange(Z.shape[0])] = 1.0
+    out[:, 1:] = onehot @ V
+    return out.ravel()
+
+
+def noisy_update(stats: np.ndarray, noise: _noise.GaussianNoise, bound: float, k: int,
+                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Driver step: noise ``(bound * n_j, S_j)`` ONCE, return ``(centres, noisy counts)``.
+
+    ``centres_j = noisy S_j / max(noisy n_j, 1)``.
+    """
+    M = np.asarray(stats, dtype=np.float64).reshape(k, -1).copy()
+    M[:, 0] *= bound
+    noisy = _noise.add_noise(M, noise, rng)
+    counts = noisy[:, 0] / bound
+    centres = noisy[:, 1:] / np.maximum(counts, 1.0)[:, None]
+    return centres, counts
+
+
+def initial_centres(fmap: FeatureMap, k: int, rng: np.random.Generator,
+                    init: np.ndarray | None = None, caller: str = "release_kmeans") -> np.ndarray:
+    """Data-independent initial centres in feature space, shape (k, D').
+
+    ``init`` (k, d) is a PUBLIC sample (never rows of the private table);
+    otherwise ``k`` uniform points of the declared box (or, without a box, of
+    the L2 ball of radius ``row_bound``). Either is clipped and mapped
+    through the feature map.
+    """
+    d = fmap.d
+    if init is not None:
+        P = np.asarray(init, dtype=np.float64)
+        if P.shape != (k, d) or not np.all(np.isfinite(P)):
+            raise ParameterError(
+                f"The 'init' parameter of {caller} must be a finite public sample of shape "
+                f"(k, d) = ({k}, {d}). Got shape {P.shape} instead."
+            )
+    elif fmap.bounds.has_box:
+        lo = np.asarray(fmap.bounds.lower, float)
+        hi = np.asarray(fmap.bounds.upper, float)
+        P = lo + (hi - lo) * rng.random((k, d))
+    else:
+        R = float(fmap.bounds.row_bound)
+        g = rng.standard_normal((k, d))
+        g /= np.linalg.norm(g, axis=1, keepdims=True)
+        P = g * (R * rng.random((k, 1)) ** (1.0 / d))
+    Pc, _ = fmap.clip(P)
+    return fmap.from_clipped(Pc)
+
+
+# ----------------------------------------------------------------------------- in-memory release
+
+
+@dataclass
+class KMeansResult:
+    """Result of :func:`release_kmeans_array`: the public model, plan and owner diagnostics."""
+
+    model: "object"
+    plan: KMeansPlan
+    clip_counts: ClipCounts
+    history: list = field(default_factory=list)  # noisy counts per iteration (public)
+
+    @property
+    def event(self):
+        return self.plan.dp_event()
+
+    @property
+    def epsilon(self) -> float:
+        return self.plan.epsilon_spent()
+
+
+def _check_array(X, caller: str) -> np.ndarray:
+    X = np.asarray(X)
+    if X.ndim != 2:
+        raise ParameterError(f"X must be a 2-D array (n_samples, n_features). Got shape {X.shape}.")
+    if X.shape[0] == 0:
+        raise ParameterError("X is empty: there is nothing to release.")
+    if not np.issubdtype(X.dtype, np.number):
+        raise ParameterError(f"X must be numeric. Got dtype {X.dtype}.")
+    X = X.astype(np.float64, copy=False)
+    bad = np.flatnonzero(~np.isfinite(X).all(axis=0))
+    if bad.size:
+        raise ParameterError(f"X has NaN or infinite values in column index {int(bad[0])}; fill them first.")
+    return X
+
+
+def check_k_for_n(k: int, n: int, caller: str) -> None:
+    if n > MAX_ROWS:
+        raise ParameterError(f"{caller} supports at most 2^34 rows (the noise grid's cap). Got {n}.")
+    if k > max_clusters(n):
+        raise ParameterError(
+            f"The 'k' parameter of {caller} must be at most floor(sqrt(n)) = {max_clusters(n)} for "
+            f"n = {n} rows (smaller clusters are swamped by the noise). Got {k} instead: use fewer "
+            "clusters or more data."
+        )
+
+
+def release_kmeans_array(
+    X,
+    *,
+    k: int,
+    epsilon: float,
+    delta: float,
+    iterations: int = 10,
+    variant: str = "kernel",
+    row_bound: float | None = None,
+    lower=None,
+    upper=None,
+    kernel_width: float | None = None,
+    frequencies: int = 128,
+    init=None,
+    final_share: float | None = None,
+    feature_seed: int | None = None,
+):
+    """Private k-means of an in-memory array (the single-machine library).
+
+    Parameters
+    ----------
+    X : ndarray of shape (n_samples, n_features)
+    k : int >= 2, at most floor(sqrt(n_samples))
+    epsilon, delta : float
+        The total guarantee; ``delta`` in (0, 1).
+    iterations : int >= 1
+        Lloyd iterations T.
+    variant : {"kernel", "linear"}
+    row_bound, lower, upper
+        Declared public bounds (L2 row norm, per-column box); at least one.
+    kernel_width, frequencies
+        RBF width ``s`` (required for ``kernel``) and number of frequencies D
+        (features 2D).
+    init : ndarray of shape (k, n_features), optional
+        A PUBLIC sample used as initial centres (default: uniform points of
+        the declared domain).
+    final_share : float in (0, 1), optional
+        ``kernel`` only: share of ``mu_total^2`` for the input-space centres
+        (default 0.1).
+    feature_seed : int, optional
+        Seed of the public ``W`` (default: fresh entropy).
+
+    Returns
+    -------
+    KMeansResult
+        ``.model`` is a :class:`~sparkpriv.mechanisms.kmeans_model.KMeansModel`.
+
+    Privacy
+    -------
+    See the module docstring: replace-one; per iteration one Gaussian noise
+    addition of sensitivity ``2C`` on ``(C n_j, S_j)``; ``T`` iterations and the
+    final step compose exactly (Gaussian DP) to ``(epsilon, delta)``.
+    """
+    caller = "release_kmeans_array"
+    X = _check_array(X, caller)
+    n, d = X.shape
+    bounds = Bounds(d, _tuple(lower), _tuple(upper), row_bound, "l2", None, _caller=caller)
+    check_param("variant", variant, [Options(VARIANTS)], caller)
+    fmap = make_feature_map(variant, bounds, kernel_width=kernel_width, frequencies=frequencies,
+                            seed=feature_seed, caller=caller)
+    plan = plan_kmeans(fmap, k=k, epsilon=epsilon, delta=delta, iterations=iterations,
+                       final_share=final_share, caller=caller)
+    check_k_for_n(k, n, caller)
+    seed = new_secret_seed("kmeans-noise")
+    init_rng = stream(new_secret_seed("kmeans-init"), 0)
+    centres = initial_centres(fmap, k, init_rng, init, caller)
+    Z, Xc, clip_counts = fmap.features(X)
+    model, history = fit_from_stats(
+        plan, fmap, centres,
+        lambda c: cluster_stats(Z, c),
+        lambda c: cluster_stats(Z, c, Xc),
+        seed,
+    )
+    return KMeansResult(model, plan, clip_counts, history)
+
+
+def fit_from_stats(plan: KMeansPlan, fmap: FeatureMap, centres: np.ndarray, iteration_stats,
+                   final_stats, seed: int, log=None):
+    """The driver loop shared by the numpy and the Spark paths.
+
+    ``iteration_stats(centres)`` returns the exact ``k (D'+1)`` vector over the
+    whole table; ``final_stats(centres)`` the ``k (d+1)`` vector of clipped
+    inputs grouped by the nearest feature centre (``kernel`` only). Noise is
+    added here, once per call, from the driver stream ``(seed, stage, t)``.
+    """
+    from sparkpriv.mechanisms.kmeans_model import KMeansModel
+
+    k = plan.k
+    history = []
+    counts = None
+    for t in range(1, plan.iterations + 1):
+        stats = iteration_stats(centres)
+        centres, counts = noisy_update(stats, plan.iter_noise, plan.feature_bound, k,
+                                       stream(seed, ITER_STAGE, t))
+        history.append(counts)
+        if log is not None:
+            log(t, counts)
+    feature_centres = centres
+    if plan.final_noise is not None:
+        stats = final_stats(feature_centres)
+        centres, counts = noisy_update(stats, plan.final_noise, plan.input_bound, k,
+                                       stream(seed, FINAL_STAGE, 0))
+    model = KMeansModel(
+        variant=plan.variant, centers=centres, counts=counts, bounds=fmap.bounds.to_public_dict(),
+        W=fmap.W, kernel_width=fmap.kernel_width,
+        feature_centers=feature_centres if plan.variant == "kernel" else None,
+    )
+    return model, history
+
+
+def _tuple(x):
+    if x is None:
+        return None
+    return tuple(float(v) for v in np.atleast_1d(np.asarray(x, dtype=float)))
+
+
+# ----------------------------------------------------------------------------- metric
+
+
+def clustering_accuracy(labels_true, labels_pred) -> float:
+    """ACC: the best one-to-one cluster-to-label matching (Hungarian), as a fraction.
+
+    ``scipy.optimize.linear_sum_assignment`` on the negated contingency table.
+    """
+    from scipy.optimize import linear_sum_assignment
+
+    t = np.asarray(labels_true)
+    p = np.asarray(labels_pred)
+    if t.shape != p.shape or t.size == 0:
+        raise ParameterError("labels_true and labels_pred must be non-empty and of the same shape.")
+    _, ti = np.unique(t, return_inverse=True)
+    _, pi = np.unique(p, return_inverse=True)
+    table = np.zeros((pi.max() + 1, ti.max() + 1), dtype=np.int64)
+    np.add.at(table, (pi, ti), 1)
+    r, c = linear_sum_assignment(-table)
+    return float(table[r, c].sum()) / t.size

@@ -1,0 +1,355 @@
+"""DP k-means on Spark DataFrames (layer 2 over :mod:`sparkpriv.mechanisms.kmeans`).
+
+Shape of a release:
+
+1. Validate, draw the public ``W`` (kernel) and the secret noise seed,
+   calibrate every noise addition and :func:`~sparkpriv.release.reserve` the
+   event -- before any data is read.
+2. Features are computed once per Arrow batch (clip, then RFF for ``kernel``)
+   and cached as blocks: one row per batch holding the ``(rows, D')``
+   float64 matrix as raw bytes. This is the cheapest form that survives the
+   iterations (measured, see docs/kmeans.md): no per-row objects, and the
+   Python workers read each block with one ``np.frombuffer``.
+3. Each iteration: the current centres are captured in the task closure
+   (plain numpy copies); per partition, every block is assigned and its
+   counts/sums vector accumulated (:func:`~sparkpriv.mechanisms.kmeans.cluster_stats`);
+   partials are merged by tree aggregation (:func:`~sparkpriv.spark.batches.sum_partials`);
+   only the ``k (D'+1)`` vector reaches the driver, which adds the noise ONCE
+   (:func:`~sparkpriv.mechanisms.kmeans.noisy_update`, drawn from the driver
+   stream of the secret seed) and logs a progress line.
+4. ``kernel``: a last pass over the input releases input-space centres as
+   noisy per-cluster means of the clipped inputs (accounted).
+5. The :class:`KMeansRelease` holds a tiny DataFrame of the clusters
+   (cluster, count, center, feature_center) which ``write`` publishes with the
+   receipt (the receipt embeds the model) and ``_kmeans_model.json``.
+
+Assignments are never part of the release; :func:`assign_clusters` computes
+them from the public model inside a later job.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from sparkpriv._validation import Interval, Options, check_param
+from sparkpriv.errors import InputError, ParameterError
+from sparkpriv.io.inputs import check_numeric_columns, check_present_columns, schema_fingerprint
+from sparkpriv.mechanisms.kmeans import (
+    VARIANTS,
+    check_k_for_n,
+    cluster_stats,
+    assign_nearest,
+    fit_from_stats,
+    initial_centres,
+    make_feature_map,
+    plan_kmeans,
+)
+from sparkpriv.mechanisms.kmeans_model import MODEL_FILE, KMeansModel
+from sparkpriv.privacy.bounds import Bounds
+from sparkpriv.privacy.random import new_secret_seed, stream
+from sparkpriv.release import Release, reserve
+from sparkpriv.spark.batches import batch_matrix, map_batches, spark_errors, sum_partials
+
+__all__ = ["release_kmeans", "assign_clusters", "KMeansRelease"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class KMeansRelease(Release):
+    """A :class:`~sparkpriv.release.Release` whose table is the released clusters.
+
+    ``model`` is the public :class:`KMeansModel`; ``iteration_seconds`` the wall
+    time of each Lloyd iteration (for benchmarks).
+    """
+
+    model: KMeansModel | None = None
+    iteration_seconds: list | None = None
+
+    def write(self, path: str, *, overwrite: bool = False, owner_report: str | None = None) -> str:
+        out = super().write(path, overwrite=overwrite, owner_report=owner_report)
+        from sparkpriv.io.writer import filesystem_for
+
+        fs = filesystem_for(self.df.sparkSession, out)
+        fs.write_bytes(f"{out}/{MODEL_FILE}", self.model.to_json().encode())
+        return out
+
+
+def _blocks_schema():
+    from pyspark.sql.types import BinaryType, LongType, StructField, StructType
+
+    return StructType([StructField("z", BinaryType(), False), StructField("rows", LongType(), False)])
+
+
+def _feature_blocks_fn(fmap, columns, fill, counters):
+    """Per-partition function: each Arrow batch -> one block row (features as bytes)."""
+    names = ["z", "rows"]
+
+    def sparkpriv_kmeans_features(batches, pid):
+        for batch in batches:
+            X = batch_matrix(batch, columns, fill=fill)
+            Z, _, counts = fmap.features(X)
+            if counters is not None:
+                counters[0].add(counts.rows)
+                counters[1].add(counts.box_clipped)
+                counters[2].add(counts.norm_clipped)
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([np.ascontiguousarray(Z).tobytes()], pa.binary()),
+                 pa.array([Z.shape[0]], pa.int64())], names)
+
+    return sparkpriv_kmeans_features
+
+
+def _block_stats_fn(centres, dim):
+    """Per-partition counts/sums over cached feature blocks (closure of plain arrays)."""
+    centres = np.array(centres, dtype=np.float64, copy=True)
+    size = centres.shape[0] * (dim + 1)
+
+    def sparkpriv_kmeans_iteration(batches, pid):
+        acc = np.zeros(size, dtype=np.float64)
+        for b in batches:
+            col = b.column(0)
+            for i in range(b.num_rows):
+                Z = np.frombuffer(col[i].as_buffer(), dtype=np.float64).reshape(-1, dim)
+                acc += cluster_stats(Z, centres)
+        return acc
+
+    return sparkpriv_kmeans_iteration
+
+
+def _input_stats_fn(fmap, centres, columns, fill):
+    """Per-partition counts and sums of clipped INPUTS, grouped by nearest feature centre."""
+    centres = np.array(centres, dtype=np.float64, copy=True)
+    size = centres.shape[0] * (fmap.d + 1)
+
+    def sparkpriv_kmeans_final(batches, pid):
+        acc = np.zeros(size, dtype=np.float64)
+        for batch in batches:
+            Z, Xc, _ = fmap.features(batch_matrix(batch, columns, fill=fill))
+            acc += cluster_stats(Z, centres, Xc)
+        return acc
+
+    return sparkpriv_kmeans_final
+
+
+def _counters(spark):
+    try:
+        sc = spark.sparkContext
+        return [sc.accumulator(0) for _ in range(3)]
+    except Exception:
+        return None
+
+
+def _tup(x):
+    return None if x is None else tuple(float(v) for v in x)
+
+
+def release_kmeans(
+    df,
+    *,
+    columns: Sequence[str],
+    k: int,
+    epsilon: float,
+    delta: float,
+    iterations: int = 10,
+    variant: str = "kernel",
+    row_bound: float | None = None,
+    lower: Sequence[float] | None = None,
+    upper: Sequence[float] | None = None,
+    kernel_width: float | None = None,
+    frequencies: int = 128,
+    init=None,
+    final_share: float | None = None,
+    fill: float | None = None,
+    neighbors: str = "replace-one",
+    ledger=None,
+    table_id: str | None = None,
+    source: str | None = None,
+) -> KMeansRelease:
+    """Private k-means of the ``columns`` of a Spark DataFrame.
+
+    Parameters
+    ----------
+    df : pyspark.sql.DataFrame
+        One row per record (person).
+    columns : sequence of str
+        Numeric feature columns (n_features = d).
+    k : int >= 2
+        Number of clusters; at most ``floor(sqrt(n))`` (n is public under
+        replace-one).
+    epsilon, delta : float
+        The total guarantee of the release; ``delta`` in (0, 1).
+    iterations : int >= 1
+        Lloyd iterations T.
+    variant : {"kernel", "linear"}
+        ``kernel``: random Fourier features of an RBF kernel (needs
+        ``kernel_width``); ``linear``: DPLloyd on the clipped rows.
+    row_bound, lower, upper
+        Declared public bounds: L2 row norm and/or per-column box.
+    kernel_width : float > 0
+        RBF width ``s`` (kernel only).
+    frequencies : int
+        Number of random frequencies D (features 2D), kernel only.
+    init : array of shape (k, d), optional
+        A PUBLIC sample of initial centres; default: uniform points of the
+        declared domain.
+    final_share : float in (0, 1), optional
+        Kernel only: share of the Gaussian-DP budget ``mu^2`` for the final
+        input-space centres (default 0.1).
+    fill : float, optional
+        Public value replacing nulls.
+    neighbors : {"replace-one"}
+    ledger, table_id, source
+        As for every release (reservation before any data is read).
+
+    Returns
+    -------
+    KMeansRelease
+        ``.model`` (public), ``.df`` the tiny clusters table,
+        ``.write(path)`` publishes it with the receipt and the model JSON.
+
+    Privacy
+    -------
+    Replace-one neighbours. Per iteration one Gaussian noise addition to the
+    vector ``(C n_j, S_j)`` of L2 sensitivity ``2C`` (``C = 1`` for RFF, the
+    input norm bound for ``linear``), enforced by clipping; T iterations and
+    the final step compose exactly to ``(epsilon, delta)`` by Gaussian DP.
+    Public: bounds, k, T, ``W``, kernel width, initial centres, n.
+    Secret: the noise seed. See :mod:`sparkpriv.mechanisms.kmeans`.
+    """
+    caller = "release_kmeans"
+    columns = list(columns)
+    check_numeric_columns(df, columns)
+    check_param("neighbors", neighbors, [Options(("replace-one",))], caller)
+    check_param("variant", variant, [Options(VARIANTS)], caller)
+    check_param("fill", fill, [None, Interval("real", None, None, "neither")], caller)
+    d = len(columns)
+    bounds = Bounds(d, _tup(lower), _tup(upper), row_bound, "l2", None, _caller=caller)
+    fmap = make_feature_map(variant, bounds, kernel_width=kernel_width, frequencies=frequencies,
+                            caller=caller)
+    plan = plan_kmeans(fmap, k=k, epsilon=epsilon, delta=delta, iterations=iterations,
+                       final_share=final_share, caller=caller)
+    init_rng = stream(new_secret_seed("kmeans-init"), 0)
+    centres0 = initial_centres(fmap, k, init_rng, init, caller)
+    seed = new_secret_seed("kmeans-noise")
+    event = plan.dp_event()
+    eps = plan.epsilon_spent()
+    params = {
+        "columns": columns, "k": k, "epsilon": float(epsilon), "delta": float(delta),
+        "iterations": iterations, "variant": variant, "kernel_width": kernel_width,
+        "frequencies": frequencies if variant == "kernel" else None,
+        "final_share": plan.final_share, "fill": fill, "neighbors": neighbors,
+        "bounds": bounds.to_public_dict(), "init": "public sample" if init is not None else "domain",
+    }
+    hold = reserve(event=event, mechanism="kmeans", parameters=params, ledger=ledger, table_id=table_id)
+    spark = df.sparkSession
+    counters = _counters(spark)
+    blocks = None
+    try:
+        src = df.select(*columns)
+        with spark_errors():
+            blocks = map_batches(src, _feature_blocks_fn(fmap, columns, fill, counters), _blocks_schema())
+            from pyspark import StorageLevel
+
+            blocks = blocks.persist(StorageLevel.MEMORY_AND_DISK)
+            n = int(blocks.agg({"rows": "sum"}).collect()[0][0] or 0)
+        if n == 0:
+            raise InputError("The input table is empty: there is nothing to release.")
+        check_k_for_n(k, n, caller)
+        _log.info("kmeans: %s variant, k=%d, %d feature dims, %d iterations; features cached",
+                  variant, k, plan.dim, plan.iterations)
+        seconds: list[float] = []
+        size = k * (plan.dim + 1)
+        clock = [time.perf_counter()]
+
+        def iteration_stats(c):
+            with spark_errors():
+                return sum_partials(blocks, _block_stats_fn(c, plan.dim), size)
+
+        def final_stats(c):
+            with spark_errors():
+                return sum_partials(src, _input_stats_fn(fmap, c, columns, fill), k * (d + 1))
+
+        def log(t, counts):
+            now = time.perf_counter()
+            seconds.append(now - clock[0])
+            clock[0] = now
+            _log.info("kmeans iteration %d/%d: %.2f s, %d cluster(s) with noisy count < 1",
+                      t, plan.iterations, seconds[-1], int(np.sum(counts < 1)))
+
+        model, _ = fit_from_stats(plan, fmap, centres0, iteration_stats, final_stats, seed, log)
+    except BaseException as exc:
+        hold.abort(f"k-means failed: {type(exc).__name__}")
+        hold.close()
+        raise
+    finally:
+        if blocks is not None:
+            blocks.unpersist()
+    del seed
+
+    out = _clusters_df(spark, model)
+
+    def diagnostics() -> dict:
+        if counters is None:
+            return {}
+        return {"rows": counters[0].value, "rows_box_clipped": counters[1].value,
+                "rows_norm_clipped": counters[2].value}
+
+    public = dict(plan.to_public_dict(), parameters=params, model=model.to_dict(),
+                  feature_map="W is public: drawn independently of the data and released")
+    input_info = {"source": source, "schema_fingerprint": schema_fingerprint(df.schema),
+                  "columns": columns, "fill_for_nulls": fill}
+    return KMeansRelease(df=out, mechanism="kmeans", event=event, epsilon=eps, delta=plan.delta,
+                         public=public, input_info=input_info, hold=hold, diagnostics=diagnostics,
+                         source_df=None, model=model, iteration_seconds=seconds)
+
+
+def _clusters_df(spark, model: KMeansModel):
+    from pyspark.sql.types import ArrayType, DoubleType, IntegerType, StructField, StructType
+
+    schema = StructType([
+        StructField("cluster", IntegerType(), False),
+        StructField("count", DoubleType(), False),
+        StructField("center", ArrayType(DoubleType(), False), False),
+        StructField("feature_center", ArrayType(DoubleType(), False), True),
+    ])
+    fc = model.feature_centers
+    rows = [(j, float(model.counts[j]), [float(v) for v in model.centers[j]],
+             None if fc is None else [float(v) for v in fc[j]]) for j in range(model.k)]
+    return spark.createDataFrame(rows, schema).coalesce(1)
+
+
+def assign_clusters(df, model: KMeansModel, *, columns: Sequence[str], keep_columns: Sequence[str] = (),
+                    output_column: str = "cluster", fill: float | None = None):
+    """``keep_columns`` of ``df`` plus the nearest cluster of each row under ``model``.
+
+    The assignment is a function of the public model and the row; it is NOT
+    private output: use it inside a job, never publish it as part of a release.
+    """
+    from pyspark.sql.types import IntegerType, StructField, StructType
+
+    columns = list(columns)
+    keep_columns = list(keep_columns)
+    check_numeric_columns(df, columns)
+    check_present_columns(df, keep_columns, role="kept")
+    if len(columns) != model.centers.shape[1]:
+        raise ParameterError(f"The model has {model.centers.shape[1]} features; got {len(columns)} columns.")
+    fmap = model.feature_map()
+    C = model.assignment_centers().copy()
+    schema = StructType([df.schema[c] for c in keep_columns] + [StructField(output_column, IntegerType(), False)])
+    names = keep_columns + [output_column]
+
+    def sparkpriv_kmeans_assign(batches, pid):
+        for batch in batches:
+            Z, _, _ = fmap.features(batch_matrix(batch, columns, fill=fill))
+            lab = assign_nearest(Z, C).astype(np.int32)
+            yield pa.RecordBatch.from_arrays([batch.column(c) for c in keep_columns] + [pa.array(lab)], names)
+
+    return map_batches(df.select(*keep_columns, *[c for c in columns if c not in keep_columns]),
+                       sparkpriv_kmeans_assign, schema)

@@ -1,0 +1,256 @@
+"""DP k-means numpy core: features, statistics, sensitivities, calibration, accounting, model."""
+
+import itertools
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from dp_accounting import dp_event
+
+from sparkpriv.errors import ParameterError
+from sparkpriv.mechanisms import kmeans as km
+from sparkpriv.mechanisms.kmeans_model import KMeansModel
+from sparkpriv.privacy.accounting import epsilon_of
+from sparkpriv.privacy.bounds import Bounds
+from sparkpriv.privacy.calibration import gdp_epsilon_delta, gdp_mu_for
+
+
+def _blobs(n=3000, d=4, k=3, seed=0, sep=6.0):
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(0, sep, size=(k, d))
+    y = rng.integers(0, k, n)
+    return centres[y] + rng.normal(0, 1.0, size=(n, d)), y
+
+
+# ---- features ------------------------------------------------------------------------------
+
+def test_rff_norm_is_one_and_approximates_the_kernel():
+    rng = np.random.default_rng(1)
+    X = rng.normal(0, 3, size=(500, 7))
+    W = km.draw_frequencies(7, 4000, 2.5, seed=3)
+    Z = km.rff_features(X, W)
+    np.testing.assert_allclose(np.linalg.norm(Z, axis=1), 1.0, rtol=0, atol=1e-13)
+    # independent: z(x).z(y) estimates exp(-||x-y||^2 / (2 s^2)) with error ~ 1/sqrt(D)
+    K = np.exp(-((X[:50, None, :] - X[None, :50, :]) ** 2).sum(-1) / (2 * 2.5**2))
+    assert np.max(np.abs(Z[:50] @ Z[:50].T - K)) < 0.08
+    # the frequencies are N(0, 1/s^2)
+    assert np.std(W) == pytest.approx(1 / 2.5, rel=0.02)
+
+
+def test_paper_single_cosine_features_are_not_bounded_by_one():
+    # MATH.md: sqrt(2/D) cos(Wx + b) has ||z||^2 in [0, 2]; many points exceed 1
+    rng = np.random.default_rng(2)
+    X = rng.normal(0, 1, size=(2000, 5))
+    W = rng.normal(0, 1, size=(64, 5))
+    b = rng.uniform(0, 2 * np.pi, 64)
+    z = np.sqrt(2 / 64) * np.cos(X @ W.T + b)
+    assert np.mean(np.linalg.norm(z, axis=1) > 1) > 0.3
+
+
+def test_input_norm_bound():
+    assert km.input_norm_bound(Bounds(3, row_bound=2.0)) == 2.0
+    b = Bounds(4, (0.0,) * 4, (1.0,) * 4)
+    assert km.input_norm_bound(b) == pytest.approx(2.0)
+    assert km.input_norm_bound(Bounds(4, (-3.0,) * 4, (1.0,) * 4, row_bound=5.0)) == 5.0
+
+
+# ---- statistics ----------------------------------------------------------------------------
+
+def test_cluster_stats_match_a_loop_and_add_over_batches():
+    rng = np.random.default_rng(4)
+    Z = rng.normal(size=(400, 5))
+    C = rng.normal(size=(3, 5))
+    v = km.cluster_stats(Z, C).reshape(3, 6)
+    # independent reference: explicit loop over rows
+    ref = np.zeros((3, 6))
+    for z in Z:
+        j = int(np.argmin([np.sum((z - c) ** 2) for c in C]))
+        ref[j, 0] += 1
+        ref[j, 1:] += z
+    np.testing.assert_allclose(v, ref, rtol=1e-12, atol=1e-12)
+    parts = km.cluster_stats(Z[:150], C) + km.cluster_stats(Z[150:], C)
+    np.testing.assert_allclose(parts, v.ravel(), rtol=1e-12, atol=1e-12)
+    assert km.cluster_stats(Z[:0], C).shape == (18,)
+
+
+def test_noisy_update_adds_noise_once_with_the_planned_scale(monkeypatch):
+    fmap = km.make_feature_map("linear", Bounds(3, row_bound=2.0))
+    plan = km.plan_kmeans(fmap, k=2, epsilon=1.0, delta=1e-5, iterations=4)
+    stats = np.array([10.0, 1, 2, 3, 5.0, 4, 5, 6])
+    calls = []
+    real = km._noise.add_noise
+    monkeypatch.setattr(km._noise, "add_noise", lambda *a, **kw: calls.append(a) or real(*a, **kw))
+    draws = []
+    for s in range(400):
+        c, n = km.noisy_update(stats, plan.iter_noise, plan.feature_bound, 2, np.random.default_rng(s))
+        draws.append(np.r_[n, c.ravel()])
+    assert len(calls) == 400  # once per update
+    draws = np.array(draws)
+    # counts: std s_S / C; sigma_S = 2C / mu_iter
+    s_sum = 2 * 2.0 / plan.mu_iter
+    assert np.std(draws[:, 0]) == pytest.approx(s_sum / 2.0, rel=0.12)
+    assert plan.iter_noise.std == pytest.approx(s_sum, rel=1e-6)
+
+
+# ---- sensitivity by brute force ------------------------------------------------------------
+
+@pytest.mark.parametrize("variant", ["linear", "kernel"])
+def test_replacing_one_record_moves_the_scaled_vector_at_most_2C(variant):
+    rng = np.random.default_rng(5)
+    d = 3
+    bounds = Bounds(d, (-2.0,) * d, (2.0,) * d, row_bound=2.5)
+    fmap = km.make_feature_map(variant, bounds, kernel_width=1.0, frequencies=16, seed=7)
+    C = fmap.feature_bound
+    X = rng.normal(0, 2, size=(60, d))
+    centres = km.initial_centres(fmap, 3, rng)
+    worst = 0.0
+    extremes = np.array([p for p in itertools.product([-9.0, 9.0, 0.0], repeat=d)])
+    for i in range(0, 60, 7):
+        for xp in np.vstack([extremes, rng.normal(0, 5, size=(20, d))]):
+            X2 = X.copy()
+            X2[i] = xp
+            Z1, _, _ = fmap.features(X)
+            Z2, _, _ = fmap.features(X2)
+            a = km.cluster_stats(Z1, centres).reshape(3, -1)
+            b = km.cluster_stats(Z2, centres).reshape(3, -1)
+            a[:, 0] *= C
+            b[:, 0] *= C
+            worst = max(worst, float(np.linalg.norm(a - b)))
+    assert worst <= 2 * C + 1e-12
+    assert worst > 1.0 * C  # the bound is not vacuous: clipping is what holds it
+
+
+def test_without_clipping_a_record_would_exceed_the_bound():
+    # the clip is what enforces the bound: an unclipped outlier moves the sums far more
+    fmap = km.make_feature_map("linear", Bounds(2, row_bound=1.0))
+    X = np.zeros((10, 2))
+    X2 = X.copy()
+    X2[0] = [100.0, 0.0]
+    c = np.array([[0.0, 0.0], [50.0, 0.0]])
+    raw = np.linalg.norm(km.cluster_stats(X, c) - km.cluster_stats(X2, c))
+    Z1, _, _ = fmap.features(X)
+    Z2, _, counts = fmap.features(X2)
+    clipped = np.linalg.norm(km.cluster_stats(Z1, c) - km.cluster_stats(Z2, c))
+    assert raw > 50 and clipped <= 2.0 and counts.norm_clipped == 1
+
+
+# ---- calibration and accounting --------------------------------------------------------------
+
+@pytest.mark.parametrize("variant,T,eps", [("linear", 5, 1.0), ("kernel", 10, 0.5), ("kernel", 3, 4.0)])
+def test_accounting_matches_the_closed_form(variant, T, eps):
+    delta = 1e-5
+    fmap = km.make_feature_map(variant, Bounds(4, row_bound=3.0), kernel_width=1.0, frequencies=8, seed=1)
+    plan = km.plan_kmeans(fmap, k=3, epsilon=eps, delta=delta, iterations=T)
+    mu_total = gdp_mu_for(eps, delta)
+    share = 0.0 if variant == "linear" else 0.1
+    # closed form: T iterations at mu_iter plus the final step compose to mu_total
+    assert plan.mu_iter == pytest.approx(mu_total * math.sqrt((1 - share) / T), rel=1e-9)
+    assert T * plan.mu_iter**2 + (plan.mu_final or 0) ** 2 <= mu_total**2
+    # the recorded events give the analytic epsilon (PLD discretization only)
+    got = epsilon_of(plan.dp_event(), delta)
+    assert got == pytest.approx(gdp_epsilon_delta(mu_total, delta), rel=2e-3)
+    assert got == pytest.approx(eps, rel=2e-3)
+    # event structure: T self-composed Gaussians (+ one final Gaussian for kernel)
+    ev = plan.dp_event()
+    assert isinstance(ev, dp_event.ComposedDpEvent)
+    sc = ev.events[0]
+    assert isinstance(sc, dp_event.SelfComposedDpEvent) and sc.count == T
+    assert sc.event.noise_multiplier >= 1 / plan.mu_iter
+    assert sc.event.noise_multiplier == pytest.approx(1 / plan.mu_iter, rel=1e-6)
+    assert len(ev.events) == (2 if variant == "kernel" else 1)
+    # the noise scale: sigma_S = 2C / mu_iter in data units
+    assert plan.iter_noise.std == pytest.approx(2 * plan.feature_bound / plan.mu_iter, rel=1e-6)
+
+
+def test_grid_admits_large_counts():
+    fmap = km.make_feature_map("kernel", Bounds(2, row_bound=1.0), kernel_width=1.0, frequencies=4, seed=1)
+    plan = km.plan_kmeans(fmap, k=2, epsilon=8.0, delta=1e-5, iterations=1)
+    big = np.full(2 * (8 + 1), 1e9)  # a billion rows in one cluster
+    c, n = km.noisy_update(big, plan.iter_noise, plan.feature_bound, 2, np.random.default_rng(0))
+    assert np.all(np.abs(n - 1e9) < 50)
+
+
+# ---- release ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("variant", ["linear", "kernel"])
+def test_release_recovers_separated_blobs(variant):
+    X, y = _blobs(n=6000, d=4, k=3, sep=8.0)
+    r = km.release_kmeans_array(X, k=3, epsilon=2.0, delta=1e-5, iterations=6, variant=variant,
+                                row_bound=40.0, kernel_width=4.0, frequencies=32,
+                                init=X[[np.flatnonzero(y == j)[0] for j in range(3)]] + 0.5)
+    acc = km.clustering_accuracy(y, r.model.predict(X))
+    assert acc > 0.95
+    assert r.model.centers.shape == (3, 4)
+    assert np.sum(r.model.counts) == pytest.approx(6000, abs=200)
+
+
+def test_determinism_with_the_test_seed(test_seed):
+    X, _ = _blobs()
+    args = dict(k=3, epsilon=1.0, delta=1e-5, iterations=3, variant="kernel", row_bound=30.0,
+                kernel_width=3.0, frequencies=16)
+    from sparkpriv.privacy import random as sprandom
+
+    a = km.release_kmeans_array(X, **args).model
+    sprandom.reset_test_counter()
+    b = km.release_kmeans_array(X, **args).model
+    c = km.release_kmeans_array(X, **args).model  # counter moved on: new secrets
+    np.testing.assert_array_equal(a.centers, b.centers)
+    np.testing.assert_array_equal(a.W, b.W)
+    assert not np.array_equal(a.centers, c.centers)
+
+
+def test_model_save_load_predict(tmp_path):
+    X, y = _blobs()
+    r = km.release_kmeans_array(X, k=3, epsilon=1.0, delta=1e-5, iterations=3, variant="kernel",
+                                lower=[-30] * 4, upper=[30] * 4, kernel_width=3.0, frequencies=16)
+    m = r.model
+    p = tmp_path / "m.json"
+    m.save(str(p))
+    m2 = KMeansModel.load(str(p))
+    np.testing.assert_array_equal(m2.W, m.W)
+    np.testing.assert_array_equal(m2.predict(X), m.predict(X))
+    # predict = nearest feature centre of the clipped, mapped rows (independent recomputation)
+    Xc = np.clip(X, -30, 30)
+    P = Xc @ m.W.T
+    Z = np.hstack([np.cos(P), np.sin(P)]) / math.sqrt(m.W.shape[0])
+    ref = np.argmin(((Z[:, None, :] - m.feature_centers[None]) ** 2).sum(-1), axis=1)
+    np.testing.assert_array_equal(m.predict(X), ref)
+    assert set(m.to_dict()) == {"format", "variant", "k", "centers", "counts", "bounds",
+                                "kernel_width", "W", "feature_centers"}
+
+
+def test_accuracy_metric():
+    assert km.clustering_accuracy([0, 0, 1, 1, 2], [2, 2, 0, 0, 1]) == 1.0
+    assert km.clustering_accuracy([0, 0, 1, 1], [0, 1, 0, 1]) == 0.5
+    assert km.clustering_accuracy([0, 0, 0, 1], [5, 5, 7, 7]) == 0.75
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"k": 1}, "'k' parameter"),
+    ({"k": 100}, r"floor\(sqrt\(n\)\)"),
+    ({"iterations": 0}, "'iterations' parameter"),
+    ({"kernel_width": 0.0}, "'kernel_width' parameter"),
+    ({"kernel_width": None}, "kernel_width.*required"),
+    ({"row_bound": None}, "declared public bounds"),
+    ({"delta": 0.0}, "'delta' parameter"),
+    ({"epsilon": -1.0}, "'epsilon' parameter"),
+    ({"variant": "spectral"}, "'variant' parameter"),
+    ({"final_share": 1.0}, "'final_share' parameter"),
+    ({"variant": "linear", "final_share": 0.2}, "final_share"),
+    ({"init": np.zeros((2, 4))}, "'init' parameter"),
+])
+def test_errors(kw, msg):
+    X, _ = _blobs(n=900)
+    args = dict(k=3, epsilon=1.0, delta=1e-5, iterations=2, variant="kernel", row_bound=5.0,
+                kernel_width=1.0, frequencies=8)
+    args.update(kw)
+    with pytest.raises(ParameterError, match=msg):
+        km.release_kmeans_array(X, **args)
+
+
+def test_importing_the_core_does_not_import_pyspark():
+    code = ("import sys, sparkpriv.mechanisms.kmeans, sparkpriv.mechanisms.kmeans_model; "
+            "sys.exit(1 if any(m.startswith('pyspark') for m in sys.modules) else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
