@@ -149,17 +149,41 @@ def plan_projection(
             f"{neighbors!r}; give row_bound."
         )
     d, k = P.shape
+    max_abs = projected_value_bound(P, bounds)
     if noise == "laplace":
         sens, method = l1_sensitivity(P, **constraints)
-        nz = _noise.calibrate_laplace_noise(sensitivity=sens, epsilon=epsilon, dim=k)
+        nz = _noise.calibrate_laplace_noise(sensitivity=sens, epsilon=epsilon, dim=k, max_abs=max_abs)
     else:
         sens, method = l2_sensitivity(P, **constraints)
-        nz = _noise.calibrate_gaussian_noise(sensitivity=sens, epsilon=epsilon, delta=delta, dim=k)
+        nz = _noise.calibrate_gaussian_noise(sensitivity=sens, epsilon=epsilon, delta=delta, dim=k,
+                                             max_abs=max_abs)
     return ProjectionPlan(
         d=d, k=k, neighbors=neighbors, noise_kind=noise, bounds=bounds,
         sensitivity=float(sens), sensitivity_method=method, noise=nz,
         epsilon=float(epsilon), delta=float(delta),
     )
+
+
+def projected_value_bound(P: np.ndarray, bounds: Bounds) -> float | None:
+    """A public bound on ``|(clip(x) P)_j|`` from the declared bounds (None if unbounded).
+
+    The noise grid must hold every projected value; checking this before any
+    data is read keeps the "value out of range" failure data-independent.
+    """
+    cands = []
+    if bounds.row_bound is not None:
+        R = float(bounds.row_bound)
+        if bounds.norm == "l2":
+            cands.append(R * float(np.linalg.norm(P, axis=0).max()))
+        else:
+            cands.append(R * float(np.abs(P).max()))
+    if bounds.has_box:
+        lo = np.asarray(bounds.lower, float)
+        hi = np.asarray(bounds.upper, float)
+        origin_inside = bool(np.all(lo <= 0) and np.all(hi >= 0))
+        if bounds.row_bound is None or origin_inside:
+            cands.append(float((np.maximum(np.abs(lo), np.abs(hi)) @ np.abs(P)).max()))
+    return min(cands) if cands else None
 
 
 def project_rows(X: np.ndarray, P: np.ndarray, bounds: Bounds) -> tuple[np.ndarray, ClipCounts]:

@@ -171,3 +171,15 @@ def test_no_pyspark_import_in_core():
             "print('pyspark' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("noise,delta", [("laplace", 0.0), ("gaussian", 1e-6)])
+def test_values_far_from_origin_fit_the_noise_grid(noise, delta):
+    # a narrow box far from the origin: tiny sensitivity, huge values; the grid must be
+    # coarsened from the declared bounds (before any data is read), not fail on the data
+    rng = np.random.default_rng(3)
+    X = rng.uniform(1000.0, 1001.0, size=(2000, 6))
+    rel = release_projection_array(X, k=3, epsilon=8.0, delta=delta, noise=noise,
+                                   lower=[1000.0] * 6, upper=[1001.0] * 6)
+    assert np.isfinite(rel.Z).all()
+    assert rel.plan.noise.max_abs_value >= np.abs(X @ np.ones((6, 1))).max() / 10
