@@ -47,6 +47,7 @@ class Option:
     default: Any = None
     required: bool = False
     choices: tuple | None = None
+    required_unless: str | None = None  # not required when this other option is set
 
 
 COMMON_OPTIONS = (
@@ -55,7 +56,8 @@ COMMON_OPTIONS = (
            choices=("parquet", "csv", "table")),
     Option("output", "str", "destination directory of the private Parquet table", required=True),
     Option("overwrite", "bool", "replace an existing output", default=False),
-    Option("columns", "strs", "comma-separated numeric feature columns", required=True),
+    Option("columns", "strs", "comma-separated numeric feature columns (not with --events)", required=True,
+           required_unless="events"),
     Option("keep_columns", "strs", "comma-separated input columns declared PUBLIC and copied "
            "to the output unchanged (person keys are never copied otherwise)", default=()),
     Option("fill", "float", "public value that replaces nulls in the feature columns"),
@@ -195,6 +197,13 @@ def build_config(
         v = coerce(opt, v, where)
         if v is None:
             v = opt.default
+        if v is None and opt.required and opt.required_unless is not None:
+            other = cli_values.get(opt.required_unless)
+            if other is None:
+                other = file_values.get(opt.required_unless)
+            if opt.required_unless in known and other not in (None, False, "false", "False"):
+                values[name] = v
+                continue
         if v is None and opt.required:
             flag = "--" + name.replace("_", "-")
             raise ParameterError(f"The {name!r} option is required: give {flag} or set {name} in the config file.")

@@ -72,9 +72,38 @@ def read_key_file(path: str | None) -> bytes | None:
     return key
 
 
+def _event_records(df, cfg: ReleaseConfig, source: str):
+    """``--events``: bound the event table to one record per person (MATH.md section 8)."""
+    from sparkpriv.spark.events import bound_contributions
+
+    missing = [f"--{n.replace('_', '-')}" for n in ("person_col", "item_col", "max_items", "vocabulary")
+               if cfg.get(n) is None]
+    if missing:
+        raise ParameterError(f"An event-table release (--events) needs {', '.join(missing)}.")
+    return bound_contributions(
+        df, person=cfg.get("person_col"), item=cfg.get("item_col"), max_items=cfg.get("max_items"),
+        vocabulary=cfg.get("vocabulary"), weights=cfg.get("weights", "binary"),
+        max_events_per_item=cfg.get("max_events_per_item"),
+        seed=read_key_file(cfg.get("bounding_key_file")), source=source)
+
+
 def _projection(df, cfg: ReleaseConfig, source: str):
     from sparkpriv.spark.projection import release_projection
 
+    if cfg.get("events"):
+        if cfg.get("columns") or cfg.get("keep_columns"):
+            raise ParameterError("--columns and --keep-columns do not apply to --events: the record of a "
+                                 "person is built from --item-col over --vocabulary.")
+        noise = cfg.get("noise", "laplace")
+        delta = cfg.get("delta")
+        delta = (0.0 if noise == "laplace" else None) if delta is None else delta
+        if delta is None:
+            raise ParameterError("Gaussian noise needs a delta: give --delta (e.g. 1e-6).")
+        return release_projection(
+            _event_records(df, cfg, source), k=cfg.get("k"), epsilon=cfg.get("epsilon"), delta=delta,
+            noise=noise, neighbors=cfg.get("neighbors", "replace-one"),
+            matrix_key=read_key_file(cfg.get("matrix_key_file")), ledger=cfg.get("ledger"),
+            table_id=cfg.get("table_id"), source=source)
     cols = cfg.get("columns")
     noise = cfg.get("noise", "laplace")
     delta = cfg.get("delta")
@@ -127,6 +156,22 @@ register(MechanismSpec(
                default=0.1),
         Option("matrix_key_file", "str", "file holding a secret key (>= 16 bytes) from which the "
                "projection matrix is derived, to reuse the same matrix across releases"),
+    ) + (
+        # event tables (CDR, transit): one bounded record per person, MATH.md section 8
+        Option("events", "bool", "the input is an event table (one row per call/tap); each person's "
+               "events become one record of at most --max-items items of --vocabulary", default=False),
+        Option("person_col", "str", "event tables: the person-key column (never copied to the output)"),
+        Option("item_col", "str", "event tables: the item column (tower, station)"),
+        Option("max_items", "int", "event tables: at most this many distinct items per person, chosen "
+               "uniformly at random when a person has more"),
+        Option("vocabulary", "str", "event tables: the PUBLIC item ids: a file of ids (one per line or "
+               "a CSV's first column), or a range 'a..b' (inclusive); other items are dropped and counted"),
+        Option("weights", "str", "event tables: binary (1 per visited item) or counts (event counts "
+               "capped at --max-events-per-item)", default="binary", choices=("binary", "counts")),
+        Option("max_events_per_item", "int", "event tables with --weights counts: cap of a person's "
+               "events at one item"),
+        Option("bounding_key_file", "str", "event tables: file holding a secret key (>= 16 bytes) "
+               "for the choice of items, to make the same choice in later runs"),
     ),
     release=_projection,
 ))

@@ -1,0 +1,337 @@
+"""DPRP numpy core: sensitivities, budget split, Gram, reconstruction, noise, labels, errors."""
+
+import logging
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from dp_accounting import dp_event
+
+from sparkpriv.errors import ParameterError
+from sparkpriv.mechanisms import dprp as core
+from sparkpriv.mechanisms.dprp import release_dprp_array
+from sparkpriv.mechanisms.projection import draw_projection_matrix
+from sparkpriv.privacy.accounting import compose, epsilon_of
+from sparkpriv.privacy.calibration import gdp_mu_for
+from sparkpriv.privacy.random import stream
+
+
+def _plan(d=6, k1=None, k2=None, row_bound=None, epsilon=2.0, delta=1e-5, labels=None, classes=None,
+          fill=None, seed=3, lower=None, upper=None, label_scale=1.0):
+    lower = [0.0] * d if lower is None else lower
+    upper = [1.0] * d if upper is None else upper
+    v = core.validate_params(d=d, epsilon=epsilon, delta=delta, lower=lower, upper=upper, k1=k1, k2=k2,
+                             row_bound=row_bound, budget_split=(0.8, 0.2), labels=labels, classes=classes,
+                             label_scale=label_scale, fill=fill, impute_share=0.05,
+                             neighbors="replace-one", caller="t")
+    R = draw_projection_matrix(d + v["n_label_columns"], v["k1"], seed)
+    plan = core.plan_dprp(R, d=d, epsilon=epsilon, delta=delta, lower=v["lower"], upper=v["upper"],
+                          k2=v["k2"], row_bound=v["row_bound"], budget_split=v["budget_split"],
+                          labels=labels, classes=classes, label_scale=label_scale, fill=fill,
+                          impute_share=0.05)
+    return plan, R
+
+
+def test_core_does_not_import_pyspark():
+    code = "import sys, sparkpriv.mechanisms.dprp; assert 'pyspark' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+# ---- sensitivities ---------------------------------------------------------------------------
+
+def test_sensitivity_closed_forms_and_attained():
+    R = draw_projection_matrix(7, 20, 11)
+    Z = 1.7
+    smax = np.linalg.svd(R, compute_uv=False)[0]
+    assert core.projection_sensitivity(R, Z) == pytest.approx(2 * Z * smax, rel=1e-8)
+    assert core.projection_sensitivity(R, Z) >= 2 * Z * smax
+    assert core.gram_sensitivity(Z) == pytest.approx(math.sqrt(2) * Z**2, rel=1e-8)
+    # attained: x = Z u1 (top left singular vector of R), y = -x
+    u1 = np.linalg.svd(R)[0][:, 0]
+    assert np.linalg.norm((Z * u1 - (-Z * u1)) @ R) == pytest.approx(2 * Z * smax, rel=1e-12)
+    # Gram: orthogonal x, y of norm Z attain sqrt(2) Z^2 in Frobenius norm; upper triangle <= that
+    x = np.zeros(7); x[0] = Z
+    y = np.zeros(7); y[1] = Z
+    D = np.outer(x, x) - np.outer(y, y)
+    assert np.linalg.norm(D) == pytest.approx(math.sqrt(2) * Z**2)
+    rng = np.random.default_rng(0)
+    iu = np.triu_indices(7)
+    worst = 0.0
+    for _ in range(2000):
+        a, b = rng.standard_normal((2, 7))
+        a *= Z / np.linalg.norm(a)
+        b *= Z / np.linalg.norm(b)
+        worst = max(worst, np.linalg.norm((np.outer(a, a) - np.outer(b, b))[iu]))
+        assert np.linalg.norm((a - b) @ R) <= core.projection_sensitivity(R, Z)
+    assert worst <= core.gram_sensitivity(Z)
+
+
+def test_clipping_enforces_sensitivities_on_neighbours():
+    d = 5
+    plan, R = _plan(d=d, row_bound=1.2, lower=[-1.0] * d, upper=[3.0] * d)
+    rng = np.random.default_rng(1)
+    X = rng.uniform(-1, 3, size=(50, d))
+    iu = np.triu_indices(d)
+    for bad in (np.full(d, 1e6), np.full(d, -1e6), rng.normal(0, 100, d), np.array([3, -1, 3, -1, 3.0])):
+        Y = X.copy()
+        Y[7] = bad
+        Xp, _ = core.prepare_rows(X, plan)
+        Yp, counts = core.prepare_rows(Y, plan)
+        assert np.linalg.norm(Yp, axis=1).max() <= 1.2 * (1 + 1e-12)
+        gdiff = (Xp.T @ Xp - Yp.T @ Yp)[iu]
+        assert np.linalg.norm(gdiff) <= plan.gram_sensitivity
+        pdiff = Xp @ R - Yp @ R
+        assert np.linalg.norm(pdiff) <= plan.projection_sensitivity
+        assert np.count_nonzero(np.abs(pdiff).sum(1) > 1e-12) == 1
+        assert counts.norm_clipped > 0
+
+
+# ---- budget and accounting -------------------------------------------------------------------
+
+@pytest.mark.parametrize("eps", [1.0, 4.0, 8.0])
+def test_budget_split_is_exact_and_composes_to_epsilon(eps):
+    delta = 1e-4
+    mu = core.split_budget(eps, delta, (0.8, 0.2))
+    assert mu["total"] == pytest.approx(gdp_mu_for(eps, delta))
+    assert mu["projection"] ** 2 + mu["gram"] ** 2 <= mu["total"] ** 2
+    assert mu["projection"] ** 2 / mu["total"] ** 2 == pytest.approx(0.8, rel=1e-9)
+    plan, _ = _plan(epsilon=eps, delta=delta)
+    got = epsilon_of(plan.dp_event(), delta)
+    assert got <= eps * (1 + 1e-3)
+    assert got >= eps * 0.97  # the budget is not wasted either
+    # the noise objects themselves are at least as noisy as the recorded events
+    g = plan.gram_noise(10_000)
+    real = compose([plan.projection_noise.dp_event(), g.dp_event()])
+    assert epsilon_of(real, delta) <= eps * (1 + 1e-3)
+    assert plan.projection_noise.dp_event().noise_multiplier >= 1 / mu["projection"]
+    assert g.dp_event().noise_multiplier >= 1 / mu["gram"]
+
+
+def test_noise_scales_match_sensitivity_over_mu():
+    plan, R = _plan(d=6, epsilon=3.0, delta=1e-6, row_bound=1.5)
+    smax = np.linalg.norm(R, 2)
+    assert plan.projection_noise.std == pytest.approx(2 * 1.5 * smax / plan.mu["projection"], rel=1e-6)
+    g = plan.gram_noise(1000)
+    assert g.std == pytest.approx(math.sqrt(2) * 1.5**2 / plan.mu["gram"], rel=1e-6)
+
+
+def test_gram_noise_grid_holds_large_tables():
+    plan, _ = _plan(d=8, epsilon=1.0, delta=1e-6)
+    n = 10**9
+    g = plan.gram_noise(n)
+    assert g.max_abs_value >= n * plan.row_bound**2
+    assert g.dp_event().noise_multiplier >= 1 / plan.mu["gram"]
+    assert g.std == pytest.approx(plan.gram_sensitivity / plan.mu["gram"], rel=1e-6)
+    C = np.full((8, 8), n * plan.row_bound**2 * 0.99)
+    out = core.noisy_grams([C], g, stream(1, 2))[0]
+    assert np.all(out == out.T)
+
+
+def test_dp_mean_adds_a_third_event():
+    plan, _ = _plan(epsilon=2.0, delta=1e-5, fill="dp-mean")
+    ev = plan.dp_event()
+    assert len(ev.events) == 3
+    assert sum(m ** -2 for m in (e.noise_multiplier for e in ev.events)) <= plan.mu["total"] ** 2 * (1 + 1e-9)
+    assert epsilon_of(ev, 1e-5) <= 2.0 * (1 + 1e-3)
+
+
+# ---- statistics, reconstruction ---------------------------------------------------------------
+
+def test_gram_partial_equals_numpy_per_group():
+    rng = np.random.default_rng(2)
+    X = rng.random((300, 4))
+    groups = rng.integers(0, 3, 300)
+    tot = core.gram_partial(X[:100], groups[:100], 3) + core.gram_partial(X[100:], groups[100:], 3)
+    counts, grams = core.gram_from_partial(tot, 4, 3)
+    for g in range(3):
+        Xg = X[groups == g]
+        assert counts[g] == len(Xg)
+        np.testing.assert_allclose(grams[g], Xg.T @ Xg, rtol=1e-13)
+
+
+def test_reconstruction_matrix_matches_pinv_formula():
+    rng = np.random.default_rng(4)
+    d, k1, k2 = 6, 16, 4
+    A = rng.standard_normal((40, d))
+    C = A.T @ A
+    R = draw_projection_matrix(d, k1, 5)
+    M, smin = core.reconstruction_matrix(C, R, k2)
+    U, s, _ = np.linalg.svd(C)
+    Vk = U[:, :k2]
+    ref = np.linalg.pinv(Vk.T @ R) @ Vk.T
+    np.testing.assert_allclose(M, ref, atol=1e-10)
+    assert smin == pytest.approx(np.linalg.svd(Vk.T @ R, compute_uv=False)[-1])
+
+
+@pytest.mark.parametrize("rank,k2", [(2, 3), (3, 3)])
+def test_reconstruction_exact_without_noise_on_low_rank_data(rank, k2):
+    rng = np.random.default_rng(rank)
+    d = 6
+    W = rng.random((rank, d))
+    X = rng.random((500, rank)) @ W
+    X /= X.max()  # inside [0, 1]: no clipping
+    rel = release_dprp_array(X, epsilon=1.0, delta=1e-5, lower=[0.0] * d, upper=[1.0] * d, k2=k2,
+                             _noise_free=True)
+    np.testing.assert_allclose(rel.X, X, atol=1e-9)
+    # rank above k2 is not reproduced: the test can fail
+    X3 = rng.random((500, d))
+    rel3 = release_dprp_array(X3, epsilon=1.0, delta=1e-5, lower=[0.0] * d, upper=[1.0] * d, k2=2,
+                              _noise_free=True)
+    assert np.abs(rel3.X - X3).max() > 0.05
+
+
+def test_scaling_round_trip_integer_columns_and_private_labels():
+    rng = np.random.default_rng(8)
+    n, d = 400, 4
+    lower, upper = [-5.0, 10.0, 0.0, 18.0], [5.0, 20.0, 1.0, 90.0]
+    X = np.column_stack([rng.uniform(-5, 5, n), rng.uniform(10, 20, n), rng.random(n),
+                         rng.integers(18, 91, n).astype(float)])
+    y = np.where(X[:, 0] > 0, "sick", "well")
+    rel = release_dprp_array(X, y, labels="private", classes=["well", "sick"], epsilon=1.0, delta=1e-5,
+                             lower=lower, upper=upper, k2=d + 2, integer_columns=[3], _noise_free=True)
+    np.testing.assert_allclose(rel.X, X, atol=1e-9)
+    assert np.all(rel.X[:, 3] == np.rint(rel.X[:, 3]))
+    assert (rel.y == y).all()
+    assert rel.plan.d_aug == d + 2
+    assert rel.plan.row_bound == pytest.approx(math.sqrt(d + 1))
+
+
+def test_private_label_block_inside_row_bound():
+    plan, _ = _plan(d=3, labels="private", classes=(0, 1, 2), label_scale=2.0)
+    Xp, counts = core.prepare_rows(np.ones((4, 3)), plan, np.array([0, 1, 2, 1]))
+    assert np.allclose(np.linalg.norm(Xp, axis=1), math.sqrt(3 + 4))
+    assert plan.row_bound == pytest.approx(math.sqrt(7)) and counts.norm_clipped == 0
+    np.testing.assert_array_equal(Xp[:, 3:], [[2, 0, 0], [0, 2, 0], [0, 0, 2], [0, 2, 0]])
+
+
+def test_public_labels_run_per_class_and_release_sizes():
+    rng = np.random.default_rng(9)
+    X = np.vstack([rng.random((300, 5)) * 0.3, 0.7 + rng.random((200, 5)) * 0.3])
+    y = np.array([0] * 300 + [1] * 200)
+    rel = release_dprp_array(X, y, labels="public", epsilon=4.0, delta=1e-4, lower=[0.0] * 5,
+                             upper=[1.0] * 5)
+    assert rel.class_sizes == {0: 300, 1: 200}
+    assert (rel.y == y).all()
+    nolab = release_dprp_array(X, epsilon=4.0, delta=1e-4, lower=[0.0] * 5, upper=[1.0] * 5)
+    # parallel composition: the event of the labelled release is that of ONE run
+    assert rel.event == nolab.event
+    assert rel.epsilon() == pytest.approx(nolab.epsilon()) and rel.epsilon() <= 4.0 * (1 + 1e-3)
+    # noise-free per-class reconstruction of rank-1-per-class data is exact
+    Z = np.vstack([np.outer(rng.random(300), rng.random(5)), np.outer(rng.random(200), rng.random(5))])
+    ex = release_dprp_array(Z, y, labels="public", epsilon=4.0, delta=1e-4, lower=[0.0] * 5,
+                            upper=[1.0] * 5, k2=1, _noise_free=True)
+    np.testing.assert_allclose(ex.X, Z, atol=1e-9)
+
+
+def test_dp_mean_fill_noise_free_is_the_mean_and_noisy_is_not():
+    rng = np.random.default_rng(10)
+    X = rng.random((1000, 3))
+    X[::7, 1] = np.nan
+    mean = np.nanmean(X[:, 1])
+    ex = release_dprp_array(X, epsilon=1.0, delta=1e-5, lower=[0.0] * 3, upper=[1.0] * 3, k2=3,
+                            fill="dp-mean", _noise_free=True)
+    np.testing.assert_allclose(ex.X[::7, 1], mean, atol=1e-9)
+    plan, _ = _plan(d=3, fill="dp-mean", epsilon=1.0)
+    nz = plan.impute_noise(1000)
+    assert nz.std == pytest.approx(math.sqrt(6) / plan.mu["impute"], rel=1e-6)
+    tot = core.impute_partial(np.nan_to_num(X), np.isnan(X), plan)
+    assert tot[-1] == 1000 and tot[3 + 1] == np.count_nonzero(~np.isnan(X[:, 1]))
+    means = [core.dp_column_means(tot, nz, stream(s, 3), plan)[1] for s in range(200)]
+    assert np.std(means) > 1e-4  # noise is added (never the plain data mean)
+
+
+# ---- noise --------------------------------------------------------------------------------------
+
+def test_gram_noise_is_symmetric_with_the_planned_variance():
+    plan, _ = _plan(d=12, epsilon=2.0)
+    g = plan.gram_noise(100)
+    iu = np.triu_indices(12)
+    draws = []
+    for s in range(30):
+        N = core.noisy_grams([np.zeros((12, 12))], g, stream(s, 2))[0]
+        np.testing.assert_array_equal(N, N.T)
+        draws.append(N[iu])
+    draws = np.concatenate(draws)  # 2340 independent draws
+    assert draws.var() == pytest.approx(g.variance, rel=0.1)
+    assert abs(draws.mean()) < 4 * g.std / math.sqrt(draws.size)
+
+
+def test_row_noise_has_the_planned_variance():
+    plan, R = _plan(d=5)
+    Ms = [np.eye(plan.k1)]  # identity read-out: the noisy projection itself
+    Xp = np.zeros((2000, plan.d_aug))
+    P = core.reconstruct_rows(Xp, R, Ms, None, plan.projection_noise, stream(1, 1, 0))
+    assert P.var() == pytest.approx(plan.projection_noise.variance, rel=0.05)
+
+
+# ---- defaults, warnings, errors ------------------------------------------------------------------
+
+def test_defaults():
+    assert core.default_k2(11) == 7 and core.default_k2(1) == 1 and core.default_k2(64) == 38
+    assert core.default_k1(7) == 28
+    plan, _ = _plan(d=10)
+    assert (plan.k2, plan.k1) == (6, 24)
+
+
+def test_warns_when_k1_amplifies_noise(caplog):
+    with caplog.at_level(logging.WARNING, logger="sparkpriv.mechanisms.dprp"):
+        _plan(d=10, k1=6, k2=6)
+    assert any("k1 = 6 < 4 k2" in r.getMessage() for r in caplog.records)
+
+
+_BASE = dict(epsilon=1.0, delta=1e-5, lower=[0.0] * 3, upper=[1.0] * 3)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"delta": 0.0}, "'delta' parameter of release_dprp_array must be in \\(0, 1\\)"),
+    ({"delta": 1.0}, "'delta'"),
+    ({"epsilon": -1.0}, "'epsilon'"),
+    ({"lower": None}, "needs declared public per-column bounds"),
+    ({"upper": None}, "needs declared public per-column bounds"),
+    ({"k2": 4}, "'k2' parameter .* range \\[1, 3\\]"),
+    ({"k2": 3, "k1": 2}, "'k1' parameter .* at least k2 = 3"),
+    ({"budget_split": (0.8, 0.3)}, "'budget_split'"),
+    ({"budget_split": (1.0, 0.0)}, "'budget_split'"),
+    ({"budget_split": (0.5, 0.25, 0.25)}, "'budget_split'"),
+    ({"budget_split": "0.8"}, "'budget_split'"),
+    ({"fill": "mean"}, "'fill'"),
+    ({"row_bound": 0.0}, "'row_bound'"),
+    ({"neighbors": "add-remove"}, "'neighbors'"),
+    ({"lower": [0.0, 0.0, 1.0]}, "upper bound .* must exceed"),
+])
+def test_bad_parameters(kw, msg):
+    X = np.random.default_rng(0).random((20, 3))
+    with pytest.raises(ParameterError, match=msg):
+        release_dprp_array(X, **{**_BASE, **kw})
+
+
+def test_label_errors():
+    X = np.random.default_rng(0).random((20, 3))
+    with pytest.raises(ParameterError, match="one class only"):
+        release_dprp_array(X, np.zeros(20), labels="public", **_BASE)
+    with pytest.raises(ParameterError, match="at least two distinct"):
+        release_dprp_array(X, np.zeros(20), labels="private", classes=[0], **_BASE)
+    with pytest.raises(ParameterError, match="'classes' parameter .* required with private labels"):
+        release_dprp_array(X, np.arange(20) % 2, labels="private", **_BASE)
+    with pytest.raises(ParameterError, match="declare them labels='public'"):
+        release_dprp_array(X, np.arange(20) % 2, **_BASE)
+    with pytest.raises(ParameterError, match="not a declared class"):
+        release_dprp_array(X, np.arange(20) % 3, labels="private", classes=[0, 1], **_BASE)
+
+
+def test_missing_values_need_a_fill():
+    X = np.random.default_rng(0).random((20, 3))
+    X[3, 2] = np.nan
+    with pytest.raises(ParameterError, match="missing values \\(NaN\\) in column index 2"):
+        release_dprp_array(X, **_BASE)
+    out = release_dprp_array(X, fill=0.5, **_BASE)
+    assert np.isfinite(out.X).all()
+
+
+def test_nominal_event_is_gaussian_per_step():
+    plan, _ = _plan(epsilon=1.0)
+    ev = plan.dp_event()
+    assert [type(e) for e in ev.events] == [dp_event.GaussianDpEvent] * 2
+    assert ev.events[0].noise_multiplier == pytest.approx(1 / plan.mu["projection"])
