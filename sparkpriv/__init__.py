@@ -5,6 +5,8 @@ or imports Spark):
 
 * :func:`release_projection` (Spark DataFrames), :func:`release_projection_array`
   (numpy), :func:`recover_sq_distances`
+* :func:`release_dprp` / :func:`release_dprp_array` (DPRP private table)
+* :func:`release_kmeans` / :func:`release_kmeans_array`, :class:`KMeansModel`
 * :func:`open_ledger` (privacy-budget ledger)
 * errors: :class:`SparkPrivError` and subclasses
 """
@@ -24,9 +26,13 @@ _LAZY = {
     "release_projection": "sparkpriv.spark.projection",
     "release_projection_array": "sparkpriv.mechanisms.projection",
     "recover_sq_distances": "sparkpriv.mechanisms.projection",
+    "release_dprp": "sparkpriv.spark.dprp",
+    "release_dprp_array": "sparkpriv.mechanisms.dprp",
+    "release_kmeans": "sparkpriv.spark.kmeans",
+    "release_kmeans_array": "sparkpriv.mechanisms.kmeans",
+    "KMeansModel": "sparkpriv.mechanisms.kmeans_model",
     "open_ledger": "sparkpriv.ledger",
     "get_spark": "sparkpriv.spark.session",
-    "read_receipt": "sparkpriv.receipt",
 }
 
 __all__ = [

@@ -138,12 +138,13 @@ def sum_partials(
     first.__name__ = "sparkpriv_partial"
     merge.__name__ = "sparkpriv_merge"
     parts = map_batches(df, first, schema)
-    n = max(df.rdd.getNumPartitions(), 1) if _has_rdd(df) else None
-    if n is None:
-        n = 1 << 10
-    while n > fanout:
-        n = -(-n // fanout)
-        parts = map_batches(parts.repartition(n), merge, schema)
+    if _has_rdd(df):
+        n = max(df.rdd.getNumPartitions(), 1)
+        while n > fanout:
+            n = -(-n // fanout)
+            parts = map_batches(parts.repartition(n), merge, schema)
+    else:  # Spark Connect: the partition count is unknown; one merge level into `fanout` tasks
+        parts = map_batches(parts.repartition(fanout), merge, schema)
     total = np.zeros(size, dtype=np.float64)
     for row in parts.toLocalIterator():
         total += np.frombuffer(row["v"], dtype=np.float64)

@@ -1,0 +1,392 @@
+"""Releases submitted with spark-submit to a real standalone cluster (issue 7).
+
+Every registered mechanism is released by ``spark-submit --master
+spark://127.0.0.1:PORT ... jobs/release.py --config CFG``, with the package
+shipped as a zip on ``--py-files`` to executors whose Python does not have
+sparkpriv installed (see conftest.py). Fault tests kill a Python worker or an
+executor JVM in the middle of a release (the job must finish through task
+retry with output identical to an undisturbed run with the same test seed),
+kill the driver before publishing, and make a job fail before publishing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.cluster.conftest import LOCALHOST, REPO, base_env, spark_home
+
+pytestmark = pytest.mark.cluster
+
+SUBMIT_TIMEOUT = 420  # seconds per spark-submit (2 shared cores; a release takes well under a minute)
+TABLE_ID = "test.cluster_blobs"
+COLS = ["f0", "f1", "f2", "f3"]
+
+# Per-mechanism options of the cluster release (the rest of each config is common:
+# input, output, columns, ledger, table_id). A mechanism registered in
+# sparkpriv.runner.MECHANISMS without an entry here is SKIPPED with a reason:
+# add its options here. ``per_row``: the output has one row per input row and
+# keeps the public ``id`` column.
+MECHANISM_OPTIONS = {
+    "projection": {"options": {"k": 2, "epsilon": 1.0, "row_bound": 8.0, "keep_columns": ["id"]},
+                   "per_row": True},
+    "dprp": {"options": {"epsilon": 2.0, "delta": 1e-5, "lower": [-6.0], "upper": [6.0],
+                         "keep_columns": ["id"]},
+             "per_row": True},
+    "kmeans": {"options": {"k": 2, "epsilon": 2.0, "delta": 1e-5, "iterations": 2, "variant": "linear",
+                           "row_bound": 8.0},
+               "per_row": False},
+}
+
+
+def registered_mechanisms() -> list[str]:
+    from sparkpriv.runner import MECHANISMS
+
+    return sorted(MECHANISMS)
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(v)
+
+
+def write_config(path: Path, mechanism: str, values: dict, spark: dict | None = None) -> Path:
+    lines = [f"mechanism = {_toml_value(mechanism)}"]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
+    if spark:
+        lines.append("\n[spark]")
+        lines += [f"{json.dumps(k)} = {json.dumps(str(v))}" for k, v in spark.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_blobs(path: Path, *, files: int, rows_per_file: int, cols: int = 4, seed: int = 0,
+                nan_at: int | None = None) -> Path:
+    """A Parquet table of ``files`` files (one Spark partition each): id, f0.., label."""
+    path.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    centres = np.array([[2.0] * cols, [-2.0] * cols])
+    for i in range(files):
+        ids = np.arange(i * rows_per_file, (i + 1) * rows_per_file, dtype=np.int64)
+        lab = rng.integers(0, 2, ids.size).astype(np.int32)
+        X = centres[lab] + rng.standard_normal((ids.size, cols))
+        if nan_at is not None and nan_at in ids:
+            X[nan_at - ids[0], 0] = np.nan
+        t = pa.table({"id": ids, **{f"f{j}": X[:, j] for j in range(cols)}, "label": lab})
+        pq.write_table(t, path / f"part-{i:05d}.parquet")
+    return path
+
+
+def submit_cmd(cluster, shipped, app: str | Path, *args: str, conf: dict | None = None) -> list[str]:
+    """spark-submit as a user runs it (deploy/standalone/README.md), bound to 127.0.0.1."""
+    settings = {
+        "spark.pyspark.python": str(shipped.executor_python),
+        "spark.pyspark.driver.python": str(shipped.executor_python),
+        "spark.driver.host": LOCALHOST,
+        "spark.driver.bindAddress": LOCALHOST,
+        "spark.ui.enabled": "false",
+        "spark.executor.memory": "512m",
+        "spark.executor.cores": "1",
+        "spark.cores.max": "2",
+        # one input file per partition, so partition ids (and the keyed noise) are stable
+        "spark.sql.files.maxPartitionBytes": "1m",
+        "spark.sql.files.openCostInBytes": "1m",
+        **(conf or {}),
+    }
+    cmd = [os.path.join(spark_home(), "bin", "spark-submit"), "--master", cluster.master_url,
+           "--deploy-mode", "client", "--name", "sparkpriv-cluster-test",
+           "--properties-file", str(REPO / "deploy" / "standalone" / "spark-defaults.conf"),
+           "--py-files", str(shipped.pyfiles)]
+    for k, v in settings.items():
+        cmd += ["--conf", f"{k}={v}"]
+    return cmd + [str(app), *args]
+
+
+def start_submit(cmd, log: Path, env_extra: dict | None = None) -> subprocess.Popen:
+    env = base_env()
+    env.update(env_extra or {})
+    env["SPARKPRIV_SPARK_LOG_LEVEL"] = "WARN"  # keep TaskSetManager's "Lost task" warnings
+    with open(log, "wb") as f:
+        return subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=log.parent, start_new_session=True)
+
+
+def wait(proc: subprocess.Popen, log: Path, timeout: float = SUBMIT_TIMEOUT) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        pytest.fail(f"spark-submit did not finish in {timeout} s; log tail:\n{tail(log)}")
+
+
+def tail(log: Path, n: int = 6000) -> str:
+    return log.read_text(errors="replace")[-n:]
+
+
+def run_release(cluster, shipped, cfg: Path, log: Path, env_extra=None, conf=None) -> int:
+    proc = start_submit(submit_cmd(cluster, shipped, REPO / "jobs" / "release.py", "--config", str(cfg),
+                                   conf=conf), log, env_extra)
+    return wait(proc, log)
+
+
+def wait_for_idle_cluster(cluster, timeout: float = 90.0) -> None:
+    """No executor of an earlier application is still running (they exit after their app)."""
+    deadline = time.monotonic() + timeout
+    while cluster.executor_pids():
+        if time.monotonic() > deadline:
+            pytest.fail("executors of an earlier application are still running")
+        time.sleep(0.3)
+
+
+def ledger_status(ledger_url: str, table_id: str = TABLE_ID):
+    from sparkpriv.ledger import open_ledger
+
+    with open_ledger(ledger_url) as led:
+        return led.status(table_id)
+
+
+def ledger_entries(ledger_url: str, table_id: str = TABLE_ID) -> list[dict]:
+    return list(ledger_status(ledger_url, table_id).entries)
+
+
+def set_budget(ledger_url: str, epsilon: float = 50.0, delta: float = 1e-3) -> None:
+    from sparkpriv.ledger import open_ledger
+
+    with open_ledger(ledger_url) as led:
+        led.set_budget(TABLE_ID, epsilon=epsilon, delta=delta)
+
+
+def read_sorted(path: str | Path):
+    return pq.read_table(str(path)).to_pandas().sort_values("id").reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- shipping
+
+
+def test_executor_python_has_no_sparkpriv_of_its_own(shipped, tmp_path):
+    """Without the shipped zip the executors' interpreter cannot import sparkpriv at all."""
+    r = subprocess.run([str(shipped.executor_python), "-c", "import numpy, pyarrow, pyspark; import sparkpriv"],
+                       cwd=tmp_path, env=base_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "No module named 'sparkpriv'" in r.stderr, r.stderr
+
+
+def test_executors_import_the_shipped_package(cluster, shipped, tmp_path):
+    app = tmp_path / "where.py"
+    app.write_text(
+        "import json, os, sys\n"
+        "from pyspark.sql import SparkSession\n"
+        "spark = SparkSession.builder.getOrCreate()\n"
+        "def where(_):\n"
+        "    import sparkpriv\n"
+        "    yield (sparkpriv.__file__, sys.executable, os.getcwd())\n"
+        "rows = spark.sparkContext.parallelize(range(8), 8).mapPartitions(where).collect()\n"
+        "import sparkpriv\n"
+        "print('RESULT ' + json.dumps({'executors': rows, 'driver': sparkpriv.__file__}))\n"
+        "spark.stop()\n"
+    )
+    log = tmp_path / "where.log"
+    rc = wait(start_submit(submit_cmd(cluster, shipped, app), log), log)
+    assert rc == 0, tail(log)
+    (line,) = [ln for ln in log.read_text().splitlines() if ln.startswith("RESULT ")]
+    res = json.loads(line[len("RESULT "):])
+    for file, exe, cwd in res["executors"]:
+        # the copy Spark fetched into the executor's working directory, not the repository
+        file = os.path.normpath(os.path.join(cwd, file))  # sys.path holds the zip relative to the cwd
+        assert file == os.path.join(cwd, "sparkpriv.zip", "sparkpriv", "__init__.py"), file
+        assert str(cluster.workdir) in cwd and exe == str(shipped.executor_python)
+        assert not file.startswith(str(REPO))
+    assert res["driver"].endswith(os.path.join("sparkpriv.zip", "sparkpriv", "__init__.py"))
+
+
+# --------------------------------------------------------------------------- every mechanism
+
+
+@pytest.fixture(scope="module")
+def small_table(tmp_path_factory):
+    return write_blobs(tmp_path_factory.mktemp("input") / "blobs", files=4, rows_per_file=250)
+
+
+@pytest.mark.parametrize("mechanism", registered_mechanisms())
+def test_release_every_mechanism(cluster, shipped, small_table, tmp_path, mechanism):
+    if mechanism not in MECHANISM_OPTIONS:
+        pytest.skip(f"no cluster config for mechanism {mechanism!r}: add its options to "
+                    "MECHANISM_OPTIONS in tests/cluster/test_cluster.py")
+    spec = MECHANISM_OPTIONS[mechanism]
+    ledger = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    set_budget(ledger)
+    out = tmp_path / "release"
+    cfg = write_config(tmp_path / "nightly.toml", mechanism, {
+        "input": str(small_table), "output": str(out), "columns": COLS,
+        "ledger": ledger, "table_id": TABLE_ID, **spec["options"],
+    })
+    log = tmp_path / "submit.log"
+    rc = run_release(cluster, shipped, cfg, log)
+    assert rc == 0, tail(log)
+
+    receipt = json.loads((out / "_privacy_receipt.json").read_text())
+    opts = spec["options"]
+    assert receipt["mechanism"] == mechanism
+    g = receipt["guarantee"]
+    assert 0 < g["epsilon"] <= opts["epsilon"] * (1 + 1e-3)
+    assert g["delta"] == opts.get("delta", 0.0)
+    events = receipt["events"]
+    assert events and "DpEvent" in json.dumps(events)
+    assert receipt["insecure_test_seed"] is False
+
+    table = pq.read_table(str(out))
+    assert table.num_rows > 0
+    if spec["per_row"]:
+        ids = np.sort(table.column("id").to_numpy())
+        np.testing.assert_array_equal(ids, np.arange(1000))
+        assert not set(COLS) & set(table.column_names) or mechanism == "dprp"
+        assert "label" not in table.column_names  # never copied unless declared public
+
+    (entry,) = ledger_entries(ledger)
+    assert entry["state"] == "committed" and entry["mechanism"] == mechanism
+    assert receipt["ledger"]["entry_id"] == entry["id"]
+    assert entry["output_path"].rstrip("/").endswith(str(out))
+
+
+# --------------------------------------------------------------------------- fault tolerance
+
+
+@pytest.fixture(scope="module")
+def big_table(tmp_path_factory):
+    # many partitions, so the write job runs long enough to kill something in the middle of it
+    return write_blobs(tmp_path_factory.mktemp("input") / "many", files=160, rows_per_file=2000, cols=8,
+                       seed=1)
+
+
+def _fault_config(path: Path, table: Path, out: Path, ledger: str) -> Path:
+    return write_config(path, "projection", {
+        "input": str(table), "output": str(out), "columns": [f"f{j}" for j in range(8)], "k": 4,
+        "epsilon": 1.0, "row_bound": 10.0, "keep_columns": ["id"], "ledger": ledger, "table_id": TABLE_ID,
+    })
+
+
+SEED = {"SPARKPRIV_INSECURE_TEST_SEED": "20261122"}
+
+
+@pytest.fixture(scope="module")
+def undisturbed(cluster, shipped, big_table, tmp_path_factory):
+    d = tmp_path_factory.mktemp("undisturbed")
+    ledger = f"sqlite:///{d / 'ledger.sqlite'}"
+    set_budget(ledger)
+    cfg = _fault_config(d / "cfg.toml", big_table, d / "release", ledger)
+    log = d / "submit.log"
+    rc = run_release(cluster, shipped, cfg, log, env_extra=SEED)
+    assert rc == 0, tail(log)
+    return read_sorted(d / "release")
+
+
+@pytest.mark.parametrize("victim", ["python-worker", "executor-jvm"])
+def test_killed_worker_is_retried_with_identical_output(cluster, shipped, big_table, undisturbed, tmp_path,
+                                                        victim):
+    wait_for_idle_cluster(cluster)
+    ledger = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    set_budget(ledger)
+    out = tmp_path / "release"
+    cfg = _fault_config(tmp_path / "cfg.toml", big_table, out, ledger)
+    log = tmp_path / "submit.log"
+    proc = start_submit(submit_cmd(cluster, shipped, REPO / "jobs" / "release.py", "--config", str(cfg)),
+                        log, SEED)
+    killed = []
+    marker = "Lost task" if victim == "python-worker" else "Lost executor"
+    deadline = time.monotonic() + SUBMIT_TIMEOUT
+    # kill until the driver reports a lost task/executor (a Python worker killed while idle is
+    # replaced silently, without a task failure); the write job has 160 tasks, so there is time
+    while proc.poll() is None and marker not in log.read_text(errors="replace") and len(killed) < 5:
+        if time.monotonic() > deadline:
+            break
+        targets = cluster.python_workers()
+        if targets and victim == "executor-jvm":
+            targets = cluster.executor_pids()
+        if targets:
+            os.kill(targets[0], signal.SIGKILL)
+            killed.append(targets[0])
+            t0 = time.monotonic()
+            while proc.poll() is None and marker not in log.read_text(errors="replace") \
+                    and time.monotonic() - t0 < 5:
+                time.sleep(0.2)
+        else:
+            time.sleep(0.1)
+    rc = wait(proc, log)
+    text = log.read_text(errors="replace")
+    assert killed, "nothing was killed: the job finished before its Python workers appeared"
+    assert marker in text, f"the kill caused no task failure; log tail:\n{tail(log)}"
+    assert rc == 0, tail(log)
+    got = read_sorted(out)
+    assert got.shape == undisturbed.shape
+    assert got.equals(undisturbed), "a retried task must redraw exactly the same noise"
+    (entry,) = ledger_entries(ledger)
+    assert entry["state"] == "committed"
+
+
+def test_driver_killed_before_publishing(cluster, shipped, big_table, tmp_path):
+    wait_for_idle_cluster(cluster)
+    ledger = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    set_budget(ledger)
+    out = tmp_path / "release"
+    cfg = _fault_config(tmp_path / "cfg.toml", big_table, out, ledger)
+    log = tmp_path / "submit.log"
+    proc = start_submit(submit_cmd(cluster, shipped, REPO / "jobs" / "release.py", "--config", str(cfg)), log)
+    deadline = time.monotonic() + SUBMIT_TIMEOUT
+    # the reservation is made before any data is read; Python workers exist only once the
+    # write job runs, which is before the atomic publish (a rename after the job)
+    while not cluster.python_workers():
+        assert proc.poll() is None, f"the job ended before it could be killed:\n{tail(log)}"
+        assert time.monotonic() < deadline, "the write job never started"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)  # spark-submit and the driver's Python: SIGKILL, no cleanup
+    proc.wait(timeout=60)
+    assert not out.exists(), "a killed driver must leave nothing at the destination"
+    status = ledger_status(ledger)
+    (entry,) = status.entries
+    assert entry["state"] == "reserved"  # still counted (conservative) ...
+    # counted: the spend is this entry's (epsilon 1 at the budget's delta 1e-3, via PLD)
+    assert 0.99 < status.spent_epsilon == pytest.approx(entry["epsilon"]) <= 1.0
+    assert entry["label"] == "unfinished" and status.unfinished == 1  # ... and shown as unfinished
+    # a hard-killed driver cannot delete its staging directory (documented in README.md)
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".release.sparkpriv-staging-")]
+    assert len(leftovers) <= 1
+
+
+def test_failed_job_publishes_nothing_and_releases_the_reservation(cluster, shipped, tmp_path):
+    wait_for_idle_cluster(cluster)
+    table = write_blobs(tmp_path / "with_nan", files=4, rows_per_file=250, nan_at=777)
+    ledger = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    set_budget(ledger)
+    out = tmp_path / "release"
+    cfg = write_config(tmp_path / "cfg.toml", "projection", {
+        "input": str(table), "output": str(out), "columns": COLS, "k": 2, "epsilon": 1.0,
+        "row_bound": 8.0, "ledger": ledger, "table_id": TABLE_ID,
+    })
+    log = tmp_path / "submit.log"
+    rc = run_release(cluster, shipped, cfg, log, conf={"spark.task.maxFailures": "2"})
+    text = log.read_text(errors="replace")
+    assert rc == 2, tail(log)  # bad input
+    assert "column 'f0' has NaN or infinite values" in text
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if ".sparkpriv-staging-" in p.name]
+    status = ledger_status(ledger)
+    (entry,) = status.entries
+    assert entry["state"] == "aborted"  # released: not counted
+    assert status.spent_epsilon == 0.0

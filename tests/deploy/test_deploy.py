@@ -1,0 +1,299 @@
+"""Keep deploy/ honest without the clusters it targets (issue 7).
+
+* Kubernetes: the SparkApplication has what the Spark operator requires, its
+  secrets come from Kubernetes secrets only, its ConfigMap holds a config that
+  sparkpriv accepts, and the Dockerfile's COPY sources exist.
+* Airflow: the DAG is checked with ``ast`` (Airflow itself is not a test
+  dependency: it pins hundreds of packages and takes minutes to install), and
+  its exit-code handling is run against a stand-in ``airflow`` package:
+  exit 3 must raise ``AirflowFailException`` (never retried).
+* Standalone: spark-defaults.conf parses and allows task retries; the build
+  script is valid bash.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import re
+import stat
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+yaml = pytest.importorskip("yaml")
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+K8S = DEPLOY / "kubernetes"
+DAG_FILE = DEPLOY / "airflow" / "sparkpriv_nightly.py"
+
+
+# --------------------------------------------------------------------------- kubernetes
+
+
+def _docs():
+    with open(K8S / "sparkapplication.yaml") as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def _app():
+    (app,) = [d for d in _docs() if d.get("kind") == "SparkApplication"]
+    return app
+
+
+def _strings(node):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield str(k)
+            yield from _strings(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _strings(v)
+    elif node is not None:
+        yield str(node)
+
+
+def _dockerfile_arg(name: str) -> str:
+    m = re.search(rf"^ARG {name}=(\S+)$", (K8S / "Dockerfile").read_text(), re.M)
+    assert m, f"Dockerfile has no ARG {name}=..."
+    return m.group(1)
+
+
+def test_sparkapplication_has_the_fields_the_operator_requires():
+    app = _app()
+    assert app["apiVersion"] == "sparkoperator.k8s.io/v1beta2"
+    assert app["metadata"]["name"] and app["metadata"]["namespace"]
+    spec = app["spec"]
+    assert spec["type"] == "Python" and spec["mode"] == "cluster"
+    assert spec["image"]
+    assert spec["mainApplicationFile"] == "local:///opt/sparkpriv/jobs/release.py"
+    assert str(spec["sparkVersion"]) == _dockerfile_arg("SPARK_VERSION")
+    for role in ("driver", "executor"):
+        assert spec[role]["cores"] >= 1 and re.fullmatch(r"\d+[mg]", spec[role]["memory"])
+    assert spec["executor"]["instances"] >= 1
+    assert spec["restartPolicy"]["type"] == "Never"  # a refused budget (exit 3) is never retried
+    assert int(spec["sparkConf"]["spark.task.maxFailures"]) >= 2
+
+
+def test_secrets_come_from_kubernetes_secrets_never_the_manifest():
+    docs = _docs()
+    assert not [d for d in docs if d.get("kind") == "Secret"], "no Secret objects (with data) in the manifest"
+    spec = _app()["spec"]
+    env = {e["name"]: e for e in spec["driver"]["env"]}
+    assert set(env["SPARKPRIV_LEDGER"]) == {"name", "valueFrom"}
+    assert env["SPARKPRIV_LEDGER"]["valueFrom"]["secretKeyRef"]["name"]
+    for role in ("driver", "executor"):
+        for e in spec[role].get("env", []):
+            assert "value" not in e, f"{role} env {e['name']} is a literal; use valueFrom.secretKeyRef"
+    (key,) = [s for s in spec["driver"]["secrets"] if s["name"] == "sparkpriv-matrix-key"]
+    args = spec["arguments"]
+    key_file = args[args.index("--matrix-key-file") + 1]
+    assert key_file.startswith(key["path"].rstrip("/") + "/")
+    # no literal secrets anywhere in the parsed documents (comments may show how to create them)
+    for s in _strings(docs):
+        assert not re.search(r"(postgres(ql)?|sqlite)://", s), f"ledger URL literal in the manifest: {s!r}"
+        assert not re.search(r"://[^/\s:@]+:[^/\s@]+@", s), f"credentials in a URL: {s!r}"
+        assert not re.search(r"(?i)(password|passwd|secret_key|token)\s*[=:]", s), s
+        assert not re.fullmatch(r"[A-Za-z0-9+/=]{40,}|[0-9a-f]{32,}", s.strip()), f"key-like literal {s[:12]}..."
+
+
+def test_configmap_holds_a_config_sparkpriv_accepts():
+    from sparkpriv.config import build_config
+    from sparkpriv.runner import options_for
+
+    (cm,) = [d for d in _docs() if d.get("kind") == "ConfigMap"]
+    spec = _app()["spec"]
+    assert cm["metadata"]["name"] in [c["name"] for c in spec["driver"]["configMaps"]]
+    values = tomllib.loads(cm["data"]["nightly.toml"])
+    args = spec["arguments"]
+    assert args[args.index("--config") + 1].endswith("/nightly.toml")
+    assert "ledger" not in values and "matrix_key_file" not in values  # both come from secrets
+    mech = values.pop("mechanism")
+    values.pop("spark")
+    cfg = build_config(mech, options_for(mech), values, {}, source="ConfigMap nightly.toml")
+    assert cfg.get("table_id")  # the release is recorded in the ledger
+
+
+def _copy_sources(text: str):
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and parts[0] in ("COPY", "ADD") and not any(p.startswith("--from") for p in parts):
+            yield from (p for p in parts[1:-1] if not p.startswith("--"))
+
+
+def test_dockerfile_copies_files_that_exist():
+    text = (K8S / "Dockerfile").read_text()
+    sources = list(_copy_sources(text))
+    assert "jobs/release.py" in sources and "sparkpriv" in sources and "pyproject.toml" in sources
+    for src in sources:
+        assert (REPO / src).exists(), f"Dockerfile copies {src}, which does not exist (context: repo root)"
+    assert "/opt/sparkpriv/jobs/release.py" in text  # what mainApplicationFile points to
+
+
+def test_image_requirements_are_the_package_dependencies_without_pyspark():
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    wanted = {d.replace(" ", "") for d in deps if not d.startswith(("pyspark", "tomli"))}
+    lines = (K8S / "requirements.txt").read_text().splitlines()
+    have = {ln.split("#")[0].replace(" ", "") for ln in lines if ln.split("#")[0].strip()}
+    assert have == {w.split("#")[0] for w in wanted}
+
+
+# --------------------------------------------------------------------------- airflow
+
+
+def _call_name(node: ast.Call) -> str:
+    f = node.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+
+
+def _kw(node: ast.Call, name: str):
+    for k in node.keywords:
+        if k.arg == name:
+            return k.value
+    return None
+
+
+def test_dag_parses_and_defines_the_expected_tasks():
+    tree = ast.parse(DAG_FILE.read_text(), filename=str(DAG_FILE))
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    (dag,) = [c for c in calls if _call_name(c) == "DAG"]
+    assert ast.literal_eval(_kw(dag, "dag_id")) == "sparkpriv_nightly_release"
+    assert _kw(dag, "schedule") is not None and ast.literal_eval(_kw(dag, "catchup")) is False
+    tasks = {ast.literal_eval(_kw(c, "task_id")): c for c in calls if _kw(c, "task_id") is not None}
+    assert set(tasks) == {"release", "check_receipt"}
+    assert ast.unparse(_kw(tasks["release"], "python_callable")) == "run_release"
+    shifts = [n for n in ast.walk(tree) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.RShift)]
+    assert [(ast.unparse(s.left), ast.unparse(s.right)) for s in shifts] == [("release", "receipt")]
+
+
+@pytest.fixture
+def dag_module(monkeypatch):
+    """Import the DAG file against a minimal stand-in ``airflow`` package (or the real one)."""
+    try:
+        import airflow  # noqa: F401
+
+        real = True
+    except ImportError:
+        real = False
+    if not real:
+        class AirflowException(Exception):
+            pass
+
+        class AirflowFailException(AirflowException):
+            pass
+
+        class DAG:
+            def __init__(self, **kw):
+                self.kw, self.tasks = kw, []
+
+            def __enter__(self):
+                DAG.current = self
+                return self
+
+            def __exit__(self, *exc):
+                DAG.current = None
+
+        class PythonOperator:
+            def __init__(self, *, task_id, python_callable, **kw):
+                self.task_id, self.python_callable, self.kw, self.downstream = task_id, python_callable, kw, []
+                DAG.current.tasks.append(self)
+
+            def __rshift__(self, other):
+                self.downstream.append(other)
+                return other
+
+        mods = {name: types.ModuleType(name) for name in
+                ("airflow", "airflow.exceptions", "airflow.operators", "airflow.operators.python")}
+        mods["airflow"].DAG = DAG
+        mods["airflow.exceptions"].AirflowException = AirflowException
+        mods["airflow.exceptions"].AirflowFailException = AirflowFailException
+        mods["airflow.operators.python"].PythonOperator = PythonOperator
+        for name, mod in mods.items():
+            monkeypatch.setitem(sys.modules, name, mod)
+    spec = importlib.util.spec_from_file_location("sparkpriv_nightly_dag", DAG_FILE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _fake_submit(tmp_path: Path, code: int) -> str:
+    script = tmp_path / "spark-submit"
+    script.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/args\necho \"$SPARKPRIV_LEDGER\" > {tmp_path}/ledger\n"
+                      f"exit {code}\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script)
+
+
+def _run(mod, tmp_path, code):
+    return mod.run_release(str(tmp_path / "out"), config="/etc/nightly.toml", job="/opt/jobs/release.py",
+                           submit_args="--master spark://m:7077", ledger_url="sqlite:////l.sqlite",
+                           spark_submit=_fake_submit(tmp_path, code))
+
+
+def test_dag_fails_without_retry_when_the_budget_is_refused(dag_module, tmp_path):
+    from airflow.exceptions import AirflowException, AirflowFailException
+
+    kw = getattr(dag_module.dag, "kw", None)  # the stand-in DAG keeps its arguments
+    default_args = kw["default_args"] if kw is not None else dag_module.dag.default_args
+    assert default_args["retries"] >= 1  # other failures are retried ...
+    with pytest.raises(AirflowFailException, match="budget refused"):
+        _run(dag_module, tmp_path, 3)
+    with pytest.raises(AirflowFailException, match="bad arguments"):
+        _run(dag_module, tmp_path, 2)
+    with pytest.raises(AirflowException) as exc:  # retried by Airflow
+        _run(dag_module, tmp_path, 1)
+    assert not isinstance(exc.value, AirflowFailException)
+    assert _run(dag_module, tmp_path, 0) == str(tmp_path / "out")
+    args = (tmp_path / "args").read_text().split()
+    assert args == ["--master", "spark://m:7077", "/opt/jobs/release.py", "--config", "/etc/nightly.toml",
+                    "--output", str(tmp_path / "out")]
+    assert "sqlite" not in " ".join(args)  # the ledger URL travels in the environment only
+    assert (tmp_path / "ledger").read_text().strip() == "sqlite:////l.sqlite"
+
+
+def test_jobs_release_exit_codes_match_the_dag():
+    from sparkpriv.errors import EXIT_BAD_INPUT, EXIT_BUDGET_REFUSED, BudgetExceededError
+
+    tree = ast.parse(DAG_FILE.read_text())
+    consts = {t.id: v for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Tuple)
+              for t, v in zip(n.targets[0].elts if isinstance(n.targets[0], ast.Tuple) else [], n.value.elts)}
+    assert ast.literal_eval(consts["EXIT_BUDGET_REFUSED"]) == BudgetExceededError.exit_code == EXIT_BUDGET_REFUSED
+    assert ast.literal_eval(consts["EXIT_BAD_INPUT"]) == EXIT_BAD_INPUT == 2
+
+
+# --------------------------------------------------------------------------- standalone
+
+
+def test_spark_defaults_parse_and_allow_retries():
+    conf = {}
+    for line in (DEPLOY / "standalone" / "spark-defaults.conf").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, value = line.split(None, 1)
+            assert key.startswith("spark."), key
+            conf[key] = value
+    assert int(conf["spark.task.maxFailures"]) >= 2
+    assert conf["spark.sql.execution.arrow.pyspark.enabled"] == "true"
+
+
+def test_build_script_is_valid_bash_and_executable():
+    script = DEPLOY / "standalone" / "build_package.sh"
+    assert os.access(script, os.X_OK)
+    r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("target", ["standalone", "kubernetes", "airflow"])
+def test_every_target_has_a_readme(target):
+    text = (DEPLOY / target / "README.md").read_text()
+    assert len(text) > 500
