@@ -32,6 +32,38 @@ GENERATE_BLOBS_OPTIONS = (
     Option("overwrite", "bool", "replace an existing output", default=False),
 )
 
+GENERATE_EVENTS_OPTIONS = (
+    Option("people", "int", "number of people (callers / card holders)", required=True),
+    Option("output", "str", "output Parquet directory of the event table", required=True),
+    Option("map_output", "str", "also write the public map (item id, x, y) as CSV here: usable as --vocabulary"),
+    Option("items", "int", "number of towers / stations [default: 1303 cdr, 342 transit]"),
+    Option("mu", "float", "log-normal mu of the distinct items per person (see docs/cdr.md)"),
+    Option("sigma", "float", "log-normal sigma of the distinct items per person"),
+    Option("events_per_item", "float", "mean events per (person, visited item) [default: 2 cdr, 3 transit]"),
+    Option("period_days", "int", "days covered by the timestamps", default=30),
+    Option("seed", "int", "public seed of the sample data", default=0),
+    Option("partitions", "int", "Spark partitions (default: by size)"),
+    Option("overwrite", "bool", "replace an existing output", default=False),
+)
+
+EVALUATE_COUNTING_OPTIONS = (
+    Option("source", "str", "the PRIVATE source event table (path or table name; owner side)", required=True),
+    Option("source_format", "str", "format of the source", choices=("parquet", "csv", "table")),
+    Option("person_col", "str", "person-key column of the source", required=True),
+    Option("item_col", "str", "item column of the source", required=True),
+    Option("vocabulary", "str", "the public item ids: a file of ids or a range 'a..b'", required=True),
+    Option("release", "str", "the release table to evaluate (path or table name)", required=True),
+    Option("release_format", "str", "format of the release", choices=("parquet", "csv", "table")),
+    Option("release_columns", "strs", "dense release: one column per item, in vocabulary order"),
+    Option("release_prefix", "str", "dense release: columns PREFIX0..PREFIX{d-1}"),
+    Option("release_items_col", "str", "sparse release: array<int> column of item indices", default="items"),
+    Option("threshold", "float", "dense release: an item is visited when its value >= this", default=0.5),
+    Option("queries", "int", "number of random queries", default=1000),
+    Option("groups", "int", "query groups of growing length", default=5),
+    Option("max_length", "int", "longest query [default: max distinct items of a person in the source]"),
+    Option("seed", "int", "seed of the random queries", default=0),
+)
+
 
 class _ArgParser(argparse.ArgumentParser):
     def error(self, message):  # exit code 2 with a clear message (argparse's default too)
@@ -80,6 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
         dest="what", required=True, parser_class=_ArgParser)
     _leaf(gen, "blobs", "Gaussian blobs with a label column, generated in parallel", _cmd_generate_blobs,
           GENERATE_BLOBS_OPTIONS)
+    for what, help_ in (("cdr", "call-detail records (caller_id, tower_id, ts) on a map of towers"),
+                        ("transit", "smart-card taps (card_id, station_id, ts) on a map of lines")):
+        _leaf(gen, what, help_ + ", generated in parallel", _cmd_generate_events, GENERATE_EVENTS_OPTIONS)
+
+    ev = sub.add_parser("evaluate", help="owner-side utility evaluations (read the private source)").add_subparsers(
+        dest="evaluation", required=True, parser_class=_ArgParser)
+    _leaf(ev, "counting-queries", "relative error of random item-set counting queries on a release",
+          _cmd_evaluate_counting, EVALUATE_COUNTING_OPTIONS)
 
     from sparkpriv.demo import DEMO_OPTIONS
 
@@ -175,6 +215,30 @@ def _cmd_generate_blobs(args) -> int:
                         partitions=v["partitions"])
     df.write.mode("overwrite" if v["overwrite"] else "errorifexists").parquet(v["output"])
     print(f"sample table: {v['output']} ({v['rows']} rows x {v['cols']} features + id, label)")
+    return EXIT_OK
+
+
+def _cmd_generate_events(args) -> int:
+    from sparkpriv.spark.generate_events import write_events
+    from sparkpriv.spark.session import get_spark
+
+    cfg = build_config(f"generate {args.what}", GENERATE_EVENTS_OPTIONS, None, _values(args))
+    v = dict(cfg.values)
+    out = write_events(get_spark(args._spark), args.what, **v)
+    print(f"event table: {v['output']} ({out['vocabulary']})")
+    if v["map_output"]:
+        print(f"public map:  {v['map_output']} (use it as --vocabulary)")
+    return EXIT_OK
+
+
+def _cmd_evaluate_counting(args) -> int:
+    from sparkpriv.spark.counting_queries import evaluate_tables, format_table
+    from sparkpriv.spark.session import get_spark
+
+    cfg = build_config("evaluate counting-queries", EVALUATE_COUNTING_OPTIONS, None, _values(args))
+    result = evaluate_tables(get_spark(args._spark), **cfg.values)
+    print(format_table(result))
+    print(json.dumps(result))
     return EXIT_OK
 
 

@@ -102,3 +102,22 @@ def test_demo_command(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "private table: file:" in r.stdout and "receipt:" in r.stdout and "RMSE" in r.stdout
     assert (tmp_path / "d" / "release" / "_privacy_receipt.json").exists()
+
+
+def test_columns_not_required_for_event_tables():
+    from sparkpriv.config import build_config
+    from sparkpriv.errors import ParameterError
+    from sparkpriv.runner import options_for
+
+    base = {"input": "ev", "output": "out", "k": "4", "epsilon": "1"}
+    cfg = build_config("projection", options_for("projection"), None, dict(base, events=True))
+    assert cfg.get("columns") is None and cfg.get("events") is True
+    cfg = build_config("projection", options_for("projection"), {"events": True, "max_items": 8,
+                       "vocabulary": "0..1302", "person_col": "caller_id", "item_col": "tower_id"}, base)
+    assert cfg.get("max_items") == 8 and cfg.get("vocabulary") == "0..1302"
+    import pytest
+
+    with pytest.raises(ParameterError, match="'columns' option is required"):
+        build_config("projection", options_for("projection"), None, base)
+    with pytest.raises(ParameterError, match="'columns' option is required"):
+        build_config("dprp", options_for("dprp"), None, dict(base, lower="0", upper="1", delta="1e-6"))

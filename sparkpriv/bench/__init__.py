@@ -6,5 +6,8 @@ Each module has ``add_arguments(parser)`` and ``run_from_args(args)``.
 
 BENCHMARKS = {
     "projection": ("sparkpriv.bench.projection", "projection release vs MLlib multiply, identity floor, single process"),
+    "kmeans": ("sparkpriv.bench.kmeans", "seconds per Lloyd iteration: DP k-means vs MLlib KMeans"),
     "noise": ("sparkpriv.bench.noise", "float-safe samplers vs numpy's laplace/normal"),
+    "dprp": ("sparkpriv.bench.dprp", "DPRP Gram step vs MLlib computeGramianMatrix, and the whole release"),
+    "cdr": ("sparkpriv.bench.cdr", "CDR events: bounding + sparse projection release vs groupBy/collect floor"),
 }

@@ -64,7 +64,7 @@ def _counters(spark):
 def release_projection(
     df,
     *,
-    columns: Sequence[str],
+    columns: Sequence[str] | None = None,
     k: int,
     epsilon: float,
     delta: float = 0.0,
@@ -89,10 +89,14 @@ def release_projection(
 
     Parameters
     ----------
-    df : pyspark.sql.DataFrame
-        One row per record (person).
+    df : pyspark.sql.DataFrame or BoundedRecords
+        One row per record (person); or the bounded person records of an event
+        table (:func:`~sparkpriv.spark.events.bound_contributions`), released
+        as sparse records (see
+        :func:`~sparkpriv.spark.sparse_projection.release_sparse_projection`;
+        ``columns`` and the bounds then come from the records).
     columns : sequence of str
-        The numeric columns ``x`` (n_features = d of them).
+        The numeric columns ``x`` (n_features = d of them; DataFrame input).
     k : int in [1, d]
         Output dimension; the output has columns ``z0 .. z{k-1}``.
     epsilon : float > 0
@@ -146,7 +150,24 @@ def release_projection(
     never leave the job.
     """
     caller = "release_projection"
-    columns = list(columns)
+    from sparkpriv.spark.events import BoundedRecords
+
+    if isinstance(df, BoundedRecords):
+        given = {n: v for n, v in (("columns", columns), ("row_bound", row_bound), ("lower", lower),
+                                   ("upper", upper), ("element_bound", element_bound),
+                                   ("row_bound_quantile", row_bound_quantile), ("fill", fill))
+                 if v is not None}
+        if given or keep_columns:
+            raise ParameterError(
+                f"{caller}: {', '.join(sorted(given) or ['keep_columns'])} cannot be given with event-table "
+                "records: their bounds come from the item cap (max_items) and they have no public columns."
+            )
+        from sparkpriv.spark.sparse_projection import release_sparse_projection
+
+        return release_sparse_projection(df, k=k, epsilon=epsilon, delta=delta, noise=noise,
+                                         neighbors=neighbors, matrix_key=matrix_key, ledger=ledger,
+                                         table_id=table_id, source=source)
+    columns = list(columns or ())
     keep_columns = list(keep_columns)
     check_numeric_columns(df, columns)
     check_present_columns(df, keep_columns, role="kept (public)")

@@ -1,0 +1,191 @@
+"""``sparkpriv bench cdr``: a call-detail-record release at scale against its floor.
+
+On one CDR event table of ``--people`` people (generated once by
+:func:`~sparkpriv.spark.generate_events.generate_cdr` under ``--data-dir`` and
+reused by later runs of the same size), in one run, on one SparkSession, it
+times two pipelines that read the events and write a Parquet table:
+
+a. ``sparkpriv``: :func:`~sparkpriv.spark.events.bound_contributions` (at most
+   ``--max-items`` towers per person, keyed uniform choice) +
+   :func:`~sparkpriv.spark.projection.release_projection` (``k = --k``,
+   Laplace, sparse records) + ``Release.write``;
+b. ``floor``: the same ``groupBy(person)`` collecting each person's towers,
+   written with plain Spark SQL (no bounding, projection, noise or receipt).
+
+It reports seconds, events, ``ratio_vs_floor`` = a / b and the driver's peak
+memory: the Python driver's and the JVM's peak resident set (``VmHWM`` from
+``/proc``, reset before the timed runs). Under ``local[*]`` the executors run
+inside the driver JVM, so the JVM figure includes them. The last line is JSON.
+A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+
+__all__ = ["add_arguments", "run_from_args", "run"]
+
+_log = logging.getLogger(__name__)
+_WARMUP_PEOPLE = 20_000
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--people", type=int, default=1_000_000, help="people in the CDR table [default: 1000000]")
+    parser.add_argument("--k", type=int, default=64, help="projection dimension [default: 64]")
+    parser.add_argument("--max-items", type=int, default=32, help="towers kept per person [default: 32]")
+    parser.add_argument("--epsilon", type=float, default=1.0, help="epsilon of the release [default: 1.0]")
+    parser.add_argument("--data-dir", default="./bench-data", help="where tables and outputs go [default: ./bench-data]")
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs of each pipeline, best kept [default: 1]")
+    parser.add_argument("--master", default="local[2]", help="Spark master [default: local[2]]")
+    parser.add_argument("--driver-memory", default="4g", help="spark.driver.memory [default: 4g]")
+    parser.add_argument("--shuffle-partitions", type=int, default=None,
+                        help="spark.sql.shuffle.partitions [default: one per 250k people, at least 8]")
+
+
+def run_from_args(args: argparse.Namespace) -> dict:
+    from sparkpriv.errors import ParameterError
+
+    for name in ("people", "k", "max_items", "repeats"):
+        if getattr(args, name) < 1:
+            raise ParameterError(f"--{name.replace('_', '-')} must be a positive integer. Got {getattr(args, name)}.")
+    return run(people=args.people, k=args.k, max_items=args.max_items, epsilon=args.epsilon,
+               data_dir=args.data_dir, repeats=args.repeats, master=args.master,
+               driver_memory=args.driver_memory, shuffle_partitions=args.shuffle_partitions)
+
+
+def _vm_hwm_kb(pid) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_hwm(pid) -> None:
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _jvm_pid(spark) -> int | None:
+    try:
+        return int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+    except Exception:
+        return None
+
+
+def _ensure_table(spark, data_dir: str, people: int, seed: int = 0) -> tuple[str, float]:
+    from sparkpriv.spark.generate_events import generate_cdr
+
+    path = os.path.join(data_dir, f"cdr-{people}-s{seed}")
+    if os.path.exists(os.path.join(path, "_SUCCESS")):
+        return path, 0.0
+    t = time.perf_counter()
+    generate_cdr(spark, people=people, seed=seed).write.mode("overwrite").parquet(path)
+    return path, time.perf_counter() - t
+
+
+def _run_sparkpriv(spark, src, out, k, max_items, epsilon):
+    from sparkpriv.spark.events import bound_contributions
+    from sparkpriv.spark.projection import release_projection
+
+    ev = spark.read.parquet(src)
+    recs = bound_contributions(ev, person="caller_id", item="tower_id", max_items=max_items,
+                               vocabulary=range(0, 1303), source=src)
+    rel = release_projection(recs, k=k, epsilon=epsilon)
+    rel.write(out)
+    return rel.diagnostics()
+
+
+def _run_floor(spark, src, out):
+    from pyspark.sql import functions as F
+
+    ev = spark.read.parquet(src)
+    ev.groupBy("caller_id").agg(F.collect_set("tower_id").alias("towers")).write.parquet(out)
+
+
+def _timed(data_dir, fn):
+    out = os.path.join(data_dir, f"out-{uuid.uuid4().hex[:8]}")
+    t = time.perf_counter()
+    try:
+        res = fn(out)
+        return time.perf_counter() - t, res
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def run(*, people: int, k: int = 64, max_items: int = 32, epsilon: float = 1.0, data_dir: str = "./bench-data",
+        repeats: int = 1, master: str = "local[2]", driver_memory: str = "4g",
+        shuffle_partitions: int | None = None) -> dict:
+    from sparkpriv.spark.session import get_spark
+
+    data_dir = os.path.abspath(data_dir)
+    os.makedirs(data_dir, exist_ok=True)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    sp = shuffle_partitions or max(8, -(-people // 250_000))
+    spark = get_spark({"spark.driver.memory": driver_memory, "spark.sql.shuffle.partitions": str(sp)},
+                      app_name="sparkpriv-bench-cdr", master=master)
+    table, gen_secs = _ensure_table(spark, data_dir, people)
+    small, _ = _ensure_table(spark, data_dir, min(people, _WARMUP_PEOPLE))
+    events = spark.read.parquet(table).count()
+    _log.info("table %s: %d people, %d events (generated in %.1f s)", table, people, events, gen_secs)
+    pipes = {"sparkpriv": lambda src, out: _run_sparkpriv(spark, src, out, k, max_items, epsilon),
+             "floor": lambda src, out: _run_floor(spark, src, out)}
+    for name, fn in pipes.items():  # warm-up: JVM classes, Python workers
+        _timed(data_dir, lambda out, fn=fn: fn(small, out))
+    jvm = _jvm_pid(spark)
+    _reset_hwm(os.getpid())
+    if jvm:
+        _reset_hwm(jvm)
+    load_start = os.getloadavg()
+    best: dict[str, float] = {}
+    diag = {}
+    for rep in range(repeats):
+        order = list(pipes) if rep % 2 == 0 else list(pipes)[::-1]
+        for name in order:
+            secs, res = _timed(data_dir, lambda out, name=name: pipes[name](table, out))
+            if name == "sparkpriv":
+                diag = res
+            best[name] = min(secs, best.get(name, float("inf")))
+            _log.info("%s: %.1f s", name, secs)
+    load_end = os.getloadavg()
+    py_hwm, jvm_hwm = _vm_hwm_kb(os.getpid()), (_vm_hwm_kb(jvm) if jvm else None)
+    result = {
+        "benchmark": "cdr",
+        "people": people,
+        "events": events,
+        "k": k,
+        "max_items": max_items,
+        "seconds": round(best["sparkpriv"], 2),
+        "floor_seconds": round(best["floor"], 2),
+        "ratio_vs_floor": round(best["sparkpriv"] / best["floor"], 3),
+        "microseconds_per_event": round(1e6 * best["sparkpriv"] / events, 3),
+        "floor_microseconds_per_event": round(1e6 * best["floor"] / events, 3),
+        "driver_python_peak_rss_mb": None if py_hwm is None else round(py_hwm / 1024, 1),
+        "driver_jvm_peak_rss_mb": None if jvm_hwm is None else round(jvm_hwm / 1024, 1),
+        "people_truncated": diag.get("people_truncated"),
+        "generate_seconds": round(gen_secs, 1),
+        "master": master,
+        "shuffle_partitions": sp,
+        "cpu_count": os.cpu_count(),
+        "load_average_start_end": [round(load_start[0], 1), round(load_end[0], 1)],
+        "repeats": repeats,
+    }
+    print(f"{'pipeline':<48}{'seconds':>10}{'us/event':>10}")
+    print(f"{'(a) bound_contributions + projection k=%d + write' % k:<48}{best['sparkpriv']:>10.1f}"
+          f"{result['microseconds_per_event']:>10.2f}")
+    print(f"{'(b) floor: groupBy + collect_set + write':<48}{best['floor']:>10.1f}"
+          f"{result['floor_microseconds_per_event']:>10.2f}")
+    print(json.dumps(result))
+    return result

@@ -1,0 +1,275 @@
+"""Event tables on Spark: person-level contribution bounding (MATH.md section 8;
+layer 2 over :mod:`sparkpriv.mechanisms.sparse`).
+
+:func:`bound_contributions` reduces an event table (one row per call, tap, ...)
+to one bounded record per person, lazily:
+
+1. each event's item is mapped to its index in the declared public
+   vocabulary in the JVM (a range expression, or a broadcast join with the
+   declared ids); events outside the vocabulary are kept as nulls so they can
+   be counted, then ignored;
+2. one shuffle: ``groupBy(person)`` collecting the person's item indices
+   (``collect_set`` for binary records, ``collect_list`` for counts) and event
+   counts; the person key is replaced by its public ``xxhash64`` right after
+   the aggregation and never travels further;
+3. per Arrow batch, in numpy (:func:`sparkpriv.mechanisms.sparse.cap_items`):
+   dedupe, keep at most ``L`` items by the keyed uniform choice, cap counts.
+
+The secret key of the choice reaches the executors in the task closure, never
+as a literal in a query plan (``explain()`` shows only the function name).
+Truncation statistics are owner diagnostics (accumulators, logged and written
+to the owner report), never part of a release.
+
+Records (:attr:`BoundedRecords.df`): ``items array<int>`` (sorted vocabulary
+indices) and, for counts, ``values array<double>``. No person key.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+
+from sparkpriv.errors import ParameterError, SchemaError
+from sparkpriv.io.inputs import schema_fingerprint
+from sparkpriv.mechanisms.sparse import (
+    ItemCap,
+    Vocabulary,
+    cap_items,
+    dedupe_rows,
+)
+from sparkpriv.privacy.random import derive_seed, new_secret_seed
+from sparkpriv.spark.batches import map_batches
+
+__all__ = ["BoundedRecords", "bound_contributions", "records_schema", "read_item_lists"]
+
+_log = logging.getLogger(__name__)
+
+_DIAG = ("people", "people_truncated", "items_dropped", "events_dropped", "events_capped",
+         "events", "events_out_of_vocabulary", "people_without_vocabulary_items")
+
+
+def records_schema(weights: str):
+    from pyspark.sql.types import ArrayType, DoubleType, IntegerType, StructField, StructType
+
+    fields = [StructField("items", ArrayType(IntegerType(), False), False)]
+    if weights == "counts":
+        fields.append(StructField("values", ArrayType(DoubleType(), False), False))
+    return StructType(fields)
+
+
+def read_item_lists(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """``(offsets from 0, int32 indices)`` of an Arrow list<int> column (nulls = empty)."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if arr.null_count:
+        arr = arr.fill_null(pa.scalar([], arr.type))
+    offs = arr.offsets.to_numpy().astype(np.int64)
+    vals = arr.values.to_numpy(zero_copy_only=False)[offs[0]: offs[-1]]
+    return offs - offs[0], vals.astype(np.int32, copy=False)
+
+
+@dataclass
+class BoundedRecords:
+    """One bounded record per person, lazily (the result of :func:`bound_contributions`).
+
+    Releases accept it directly (``release_projection(records, k=..., ...)``).
+
+    Attributes
+    ----------
+    cap : ItemCap
+        Public: the item cap and the norm bounds it implies.
+    vocabulary : Vocabulary
+        Public: the declared items; ``d = vocabulary.size``.
+    events : DataFrame
+        The source event table (owner side only).
+    """
+
+    grouped: Any = field(repr=False)
+    cap: ItemCap
+    vocabulary: Vocabulary
+    events: Any = field(repr=False)
+    input_info: dict
+    _key: int = field(repr=False)
+
+    @property
+    def d(self) -> int:
+        return self.vocabulary.size
+
+    def record_fn(self, counters=None) -> Callable:
+        """``fn(batch) -> (offsets, indices, values)`` bounding one grouped Arrow batch.
+
+        Built from plain values only (it is pickled into task closures); adds the
+        truncation statistics to ``counters`` (a list of accumulators) if given.
+        """
+        cap, key = self.cap, self._key
+        counts_mode = cap.weights == "counts"
+
+        def bound(batch: pa.RecordBatch):
+            off, idx = read_item_lists(batch.column("_items"))
+            ph = batch.column("_ph").to_numpy(zero_copy_only=False)
+            off, idx, cnt = dedupe_rows(off, idx)
+            off, idx, vals, t = cap_items(off, idx, cnt if counts_mode else None, ph, cap, key)
+            if counters is not None:
+                ev = int(pc_sum(batch.column("_n_events")))
+                oov = int(pc_sum(batch.column("_n_oov")))
+                empty = int(np.count_nonzero(np.diff(off) == 0))
+                for acc, v in zip(counters, t._t() + (ev, oov, empty)):
+                    if v:
+                        acc.add(v)
+            return off, idx, vals
+
+        return bound
+
+    @property
+    def df(self):
+        """The records as a DataFrame: ``items`` (and ``values`` for counts). No person key."""
+        counters = make_counters(self.grouped.sparkSession)
+        bound = self.record_fn(counters)
+        counts = self.cap.weights == "counts"
+        names = records_schema(self.cap.weights).fieldNames()
+
+        def sparkpriv_bound_contributions(batches, pid):
+            for b in batches:
+                off, idx, vals = bound(b)
+                arrays = [pa.ListArray.from_arrays(pa.array(off.astype(np.int32)), pa.array(idx))]
+                if counts:
+                    arrays.append(pa.ListArray.from_arrays(pa.array(off.astype(np.int32)), pa.array(vals)))
+                yield pa.RecordBatch.from_arrays(arrays, names)
+
+        out = map_batches(self.grouped, sparkpriv_bound_contributions, records_schema(self.cap.weights))
+        self._last_counters = counters
+        return out
+
+    def diagnostics(self, counters=None) -> dict:
+        """Owner diagnostics from ``counters`` (default: those of the last :attr:`df`)."""
+        counters = counters if counters is not None else getattr(self, "_last_counters", None)
+        return counters_dict(counters)
+
+    def to_public_dict(self) -> dict:
+        return {"contribution_bound": self.cap.to_public_dict(),
+                "vocabulary": self.vocabulary.to_public_dict(),
+                "record": "one per person: at most max_items distinct items, chosen uniformly at "
+                          "random (keyed) when a person has more"}
+
+
+def pc_sum(arr) -> int:
+    import pyarrow.compute as pc
+
+    v = pc.sum(arr).as_py()
+    return 0 if v is None else v
+
+
+def make_counters(spark):
+    """Accumulators for the truncation diagnostics (None under Spark Connect)."""
+    try:
+        sc = spark.sparkContext
+        return [sc.accumulator(0) for _ in _DIAG]
+    except Exception:
+        return None
+
+
+def counters_dict(counters) -> dict:
+    if counters is None:
+        return {}
+    return {name: acc.value for name, acc in zip(_DIAG, counters)}
+
+
+def bound_contributions(
+    events_df,
+    *,
+    person: str,
+    item: str,
+    max_items: int,
+    vocabulary,
+    weights: str = "binary",
+    max_events_per_item: int | None = None,
+    seed: int | bytes | None = None,
+    source: str | None = None,
+) -> BoundedRecords:
+    """Reduce an event table to one bounded record per person (lazy).
+
+    Parameters
+    ----------
+    events_df : pyspark.sql.DataFrame
+        One row per event (call, tap, ...).
+    person, item : str
+        The person-key column and the item column (tower, station id).
+    max_items : int >= 1
+        ``L``: at most this many distinct items per person are kept, chosen
+        uniformly at random (keyed) when a person has more.
+    vocabulary : Vocabulary, range, sequence of ids, ``"range:a:b"``, ``"a..b"`` or a file path
+        The PUBLIC item vocabulary (``d`` items). Events at other items are
+        dropped and counted (owner diagnostics).
+    weights : {"binary", "counts"}
+        Record value per kept item: 1, or the person's event count there
+        capped at ``max_events_per_item`` (required for counts).
+    seed : int or bytes, optional
+        Secret key of the choice, to make the same choice in later runs;
+        default: fresh OS entropy (the choice is still reproducible within
+        the job: recomputing a partition gives the same records).
+    source : str, optional
+        Where the events came from (recorded in receipts).
+
+    Returns
+    -------
+    BoundedRecords
+
+    Privacy
+    -------
+    Not a release by itself. After it, one person changes one record, and
+    every record satisfies ``||x||_1 <= L c`` and ``||x||_2 <= c sqrt(L)``
+    (``c = 1`` for binary records): the bounds a release's sensitivity uses.
+    The person key never leaves this step (replaced by a public hash used only
+    for the keyed choice); truncation counts are owner diagnostics.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import IntegralType, StringType
+
+    caller = "bound_contributions"
+    cap = ItemCap(max_items, weights, max_events_per_item, _caller=caller)
+    voc = Vocabulary.parse(vocabulary)
+    fields = {f.name: f for f in events_df.schema.fields}
+    for role, c in (("person", person), ("item", item)):
+        if not isinstance(c, str) or c not in fields:
+            raise SchemaError(f"The {role} column {c!r} is not in the event table. Available columns: "
+                              f"{', '.join(fields)}.")
+    if person == item:
+        raise ParameterError(f"{caller}: the person and item columns must differ (both are {person!r}).")
+    itype = fields[item].dataType
+    if voc.integer_ids and not isinstance(itype, (IntegralType, StringType)):
+        raise SchemaError(f"The item column {item!r} has type {itype.simpleString()}; integer vocabulary "
+                          "ids need an integer (or string) item column.")
+    if seed is None:
+        key = new_secret_seed("contribution-bounding")
+    else:
+        if isinstance(seed, bytes) and len(seed) < 16:
+            raise ParameterError("The contribution-bounding key must be at least 16 bytes of secret material.")
+        key = derive_seed(seed, "contribution-bounding")
+
+    ev = events_df.select(F.col(person).alias("_p"), F.col(item).alias("_it"))
+    if voc.is_range:
+        it = F.col("_it").cast("long")
+        ev = ev.withColumn("_idx", F.when((it >= voc.start) & (it < voc.stop),
+                                          (it - F.lit(voc.start)).cast("int")))
+    else:
+        spark = events_df.sparkSession
+        vdf = spark.createDataFrame(list(zip(voc.ids, range(voc.size))),
+                                    "_vid long, _vi int" if voc.integer_ids else "_vid string, _vi int")
+        cast = "long" if voc.integer_ids else "string"
+        ev = (ev.withColumn("_it", F.col("_it").cast(cast))
+              .join(F.broadcast(vdf), F.col("_it") == F.col("_vid"), "left")
+              .select("_p", F.col("_vi").alias("_idx")))
+    collect = F.collect_list if cap.weights == "counts" else F.collect_set
+    grouped = (ev.groupBy("_p")
+               .agg(collect("_idx").alias("_items"), F.count(F.lit(1)).alias("_n_events"),
+                    F.count_if(F.col("_idx").isNull()).alias("_n_oov"))
+               .select(F.xxhash64("_p").alias("_ph"), "_items", "_n_events", "_n_oov"))
+    info = {"source": source, "schema_fingerprint": schema_fingerprint(events_df.schema),
+            "event_table": {"person_column": person, "item_column": item},
+            "person_key": "used only to group events; never copied to the output"}
+    return BoundedRecords(grouped=grouped, cap=cap, vocabulary=voc, events=events_df,
+                          input_info=info, _key=key)
