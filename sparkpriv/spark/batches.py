@@ -41,6 +41,7 @@ __all__ = [
     "sum_partials",
     "spark_errors",
     "partition_id",
+    "owner_counters",
 ]
 
 ERROR_MARK = "SPARKPRIV_INPUT_ERROR"
@@ -79,6 +80,19 @@ def batch_matrix(batch: pa.RecordBatch, columns: Sequence[str], *, fill: float |
             f"before the release (fill / --fill only replaces nulls)"
         )
     return out
+
+
+def owner_counters(spark, n: int = 3):
+    """``n`` accumulators for owner diagnostics (clipped rows, ...), or None.
+
+    Spark Connect has no accumulators; the release then simply has no owner
+    diagnostics. The values are never part of a release.
+    """
+    try:
+        sc = spark.sparkContext
+        return [sc.accumulator(0) for _ in range(n)]
+    except Exception:
+        return None
 
 
 def partition_id() -> int:

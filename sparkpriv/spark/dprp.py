@@ -39,7 +39,14 @@ from sparkpriv.privacy.accounting import epsilon_of
 from sparkpriv.privacy.bounds import ClipCounts
 from sparkpriv.privacy.random import stream
 from sparkpriv.release import Release, reserve
-from sparkpriv.spark.batches import _marked, batch_matrix, map_batches, spark_errors, sum_partials
+from sparkpriv.spark.batches import (
+    _marked,
+    batch_matrix,
+    map_batches,
+    owner_counters,
+    spark_errors,
+    sum_partials,
+)
 
 __all__ = ["release_dprp", "dprp_schema"]
 
@@ -89,13 +96,6 @@ def _coerce_classes(classes, field) -> tuple:
         ) from None
     return tuple(out)
 
-
-def _counters(spark):
-    try:
-        sc = spark.sparkContext
-        return [sc.accumulator(0) for _ in range(3)]
-    except Exception:
-        return None
 
 
 def release_dprp(
@@ -242,7 +242,7 @@ def release_dprp(
         raise
 
     schema = dprp_schema(df, columns, label, keep_columns)
-    counters = _counters(df.sparkSession)
+    counters = owner_counters(df.sparkSession)
     fill_values = extra.pop("_fill_values")
     fn = _batch_fn(plan, R, Ms, plan.projection_noise, seed, columns, label, keep_columns, fill_values,
                    counters)

@@ -42,7 +42,7 @@ from sparkpriv.mechanisms.sparse import (
     dedupe_rows,
 )
 from sparkpriv.privacy.random import derive_seed, new_secret_seed
-from sparkpriv.spark.batches import map_batches
+from sparkpriv.spark.batches import map_batches, owner_counters
 
 __all__ = ["BoundedRecords", "bound_contributions", "records_schema", "read_item_lists"]
 
@@ -165,11 +165,7 @@ def pc_sum(arr) -> int:
 
 def make_counters(spark):
     """Accumulators for the truncation diagnostics (None under Spark Connect)."""
-    try:
-        sc = spark.sparkContext
-        return [sc.accumulator(0) for _ in _DIAG]
-    except Exception:
-        return None
+    return owner_counters(spark, len(_DIAG))
 
 
 def counters_dict(counters) -> dict:

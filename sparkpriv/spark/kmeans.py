@@ -54,7 +54,13 @@ from sparkpriv.mechanisms.kmeans_model import MODEL_FILE, KMeansModel
 from sparkpriv.privacy.bounds import Bounds
 from sparkpriv.privacy.random import new_secret_seed, stream
 from sparkpriv.release import Release, reserve
-from sparkpriv.spark.batches import batch_matrix, map_batches, spark_errors, sum_partials
+from sparkpriv.spark.batches import (
+    batch_matrix,
+    map_batches,
+    owner_counters,
+    spark_errors,
+    sum_partials,
+)
 
 __all__ = ["release_kmeans", "assign_clusters", "KMeansRelease"]
 
@@ -137,13 +143,6 @@ def _input_stats_fn(fmap, centres, columns, fill):
 
     return sparkpriv_kmeans_final
 
-
-def _counters(spark):
-    try:
-        sc = spark.sparkContext
-        return [sc.accumulator(0) for _ in range(3)]
-    except Exception:
-        return None
 
 
 def _tup(x):
@@ -249,7 +248,7 @@ def release_kmeans(
     }
     hold = reserve(event=event, mechanism="kmeans", parameters=params, ledger=ledger, table_id=table_id)
     spark = df.sparkSession
-    counters = _counters(spark)
+    counters = owner_counters(spark)
     blocks = None
     try:
         src = df.select(*columns)

@@ -37,7 +37,13 @@ from sparkpriv.privacy.quantile import (
 )
 from sparkpriv.privacy.random import new_secret_seed, stream
 from sparkpriv.release import Release, reserve
-from sparkpriv.spark.batches import batch_matrix, map_batches, spark_errors, sum_partials
+from sparkpriv.spark.batches import (
+    batch_matrix,
+    map_batches,
+    owner_counters,
+    spark_errors,
+    sum_partials,
+)
 
 __all__ = ["release_projection", "projected_schema"]
 
@@ -51,14 +57,6 @@ def projected_schema(df, k: int, keep_columns: Sequence[str]):
     fields += [StructField(f"z{i}", DoubleType(), False) for i in range(k)]
     return StructType(fields)
 
-
-def _counters(spark):
-    """Accumulators for owner diagnostics (None under Spark Connect)."""
-    try:
-        sc = spark.sparkContext
-        return [sc.accumulator(0) for _ in range(3)]
-    except Exception:
-        return None
 
 
 def release_projection(
@@ -238,7 +236,7 @@ def release_projection(
         public["row_bound_estimation"] = bound_info
 
     schema = projected_schema(df, k, keep_columns)
-    counters = _counters(df.sparkSession)
+    counters = owner_counters(df.sparkSession)
     fn = _batch_fn(P, bounds, plan.noise, seed, columns, keep_columns, k, fill, counters)
     out = map_batches(df.select(*keep_columns, *columns), fn, schema)
     del P
