@@ -25,7 +25,7 @@ import numpy as np
 from sparkpriv._validation import Interval, Options, check_param
 from sparkpriv.errors import ParameterError
 
-__all__ = ["Bounds", "ClipCounts", "clip_rows"]
+__all__ = ["Bounds", "ClipCounts", "clip_rows", "row_norms"]
 
 NEIGHBORS = ("replace-one", "add-remove", "element")
 NEIGHBOR_MEANING = {
@@ -159,6 +159,13 @@ class Bounds:
         }
 
 
+def row_norms(X: np.ndarray, norm: str = "l2") -> np.ndarray:
+    """The L2 or L1 norm of each row of ``X`` (n_samples, n_features)."""
+    if norm == "l2":
+        return np.sqrt(np.einsum("ij,ij->i", X, X))
+    return np.abs(X).sum(axis=1)
+
+
 def clip_rows(X: np.ndarray, bounds: Bounds, *, out: np.ndarray | None = None) -> tuple[np.ndarray, ClipCounts]:
     """Clip each row of ``X`` (n_samples, n_features) to the declared bounds.
 
@@ -182,10 +189,7 @@ def clip_rows(X: np.ndarray, bounds: Bounds, *, out: np.ndarray | None = None) -
     normc = 0
     if bounds.row_bound is not None:
         R = float(bounds.row_bound)
-        if bounds.norm == "l2":
-            norms = np.sqrt(np.einsum("ij,ij->i", out, out))
-        else:
-            norms = np.abs(out).sum(axis=1)
+        norms = row_norms(out, bounds.norm)
         over = norms > R
         normc = int(np.count_nonzero(over))
         if normc:

@@ -27,7 +27,7 @@ from sparkpriv.mechanisms.projection import (
 )
 from sparkpriv.privacy import noise as _noise
 from sparkpriv.privacy.accounting import compose, epsilon_of
-from sparkpriv.privacy.bounds import Bounds, ClipCounts, clip_rows
+from sparkpriv.privacy.bounds import Bounds, ClipCounts, clip_rows, row_norms
 from sparkpriv.privacy.quantile import (
     DEFAULT_EXPONENTS,
     candidate_bounds,
@@ -264,15 +264,14 @@ def release_projection(
 def _dp_row_bound(df, columns, bounds, fill, candidates, hist_noise, quantile) -> float:
     """Pass over the data: noisy histogram of row norms; noise drawn once on the driver."""
     box = Bounds(bounds.dim, bounds.lower, bounds.upper)
-    l2 = bounds.norm == "l2"
+    norm = bounds.norm
     size = candidates.size + 1
 
     def sparkpriv_norm_histogram(batches, pid):
         acc = np.zeros(size)
         for batch in batches:
             X, _ = clip_rows(batch_matrix(batch, columns, fill=fill), box)
-            norms = np.sqrt(np.einsum("ij,ij->i", X, X)) if l2 else np.abs(X).sum(axis=1)
-            acc += norm_bucket_counts(norms, candidates)
+            acc += norm_bucket_counts(row_norms(X, norm), candidates)
         return acc
 
     with spark_errors():

@@ -362,7 +362,8 @@ def test_driver_killed_before_publishing(cluster, shipped, big_table, tmp_path):
     (entry,) = status.entries
     assert entry["state"] == "reserved"  # still counted (conservative) ...
     # counted: the spend is this entry's (epsilon 1 at the budget's delta 1e-3, via PLD)
-    assert 0.99 < status.spent_epsilon == pytest.approx(entry["epsilon"]) <= 1.0
+    assert status.spent_epsilon == pytest.approx(entry["epsilon"])
+    assert 0.99 < status.spent_epsilon <= 1.0
     assert entry["label"] == "unfinished" and status.unfinished == 1  # ... and shown as unfinished
     # a hard-killed driver cannot delete its staging directory (documented in README.md)
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".release.sparkpriv-staging-")]
