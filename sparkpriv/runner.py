@@ -87,6 +87,15 @@ def _event_records(df, cfg: ReleaseConfig, source: str):
         seed=read_key_file(cfg.get("bounding_key_file")), source=source)
 
 
+def _projection_noise(cfg: ReleaseConfig) -> tuple[str, float]:
+    """The noise kind and delta: 0 for Laplace by default, required for Gaussian."""
+    noise = cfg.get("noise", "laplace")
+    delta = cfg.get("delta")
+    if delta is None and noise != "laplace":
+        raise ParameterError("Gaussian noise needs a delta: give --delta (e.g. 1e-6).")
+    return noise, 0.0 if delta is None else delta
+
+
 def _projection(df, cfg: ReleaseConfig, source: str):
     from sparkpriv.spark.projection import release_projection
 
@@ -94,23 +103,14 @@ def _projection(df, cfg: ReleaseConfig, source: str):
         if cfg.get("columns") or cfg.get("keep_columns"):
             raise ParameterError("--columns and --keep-columns do not apply to --events: the record of a "
                                  "person is built from --item-col over --vocabulary.")
-        noise = cfg.get("noise", "laplace")
-        delta = cfg.get("delta")
-        delta = (0.0 if noise == "laplace" else None) if delta is None else delta
-        if delta is None:
-            raise ParameterError("Gaussian noise needs a delta: give --delta (e.g. 1e-6).")
+        noise, delta = _projection_noise(cfg)
         return release_projection(
             _event_records(df, cfg, source), k=cfg.get("k"), epsilon=cfg.get("epsilon"), delta=delta,
             noise=noise, neighbors=cfg.get("neighbors", "replace-one"),
             matrix_key=read_key_file(cfg.get("matrix_key_file")), ledger=cfg.get("ledger"),
             table_id=cfg.get("table_id"), source=source)
     cols = cfg.get("columns")
-    noise = cfg.get("noise", "laplace")
-    delta = cfg.get("delta")
-    if delta is None:
-        delta = 0.0 if noise == "laplace" else None
-    if delta is None:
-        raise ParameterError("Gaussian noise needs a delta: give --delta (e.g. 1e-6).")
+    noise, delta = _projection_noise(cfg)
     return release_projection(
         df,
         columns=cols,
