@@ -63,21 +63,27 @@ Fast (default, vectorized numpy; docs/noise.md has the error analysis):
   Every integer stays reachable at ``t = 2^57`` (``floor(log(U)/log1p(-p))``
   and numpy's ``geometric`` are not: at ``p = 2^-56`` numpy returns multiples of
   8 three times out of four). Exponentials above 12 are redrawn as ``12 + E'``.
-* Discrete Gaussian: CKS Algorithm 3, proposals ``DLap(floor(sigma) + 1)``; the
-  residue factor ``exp(-R/t)`` joins the acceptance ``exp(-(|y| - sigma^2/t)^2 /
-  (2 sigma^2))``, tested as ``E > z``. About 1.32 proposals per sample.
+* Discrete Gaussian (sigma >= 1): a 128-bit cumulative table over buckets
+  ``[jW, (j+1)W)``, ``sigma/W in [256, 512)``, weighted ``W exp(-(jW)^2/(2 sigma^2))``,
+  plus a tail branch beyond 10 sigma (geometric proposal); inside a bucket
+  ``y = jW + R``, ``R`` uniform, accepted with probability
+  ``exp(-(y^2 - (jW)^2)/(2 sigma^2))`` (about 0.999). Below sigma 1: CKS
+  Algorithm 3 (``DLap(floor(sigma) + 1)`` proposals, about 1.32 per sample).
 * Floating point only decides the K buckets (E-intervals at least 2^-9 wide,
-  resolved to about 2^-47), the residue test and the acceptance (relative
-  ``2^-47 + z 2^-51``), so sampled pmfs are within a relative 2^-36 (1.5e-11)
-  of the ideal on the whole support: a release that changes ``k`` coordinates
-  may lose ``3e-11 k`` more epsilon than stated. ``exact=True`` removes that.
+  resolved to about 2^-47), the residue test, the rare undecided Gaussian
+  acceptances (``(v + U') 2^-16 < exp(-z)``, relative 2^-52) and the tail and
+  CKS acceptances (relative ``2^-47 + z 2^-51``); the Gaussian branch
+  probabilities are exact to 2^-128. Sampled pmfs are within a relative 2^-36
+  (1.5e-11) of the ideal on the whole support: a release that changes ``k``
+  coordinates may lose ``3e-11 k`` more epsilon than stated. ``exact=True``
+  removes that.
 * Support: ``|x| < 2^62`` (int64 headroom); this conditioning moves the
   distribution by total variation at most ``2 exp(-2^62 / t)`` (< 1e-27 for
   ``t <= 2^56``, nil at the calibrated ``t ~ 2^40``).
 
 Exact (``exact=True``, ``sparkpriv.privacy._exact_samplers``): CKS Algorithms
 1-3 on the exact rational value of the float scale, vectorized over pending
-draws with Python ints where int64 could overflow; about 50-150x slower; no
+draws with Python ints where int64 could overflow; about 40-150x slower; no
 floating point touches the distribution; no scale within the limits is refused.
 
 Randomness and limits
@@ -107,6 +113,14 @@ from dp_accounting import dp_event
 
 from sparkpriv._validation import Interval, check_param
 from sparkpriv.errors import ParameterError
+from sparkpriv.privacy._fast_samplers import (
+    _CHUNK,
+    _OVERSAMPLE,
+    _Plan,
+    _Work,
+    _dgauss_fill,
+    _dlap_fill,
+)
 from sparkpriv.privacy.calibration import calibrate_analytic_gaussian
 
 __all__ = [
@@ -133,14 +147,6 @@ GAUSSIAN_GRID_BITS = 57
 MAX_LAPLACE_SCALE = 2.0**56
 MAX_GAUSSIAN_SIGMA = 2.0**57
 MAX_GRID_INTEGER = 2**62  # |values / g| must not exceed this
-_SUPPORT = 2**62  # every sample satisfies |x| < _SUPPORT
-
-# Tuning of the fast samplers (module constants so tests can stress the rare paths).
-_K_BITS = 8  # t / M in [2^_K_BITS, 2^(_K_BITS+1)): buckets of K at least 2^-9 wide in E
-_E_RESTART = 12.0  # exponentials above this are redrawn as _E_RESTART + Exp(1)
-_CHUNK = 1 << 15
-_OVERSAMPLE = 1.35  # proposals per wanted Gaussian sample (acceptance is about 0.76)
-
 _POS = Interval("real", 0, None, closed="neither")
 _DELTA = Interval("real", 0, 1, closed="neither")
 _DIM = Interval("integer", 1, None, closed="left")
@@ -433,171 +439,6 @@ def _check_sigma(sigma: float, caller: str) -> None:
         )
 
 
-# ----------------------------------------------------------------------------- fast samplers
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """Constants of the fast geometric ``G = K M + R`` for one scale t (module doc)."""
-
-    t: float
-    m: int
-    ratio: float  # t / M, exact
-    e_cap: float  # E above this could push G to 2^62: redrawn (support truncation)
-    fast_vc: int  # R accepted at once when the word's spare bits are below this
-
-    @classmethod
-    def of(cls, t: float) -> "_Plan":
-        m = max(0, math.frexp(t)[1] - 1 - _K_BITS)
-        big_m = 2.0**m
-        e_cap = (float(_SUPPORT) - 2.0 * big_m) / t * (1.0 - 1e-12)
-        fast = math.floor(2.0 ** (63 - m) * math.exp(-big_m / t) * (1.0 - 2.0**-40)) if m else 0
-        return cls(t, m, t / big_m, e_cap, int(fast))
-
-
-class _Work:
-    """Reusable chunk buffers (the samplers run on cache-sized chunks, in place)."""
-
-    def __init__(self, n: int):
-        self.e = np.empty(n)
-        self.z = np.empty(n)
-        self.u = np.empty(n)
-        self.g = np.empty(n, dtype=np.int64)
-        self.s = np.empty(n, dtype=np.int64)
-        self.r = np.empty(n, dtype=np.int64)
-        self.acc = np.empty(n, dtype=bool)
-
-
-def _exponentials(rng: np.random.Generator, e: np.ndarray, cap: float) -> None:
-    """Fill ``e`` with standard exponentials conditioned on ``E <= cap``.
-
-    Draws above _E_RESTART are replaced by ``_E_RESTART + Exp(1)``
-    (memorylessness), repeatedly, so every ziggurat draw used lies where its
-    resolution is fine (absolute 2^-46.8 or better). A total above ``cap`` is drawn
-    afresh (the int64 support bound; ``cap = inf`` for acceptance tests).
-    """
-    rng.standard_exponential(out=e)
-    if not e.size or e.max() <= _E_RESTART:
-        return
-    big = np.flatnonzero(e > _E_RESTART)
-    base = np.full(big.size, _E_RESTART)
-    todo = np.arange(big.size)
-    while todo.size:
-        x = rng.standard_exponential(todo.size)
-        total = base[todo] + x
-        more = x > _E_RESTART
-        over = ~more & (total > cap)
-        done = ~more & ~over
-        e[big[todo[done]]] = total[done]
-        base[todo[more]] += _E_RESTART
-        base[todo[over]] = 0.0
-        todo = todo[~done]
-
-
-def _geometric(rng: np.random.Generator, plan: _Plan, n: int, ws: _Work, accept_residue=True):
-    """n magnitudes G = K M + R and signs s in {0, -1}, in ``ws``; returns (G, s, R).
-
-    With ``accept_residue`` R was accepted with probability exp(-R/t), so
-    ``P(G >= j) = exp(-j/t)``. Without it R is uniform on [0, M) and the
-    caller must fold exp(-R/t) into its own acceptance test. R is None if M = 1.
-    """
-    e = ws.e[:n]
-    _exponentials(rng, e, plan.e_cap)
-    e *= plan.ratio
-    g = ws.g[:n]
-    np.copyto(g, e, casting="unsafe")  # truncation = floor (e >= 0)
-    w = rng.bit_generator.random_raw(n).view(np.int64)
-    s = ws.s[:n]
-    np.right_shift(w, 63, out=s)
-    if not plan.m:
-        return g, s, None
-    r = ws.r[:n]
-    np.bitwise_and(w, (1 << plan.m) - 1, out=r)
-    if accept_residue:
-        np.right_shift(w, plan.m, out=w)
-        np.bitwise_and(w, (1 << (63 - plan.m)) - 1, out=w)
-        slow = np.flatnonzero(w >= plan.fast_vc)
-        if slow.size:
-            r[slow] = _residue_slow(rng, plan, r[slow], w[slow])
-    np.left_shift(g, plan.m, out=g)
-    g += r
-    return g, s, r
-
-
-def _residue_slow(rng, plan: _Plan, r: np.ndarray, vc: np.ndarray) -> np.ndarray:
-    """Finish Bernoulli(exp(-R/t)) where the word's spare bits did not decide it.
-
-    The spare bits ``vc`` are the top bits of a uniform ``V = (vc + U)/2^c``;
-    accept iff ``V < exp(-R/t)``, else redraw ``R`` and ``vc`` from a fresh word.
-    """
-    c = 63 - plan.m
-    todo = np.arange(r.size)
-    while todo.size:
-        v = (vc[todo].astype(np.float64) + rng.random(todo.size)) * 2.0**-c
-        todo = todo[v >= np.exp(-r[todo].astype(np.float64) / plan.t)]
-        if todo.size:
-            w = rng.bit_generator.random_raw(todo.size).view(np.int64)
-            r[todo] = w & ((1 << plan.m) - 1)
-            vc[todo] = (w >> plan.m) & ((1 << c) - 1)
-            todo = todo[vc[todo] >= plan.fast_vc]
-    return r
-
-
-def _dlap_fill(rng: np.random.Generator, plan: _Plan, out: np.ndarray, ws: _Work) -> None:
-    """Fill the 1-d int64 ``out`` with discrete Laplace(t) draws."""
-    g, s, _ = _geometric(rng, plan, out.size, ws)
-    np.bitwise_xor(g, s, out=out)
-    out -= s  # s = -1 negates (two's complement)
-    if g.all():
-        return
-    todo = np.flatnonzero((g == 0) & (s != 0))  # negative zero: reject (CKS)
-    while todo.size:
-        g, s, _ = _geometric(rng, plan, todo.size, ws)
-        out[todo] = (g ^ s) - s
-        todo = todo[(g == 0) & (s != 0)]
-
-
-def _dgauss_fill(rng: np.random.Generator, sigma: float, out: np.ndarray, ws: _Work) -> None:
-    """Fill the 1-d int64 ``out`` with discrete Gaussian draws (CKS Algorithm 3).
-
-    Proposal ``y = K M + R`` (discrete Laplace magnitude, ``t = floor(sigma) + 1``)
-    with R left uniform, so the residue's factor exp(-R/t) joins the CKS
-    acceptance: accept iff ``E > (y - sigma^2/t)^2 / (2 sigma^2) + R/t`` with
-    ``E ~ Exp(1)``, i.e. with probability exactly the product of both
-    Bernoulli(exp(-.)) tests. Proposals are drawn in batches and the first
-    accepted ones kept, in order: the accepted proposals of an i.i.d. sequence
-    are i.i.d. from the target.
-    """
-    sigma = max(sigma, 1e-300)  # below, N_Z(0, sigma^2) is 0 but for mass < e^{-1e599}
-    t = math.floor(sigma) + 1.0
-    plan = _Plan.of(t)
-    c1, c2 = sigma * sigma / t, 1.0 / (math.sqrt(2.0) * sigma)
-    filled, n = 0, out.size
-    while filled < n:
-        k = min(int((n - filled) * _OVERSAMPLE) + 32, ws.g.size)
-        g, s, r = _geometric(rng, plan, k, ws, accept_residue=False)
-        z = ws.z[:k]
-        np.subtract(g, c1, out=z)
-        z *= c2
-        with np.errstate(over="ignore"):  # z = inf (never accepted) is intended
-            np.square(z, out=z)  # z = (|y| - sigma^2/t)^2 / (2 sigma^2), never NaN
-        if r is not None:
-            rt = ws.u[:k]
-            np.multiply(r, 1.0 / t, out=rt)
-            z += rt
-        e = ws.e[:k]
-        _exponentials(rng, e, math.inf)
-        acc = ws.acc[:k]
-        np.greater(e, z, out=acc)
-        if not g.all():
-            acc &= (g != 0) | (s == 0)  # negative zero rejected, as in the proposal
-        np.bitwise_xor(g, s, out=g)
-        g -= s
-        take = np.flatnonzero(acc)[: n - filled]
-        out[filled : filled + take.size] = g[take]
-        filled += take.size
-
-
 # ----------------------------------------------------------------------------- public samplers
 
 
@@ -636,7 +477,7 @@ def sample_discrete_laplace(
         ``t`` in grid units.
     size : int or tuple of int
     exact : bool, default False
-        Use the exact rational sampler (CKS Algorithms 1-2; about 50-150x slower).
+        Use the exact rational sampler (CKS Algorithms 1-2; about 40x slower at t = 50).
 
     Returns
     -------
@@ -663,7 +504,7 @@ def sample_discrete_gaussian(
     sigma : float in (0, 2^57]
     size : int or tuple of int
     exact : bool, default False
-        Use the exact rational sampler (CKS Algorithms 1-3; about 100x slower).
+        Use the exact rational sampler (CKS Algorithms 1-3; about 90x slower at sigma = 40).
 
     Returns
     -------

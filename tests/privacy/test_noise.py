@@ -19,6 +19,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld
 from scipy import special, stats
 
 from sparkpriv.errors import ParameterError
+from sparkpriv.privacy import _fast_samplers as fs
 from sparkpriv.privacy import noise as nz
 from sparkpriv.privacy.accounting import epsilon_of
 from sparkpriv.privacy.calibration import calibrate_analytic_gaussian
@@ -110,8 +111,8 @@ def test_fast_tails_match_exact_tail_probabilities():
 
 def test_rare_paths_keep_the_pmf(monkeypatch):
     """Force the memoryless restarts and the residue slow path / folded residue."""
-    monkeypatch.setattr(nz, "_E_RESTART", 0.3)
-    monkeypatch.setattr(nz, "_K_BITS", 2)  # t = 50 -> M = 8, residues often rejected
+    monkeypatch.setattr(fs, "_E_RESTART", 0.3)
+    monkeypatch.setattr(fs, "_K_BITS", 2)  # t = 50 -> M = 8, residues often rejected
     rng = np.random.default_rng(14)
     x = nz.sample_discrete_laplace(rng, 50.0, 200_000)
     assert chisquare_pvalue(x, lambda k: dlap_pmf(50.0, k)) > P_MIN
@@ -120,8 +121,8 @@ def test_rare_paths_keep_the_pmf(monkeypatch):
 
 
 def test_support_truncation(monkeypatch):
-    monkeypatch.setattr(nz, "_SUPPORT", 2**9)
-    monkeypatch.setattr(nz, "_E_RESTART", 2.0)
+    monkeypatch.setattr(fs, "_SUPPORT", 2**9)
+    monkeypatch.setattr(fs, "_E_RESTART", 2.0)
     x = nz.sample_discrete_laplace(np.random.default_rng(15), 50.0, 300_000)
     assert np.abs(x).max() < 2**9
     # conditioned on |x| <= 509 the pmf is unchanged (5 expected beyond)
@@ -160,6 +161,161 @@ def test_lattice_check_catches_the_naive_geometric():
     naive = np.floor(rng.standard_exponential(500_000) * 2.0**56).astype(np.int64)
     assert not residues_balanced(naive, 8)
     assert not residues_balanced(rng.geometric(2.0**-56, 500_000), 8)
+
+
+# ----------------------------------------------------------------------------- Gaussian table sampler
+
+
+def binned_chisquare_pvalue(x: np.ndarray, sigma: float, width: int) -> float:
+    """Chi-square of integer samples in bins of ``width`` against the exact pmf."""
+    half = int(6 * sigma) // width * width + width
+    ks = np.arange(-half, half)
+    p = dgauss_pmf(sigma, ks).reshape(-1, width).sum(axis=1)
+    tail = max((1.0 - p.sum()) / 2.0, 0.0)
+    expected = np.concatenate([[tail], p, [tail]]) * x.size
+    idx = np.clip((x + half) // width, -1, p.size) + 1
+    counts = np.bincount(idx, minlength=p.size + 2)
+    keep = expected >= 5
+    return float(stats.chisquare(counts[keep], expected[keep] * counts[keep].sum() / expected[keep].sum()).pvalue)
+
+
+@pytest.mark.parametrize("sigma", [2.0**9 + 0.5, 3000.5, 2.0**56, nz.MAX_GAUSSIAN_SIGMA])
+def test_gaussian_table_weights_give_the_target_pmf(sigma):
+    """Independent float recomputation: branch probability / proposal weight is one constant.
+
+    Bucket j's probability p_j (from the 128-bit edges) divided by
+    W exp(-(jW)^2/(2 sigma^2)), and the tail's p_J (1 - rho) exp(a^2/(2 sigma^2)),
+    must all equal the same constant: then every accepted value has probability
+    proportional to exp(-y^2/(2 sigma^2)).
+    """
+    tab = fs._gauss_table(sigma)
+    big_w, n_b = 2.0**tab.m, tab.n_buckets
+    assert 256 <= sigma / big_w < 512 and n_b * big_w >= 10 * sigma
+    edges = [0] + [(int(h) << 64) | int(lo) for h, lo in zip(tab.edges_hi[:-1], tab.edges_lo[:-1])]
+    edges.append(2**128)
+    p = np.array([(b - a) / 2.0**128 for a, b in zip(edges[:-1], edges[1:])])
+    j = np.arange(n_b)
+    ratio = p[:-1] / (big_w * np.exp(-((j * big_w) ** 2) / (2 * sigma * sigma)))
+    a = n_b * big_w
+    tail = p[-1] * -math.expm1(-a / sigma**2) * math.exp(a * a / (2 * sigma * sigma))
+    assert ratio == pytest.approx(np.full(n_b, ratio[0]), rel=1e-12)
+    assert tail == pytest.approx(ratio[0], rel=1e-9)
+    # the constant is 1 / (total proposal weight), and the acceptance rate is
+    # constant * sum_{y >= 0} exp(-y^2 / (2 sigma^2)) = constant (sigma sqrt(pi/2) + 1/2)
+    weight = big_w * np.exp(-((j * big_w) ** 2) / (2 * sigma * sigma)).sum()
+    weight += math.exp(-a * a / (2 * sigma * sigma)) / -math.expm1(-a / sigma**2)
+    assert ratio[0] == pytest.approx(1.0 / weight, rel=1e-12)
+    assert 0.99 < ratio[0] * (sigma * math.sqrt(math.pi / 2) + 0.5) < 1.0
+    # sure-accept thresholds are below (1 - z_max) 2^16 for every bucket
+    z_max = (2 * j + 1) * big_w**2 / (2 * sigma * sigma)
+    assert np.all(tab.sure_accept[:-1] + 1.0 <= (1.0 - z_max) * 2.0**16)
+
+
+@pytest.mark.parametrize("sigma", [2.0**9 + 0.5, 3000.5])
+def test_gaussian_table_sampler_with_wide_buckets(sigma):
+    x = nz.sample_discrete_gaussian(np.random.default_rng(31), sigma, 1_000_000)
+    assert fs._gauss_table(sigma).m >= 1
+    assert binned_chisquare_pvalue(x, sigma, 16) > P_MIN
+    assert binned_chisquare_pvalue(x, sigma, 1) > P_MIN  # within-bucket shape too
+    assert residues_balanced(x, 2) and residues_balanced(x, 8)
+
+
+def test_gaussian_table_rare_paths(monkeypatch):
+    """Narrow tables force the tail branch, crowded guide cells and frequent rejections."""
+    rng = np.random.default_rng(32)
+    monkeypatch.setattr(fs, "_K_BITS", 2)  # sigma = 40 -> W = 8, sigma / W = 5: z up to 2
+    monkeypatch.setattr(fs, "_TABLE_SIGMAS", 0.8)  # tail branch |x| >= 32: about 43% of draws
+    monkeypatch.setattr(fs, "_GUIDE_BITS", 3)  # eight guide cells: most draws search
+    tab = fs._gauss_table(40.0)
+    assert (tab.m, tab.n_buckets, tab.guide_bits) == (3, 4, 3)
+    y = nz.sample_discrete_gaussian(rng, 40.0, 300_000)
+    assert chisquare_pvalue(y, lambda k: dgauss_pmf(40.0, k)) > P_MIN
+    ks = np.arange(-3000, 3001)
+    p_far = float(dgauss_pmf(40.0, ks)[np.abs(ks) >= 100].sum())
+    hits = int(np.count_nonzero(np.abs(y) >= 100))
+    assert stats.binomtest(hits, y.size, p_far).pvalue > P_MIN
+    monkeypatch.setattr(fs, "_K_BITS", 8)
+    monkeypatch.setattr(fs, "_TABLE_SIGMAS", 1.0)  # W = 1, tail beyond 1 sigma
+    z = nz.sample_discrete_gaussian(rng, 6.5, 300_000)
+    assert chisquare_pvalue(z, lambda k: dgauss_pmf(6.5, k)) > P_MIN
+
+
+class _ScriptedBits:
+    """A stand-in Generator whose raw words are given in advance (branch search test)."""
+
+    def __init__(self, *words):
+        self.bit_generator = self
+        self._words = list(words)
+
+    def random_raw(self, size):
+        out = np.asarray(self._words.pop(0), dtype=np.uint64)
+        assert out.size == size
+        return out
+
+
+class _ScriptedGenerator(_ScriptedBits):
+    def __init__(self, words, uniforms):
+        super().__init__(*words)
+        self._uniforms = list(uniforms)
+
+    def random(self, size):
+        out = np.asarray(self._uniforms.pop(0), dtype=np.float64)
+        assert out.size == size
+        return out
+
+
+def test_bucket_acceptance_is_v_below_exp_minus_z():
+    """Scripted words: the proposal is j W + R with the sign bit, accepted iff (v + U') 2^-16 < e^-z."""
+    sigma = 3000.5
+    tab = fs._gauss_table(sigma)
+    m, big_w = tab.m, 2**tab.m
+    free = np.flatnonzero(tab.guide >= 0)  # guide cells without an edge: no extra words
+    cases = []
+    for cell in (free[0], free[len(free) // 2], free[-1]):
+        j = int(tab.guide[cell])
+        for r in (0, 1, big_w - 1):
+            z = r * (2 * j * big_w + r) / (2 * sigma * sigma)
+            p16 = math.exp(-z) * 2**16
+            for v in {int(tab.sure_accept[j]) - 1, int(tab.sure_accept[j]), int(p16) - 1, int(p16) + 1, 65535}:
+                if 0 <= v < 2**16:
+                    for sign in (0, 1):
+                        cases.append((cell, j, r, v, sign, p16))
+    k = len(cases)
+    words = np.array([(sign << 63) | (int(cell) << m) | r for cell, _, r, _, sign, _ in cases], dtype=np.uint64)
+    v = np.array([c[3] for c in cases] + [0] * (-k % 4), dtype=np.uint16).view(np.uint64)
+    undecided = [i for i, c in enumerate(cases) if not c[3] < tab.sure_accept[c[1]]]
+    rng = _ScriptedGenerator([words, v], [np.full(len(undecided), 0.5)])
+    y = np.empty(k, dtype=np.int64)
+    acc = fs._gauss_propose(rng, tab, y, fs._Work(k + 64)).copy()
+    for i, (cell, j, r, v_i, sign, p16) in enumerate(cases):
+        mag = j * big_w + r
+        assert y[i] == (-mag if sign else mag)
+        want = (v_i + 0.5) < p16 and not (mag == 0 and sign)
+        assert acc[i] == want, (j, r, v_i, sign)
+    assert any(acc) and not all(acc)
+
+
+def test_branch_search_is_exact_at_edges_and_ties():
+    tab = fs._gauss_table(3000.5)
+    b, n_b = tab.guide_bits, tab.n_buckets
+    edges = [(int(h) << 64) | int(lo) for h, lo in zip(tab.edges_hi[:-1], tab.edges_lo[:-1])]
+    picks = [0, 1, n_b // 3, n_b // 2, n_b - 2, n_b - 1]
+    us = []
+    for i in picks:
+        us += [edges[i] - 1, edges[i], edges[i] + 1]
+    us += [0, 2**128 - 1]
+    us = np.array(us, dtype=object)
+    hi = np.array([int(u) >> 64 for u in us], dtype=np.uint64)
+    lo = np.array([int(u) & (2**64 - 1) for u in us], dtype=np.uint64)
+    prefix = (hi >> np.uint64(64 - b)).astype(np.int64)
+    code = tab.guide[prefix].astype(np.int64)
+    code = np.where(code < 0, code, -2 * code - 2)  # force the search even in edge-free cells
+    expected = [sum(e <= int(u) for e in edges) for u in us]
+    # raw word: its top 64 - b bits continue the prefix; ties draw the low word
+    ties = [k for k, u in enumerate(us) if any((e >> 64) == (int(u) >> 64) for e in edges)]
+    rng = _ScriptedBits(hi << np.uint64(b), lo[ties])
+    got = fs._branch_slow(rng, tab, prefix, code)
+    assert got.tolist() == expected
 
 
 # ----------------------------------------------------------------------------- exact samplers
