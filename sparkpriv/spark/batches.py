@@ -42,6 +42,7 @@ __all__ = [
     "spark_errors",
     "partition_id",
     "owner_counters",
+    "has_rdd",
 ]
 
 ERROR_MARK = "SPARKPRIV_INPUT_ERROR"
@@ -152,7 +153,7 @@ def sum_partials(
     first.__name__ = "sparkpriv_partial"
     merge.__name__ = "sparkpriv_merge"
     parts = map_batches(df, first, schema)
-    if _has_rdd(df):
+    if has_rdd(df):
         n = max(df.rdd.getNumPartitions(), 1)
         while n > fanout:
             n = -(-n // fanout)
@@ -165,7 +166,8 @@ def sum_partials(
     return total
 
 
-def _has_rdd(df) -> bool:
+def has_rdd(df) -> bool:
+    """Whether ``df`` offers the RDD API (classic Spark; not Spark Connect)."""
     try:
         df.rdd  # noqa: B018 - Spark Connect DataFrames have no RDD
         return True

@@ -6,10 +6,14 @@ Shape of a release:
    calibrate every noise addition and :func:`~sparkpriv.release.reserve` the
    event -- before any data is read.
 2. Features are computed once per Arrow batch (clip, then RFF for ``kernel``)
-   and cached as blocks: one row per batch holding the ``(rows, D')``
-   float64 matrix as raw bytes. This is the cheapest form that survives the
-   iterations (measured, see docs/kmeans.md): no per-row objects, and the
-   Python workers read each block with one ``np.frombuffer``.
+   and cached as blocks: one record per batch holding the ``(rows, D')``
+   float64 matrix as raw bytes, in a serialized Python RDD when the RDD API
+   exists (classic Spark), else in a cached DataFrame of blocks (Spark
+   Connect). This is the cheapest form that survives the iterations
+   (measured, see docs/kmeans.md): no per-row objects, the Python workers read
+   each block with one ``np.frombuffer``, and the RDD's cached bytes reach
+   them without the columnar-cache -> row -> Arrow conversions (3x less time
+   per iteration than the DataFrame cache at 1M x 64).
 3. Each iteration: the current centres are captured in the task closure
    (plain numpy copies); per partition, every block is assigned and its
    counts/sums vector accumulated (:func:`~sparkpriv.mechanisms.kmeans.cluster_stats`);
@@ -56,6 +60,7 @@ from sparkpriv.privacy.random import new_secret_seed, stream
 from sparkpriv.release import Release, reserve
 from sparkpriv.spark.batches import (
     batch_matrix,
+    has_rdd,
     map_batches,
     owner_counters,
     spark_errors,
@@ -127,6 +132,54 @@ def _block_stats_fn(centres, dim):
         return acc
 
     return sparkpriv_kmeans_iteration
+
+
+def _rdd_block_stats_fn(centres, dim):
+    """Per-partition counts/sums over the cached RDD of block bytes (one vector per partition)."""
+    centres = np.array(centres, dtype=np.float64, copy=True)
+    size = centres.shape[0] * (dim + 1)
+
+    def sparkpriv_kmeans_iteration(blocks):
+        acc = np.zeros(size, dtype=np.float64)
+        for buf in blocks:
+            acc += cluster_stats(np.frombuffer(buf, dtype=np.float64).reshape(-1, dim), centres)
+        yield acc
+
+    return sparkpriv_kmeans_iteration
+
+
+class _FeatureCache:
+    """The feature blocks, cached once for every iteration (see the module doc, step 2)."""
+
+    def __init__(self, blocks_df, dim: int):
+        from pyspark import StorageLevel
+
+        self.dim = dim
+        self.rdd = self.df = None
+        if has_rdd(blocks_df):
+            self.rdd = blocks_df.rdd.map(_block_bytes).persist(StorageLevel.MEMORY_AND_DISK)
+            width = 8 * dim
+            self.rows = int(self.rdd.map(len).sum()) // width if dim else 0
+        else:
+            self.df = blocks_df.persist(StorageLevel.MEMORY_AND_DISK)
+            self.rows = int(self.df.agg({"rows": "sum"}).collect()[0][0] or 0)
+
+    def stats(self, centres: np.ndarray, size: int) -> np.ndarray:
+        if self.rdd is not None:
+            return self.rdd.mapPartitions(_rdd_block_stats_fn(centres, self.dim)).treeReduce(
+                _add_vectors, depth=2)
+        return sum_partials(self.df, _block_stats_fn(centres, self.dim), size)
+
+    def release(self) -> None:
+        (self.rdd if self.rdd is not None else self.df).unpersist()
+
+
+def _block_bytes(row):
+    return row[0]
+
+
+def _add_vectors(a, b):
+    return a + b
 
 
 def _input_stats_fn(fmap, centres, columns, fill):
@@ -249,15 +302,13 @@ def release_kmeans(
     hold = reserve(event=event, mechanism="kmeans", parameters=params, ledger=ledger, table_id=table_id)
     spark = df.sparkSession
     counters = owner_counters(spark)
-    blocks = None
+    cache = None
     try:
         src = df.select(*columns)
         with spark_errors():
             blocks = map_batches(src, _feature_blocks_fn(fmap, columns, fill, counters), _blocks_schema())
-            from pyspark import StorageLevel
-
-            blocks = blocks.persist(StorageLevel.MEMORY_AND_DISK)
-            n = int(blocks.agg({"rows": "sum"}).collect()[0][0] or 0)
+            cache = _FeatureCache(blocks, plan.dim)
+            n = cache.rows
         if n == 0:
             raise InputError("The input table is empty: there is nothing to release.")
         check_k_for_n(k, n, caller)
@@ -269,7 +320,7 @@ def release_kmeans(
 
         def iteration_stats(c):
             with spark_errors():
-                return sum_partials(blocks, _block_stats_fn(c, plan.dim), size)
+                return cache.stats(c, size)
 
         def final_stats(c):
             with spark_errors():
@@ -288,8 +339,8 @@ def release_kmeans(
         hold.close()
         raise
     finally:
-        if blocks is not None:
-            blocks.unpersist()
+        if cache is not None:
+            cache.release()
     del seed
 
     out = _clusters_df(spark, model)
