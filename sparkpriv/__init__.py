@@ -7,7 +7,9 @@ or imports Spark):
   (numpy), :func:`recover_sq_distances`
 * :func:`release_dprp` / :func:`release_dprp_array` (DPRP private table)
 * :func:`release_kmeans` / :func:`release_kmeans_array`, :class:`KMeansModel`
-* :func:`open_ledger` (privacy-budget ledger)
+* :func:`open_ledger` (privacy-budget ledger), :func:`read_table` (a source
+  table as the CLI reads it; local Parquet read this way lets aggregate
+  passes scan the files directly)
 * errors: :class:`SparkPrivError` and subclasses
 """
 
@@ -33,6 +35,7 @@ _LAZY = {
     "KMeansModel": "sparkpriv.mechanisms.kmeans_model",
     "open_ledger": "sparkpriv.ledger",
     "get_spark": "sparkpriv.spark.session",
+    "read_table": "sparkpriv.io.inputs",
 }
 
 __all__ = [

@@ -32,6 +32,9 @@ def read_table(spark, source: str, fmt: str | None = None):
     ``fmt`` is ``"parquet"``, ``"csv"`` (header row, inferred types) or
     ``"table"`` (a catalog table name); by default it is guessed from the
     source (``*.csv`` -> CSV, a path -> Parquet, a bare name -> catalog table).
+    A Parquet DataFrame returned here, used untransformed, lets the aggregate
+    passes of DPRP read local Parquet files directly
+    (:mod:`sparkpriv.spark.parquet_scan`).
     """
     if fmt is None:
         fmt = _guess_format(source)
@@ -39,7 +42,11 @@ def read_table(spark, source: str, fmt: str | None = None):
         raise InputError(f"Unknown input format {fmt!r}; use one of {', '.join(FORMATS)}.")
     try:
         if fmt == "parquet":
-            return spark.read.parquet(source)
+            from sparkpriv.spark.parquet_scan import register_parquet_source
+
+            df = spark.read.parquet(source)
+            register_parquet_source(df, source)  # aggregate passes may scan it directly
+            return df
         if fmt == "csv":
             return spark.read.option("header", "true").option("inferSchema", "true").csv(source)
         return spark.table(source)

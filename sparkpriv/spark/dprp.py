@@ -8,7 +8,10 @@ Passes over the input (each reads only the declared columns):
    the driver adds noise once (a third, cheap read of the input);
 1. per batch, the prepared rows' Gram matrix (upper triangle, float64) and row
    count per group (:func:`~sparkpriv.mechanisms.dprp.gram_partial`), merged by
-   tree aggregation (:func:`~sparkpriv.spark.batches.sum_partials`); the driver
+   tree aggregation (:func:`aggregate`: a direct Parquet scan for an
+   untransformed local Parquet :func:`~sparkpriv.io.inputs.read_table`, see
+   :mod:`sparkpriv.spark.parquet_scan`, else ``mapInArrow`` and
+   :func:`~sparkpriv.spark.batches.sum_partials`); the driver
    adds the symmetric noise once per group, takes ``eigh`` and builds the
    ``k1 x d`` reconstruction matrix per group;
 2. per batch, ``P' = X R + keyed row noise`` and ``X' = P' M``
@@ -47,6 +50,7 @@ from sparkpriv.spark.batches import (
     spark_errors,
     sum_partials,
 )
+from sparkpriv.spark.parquet_scan import parquet_scan, scan_partials
 
 __all__ = ["release_dprp", "dprp_schema"]
 
@@ -272,15 +276,32 @@ def release_dprp(
                    input_info=input_info, hold=hold, diagnostics=diagnostics, source_df=None)
 
 
+def aggregate(df, columns: Sequence[str], partial, size: int, *, strings: Sequence[str] = ()) -> np.ndarray:
+    """Sum a per-partition partial over ``columns`` of ``df``: a direct Parquet scan when
+    ``df`` is an untransformed :func:`~sparkpriv.io.inputs.read_table` of local Parquet
+    (:mod:`sparkpriv.spark.parquet_scan`), else ``mapInArrow`` + tree aggregation."""
+    scan = parquet_scan(df, columns, strings=strings)
+    if scan is not None:
+        _log.info("aggregate pass: direct Arrow scan of %d Parquet row group(s)", len(scan.pieces))
+        return scan_partials(df.sparkSession, scan, columns, partial, size)
+    return sum_partials(df.select(*columns), partial, size)
+
+
+def gram_pass(df, plan, columns: Sequence[str], label: str | None, fill_values) -> np.ndarray:
+    """The summed :func:`~sparkpriv.mechanisms.dprp.gram_partial` of the whole input."""
+    lab = [label] if label is not None else []
+    size = plan.n_groups * (1 + plan.d_aug * (plan.d_aug + 1) // 2)
+    return aggregate(df, [*columns, *lab], _gram_fn(plan, columns, label, fill_values), size, strings=lab)
+
+
 def _driver_passes(df, plan, R, seed, columns, label, caller):
     """Pass 0 (DP means, optional) and pass 1 (Gram), then the driver solve."""
     d = plan.d
     extra: dict = {}
     fill_values = None
-    lab = [label] if label is not None else []
     with spark_errors():
         if plan.fill == "dp-mean":
-            tot = sum_partials(df.select(*columns), _impute_fn(plan, columns), 2 * d + 1)
+            tot = aggregate(df, columns, _impute_fn(plan, columns), 2 * d + 1)
             n = int(tot[-1])
             if n == 0:
                 raise InputError("The input table is empty: there is nothing to release.")
@@ -290,9 +311,7 @@ def _driver_passes(df, plan, R, seed, columns, label, caller):
             extra["impute_noise"] = noise.to_public_dict()
         elif plan.fill is not None:
             fill_values = np.full(d, float(plan.fill))
-        size = plan.n_groups * (1 + plan.d_aug * (plan.d_aug + 1) // 2)
-        fn = _gram_fn(plan, columns, label, fill_values)
-        total = sum_partials(df.select(*columns, *lab), fn, size)
+        total = gram_pass(df, plan, columns, label, fill_values)
     sizes, grams = core.gram_from_partial(total, plan.d_aug, plan.n_groups)
     if sizes.sum() == 0:
         raise InputError("The input table is empty: there is nothing to release.")

@@ -1,0 +1,47 @@
+"""Every Spark benchmark runs end to end on a tiny table and prints its JSON line.
+
+Smoke tests only: they catch a benchmark that no longer runs (the figures in the
+docs come from real runs); nothing here looks at timings.
+"""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+
+def _last_json(capsys) -> dict:
+    out = capsys.readouterr().out.strip().splitlines()
+    return json.loads(out[-1])
+
+
+def test_bench_dprp_smoke(spark, tmp_path, capsys):
+    from sparkpriv.bench import dprp
+
+    res = dprp.run(rows=3000, cols=6, data_dir=str(tmp_path), master="local[2]")
+    assert _last_json(capsys) == json.loads(json.dumps(res))
+    assert res["rows"] == 3000 and res["gram_ratio_vs_mllib"] > 0
+    assert res["release_rows_per_s"] > 0 and res["mapinarrow_gram_ratio_vs_mllib"] > 0
+
+
+def test_bench_kmeans_smoke(spark, tmp_path, capsys):
+    from sparkpriv.bench import kmeans
+
+    res = kmeans.run(rows=3000, cols=6, k=3, iterations=2, frequencies=3, data_dir=str(tmp_path))
+    assert _last_json(capsys)["iteration_ratio_vs_mllib"] == res["iteration_ratio_vs_mllib"] > 0
+
+
+def test_bench_projection_smoke(spark, tmp_path, capsys):
+    from sparkpriv.bench import projection
+
+    res = projection.run(rows=3000, cols=6, k=3, data_dir=str(tmp_path))
+    assert _last_json(capsys)["ratio_vs_mllib"] == res["ratio_vs_mllib"] > 0
+
+
+def test_bench_cdr_smoke(spark, tmp_path, capsys):
+    from sparkpriv.bench import cdr
+
+    res = cdr.run(people=2000, k=4, max_items=8, data_dir=str(tmp_path))
+    assert _last_json(capsys)["ratio_vs_floor"] == res["ratio_vs_floor"] > 0
+    assert res["people"] == 2000 and res["events"] > 2000
