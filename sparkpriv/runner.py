@@ -135,6 +135,25 @@ def _projection(df, cfg: ReleaseConfig, source: str):
     )
 
 
+EVENT_OPTIONS = (
+    # event tables (CDR, transit): one bounded record per person, MATH.md section 8
+    Option("events", "bool", "the input is an event table (one row per call/tap); each person's "
+           "events become one record of at most --max-items items of --vocabulary", default=False),
+    Option("person_col", "str", "event tables: the person-key column (never copied to the output)"),
+    Option("item_col", "str", "event tables: the item column (tower, station)"),
+    Option("max_items", "int", "event tables: at most this many distinct items per person, chosen "
+           "uniformly at random when a person has more"),
+    Option("vocabulary", "str", "event tables: the PUBLIC item ids: a file of ids (one per line or "
+           "a CSV's first column), or a range 'a..b' (inclusive); other items are dropped and counted"),
+    Option("weights", "str", "event tables: binary (1 per visited item) or counts (event counts "
+           "capped at --max-events-per-item)", default="binary", choices=("binary", "counts")),
+    Option("max_events_per_item", "int", "event tables with --weights counts: cap of a person's "
+           "events at one item"),
+    Option("bounding_key_file", "str", "event tables: file holding a secret key (>= 16 bytes) "
+           "for the choice of items, to make the same choice in later runs"),
+)
+
+
 register(MechanismSpec(
     name="projection",
     summary="JL random projection + calibrated noise (pairwise distances recoverable)",
@@ -156,23 +175,7 @@ register(MechanismSpec(
                default=0.1),
         Option("matrix_key_file", "str", "file holding a secret key (>= 16 bytes) from which the "
                "projection matrix is derived, to reuse the same matrix across releases"),
-    ) + (
-        # event tables (CDR, transit): one bounded record per person, MATH.md section 8
-        Option("events", "bool", "the input is an event table (one row per call/tap); each person's "
-               "events become one record of at most --max-items items of --vocabulary", default=False),
-        Option("person_col", "str", "event tables: the person-key column (never copied to the output)"),
-        Option("item_col", "str", "event tables: the item column (tower, station)"),
-        Option("max_items", "int", "event tables: at most this many distinct items per person, chosen "
-               "uniformly at random when a person has more"),
-        Option("vocabulary", "str", "event tables: the PUBLIC item ids: a file of ids (one per line or "
-               "a CSV's first column), or a range 'a..b' (inclusive); other items are dropped and counted"),
-        Option("weights", "str", "event tables: binary (1 per visited item) or counts (event counts "
-               "capped at --max-events-per-item)", default="binary", choices=("binary", "counts")),
-        Option("max_events_per_item", "int", "event tables with --weights counts: cap of a person's "
-               "events at one item"),
-        Option("bounding_key_file", "str", "event tables: file holding a secret key (>= 16 bytes) "
-               "for the choice of items, to make the same choice in later runs"),
-    ),
+    ) + EVENT_OPTIONS,
     release=_projection,
 ))
 
@@ -285,6 +288,12 @@ def _kmeans(df, cfg: ReleaseConfig, source: str):
             init = np.loadtxt(cfg.get("init_file"), delimiter=",", ndmin=2)
         except OSError as exc:
             raise ParameterError(f"Cannot read the public init file {cfg.get('init_file')!r}: {exc.strerror}.") from None
+    if cfg.get("events"):
+        if cols or cfg.get("lower") is not None or cfg.get("upper") is not None or cfg.get("row_bound") is not None:
+            raise ParameterError("--columns, --lower, --upper and --row-bound do not apply to --events: the "
+                                 "record of a person is built from --item-col over --vocabulary, and its "
+                                 "bounds come from --max-items (and --weights).")
+        df = _event_records(df, cfg, source)
     return release_kmeans(
         df,
         columns=cols,
@@ -294,8 +303,8 @@ def _kmeans(df, cfg: ReleaseConfig, source: str):
         iterations=cfg.get("iterations", 10),
         variant=cfg.get("variant", "kernel"),
         row_bound=cfg.get("row_bound"),
-        lower=per_column(cfg.get("lower"), len(cols), "lower"),
-        upper=per_column(cfg.get("upper"), len(cols), "upper"),
+        lower=None if cfg.get("events") else per_column(cfg.get("lower"), len(cols), "lower"),
+        upper=None if cfg.get("events") else per_column(cfg.get("upper"), len(cols), "upper"),
         kernel_width=cfg.get("kernel_width"),
         frequencies=cfg.get("frequencies", 128),
         init=init,
@@ -323,6 +332,6 @@ register(MechanismSpec(
         Option("final_share", "float", "kernel: share of the budget (mu^2) for the input-space centres [default: 0.1]"),
         Option("init_file", "str", "CSV of k PUBLIC rows used as initial centres (default: random "
                "points of the declared domain)"),
-    ),
+    ) + EVENT_OPTIONS,
     release=_kmeans,
 ))

@@ -129,9 +129,13 @@ def rff_features(X: np.ndarray, W: np.ndarray) -> np.ndarray:
 
     Every row has L2 norm 1 (up to float rounding).
     """
-    D = W.shape[0]
-    P = X @ W.T
-    Z = np.empty((X.shape[0], 2 * D), dtype=np.float64)
+    return _rff_of_projection(X @ W.T)
+
+
+def _rff_of_projection(P: np.ndarray) -> np.ndarray:
+    """``[cos(P), sin(P)] / sqrt(D)`` for the projections ``P = X W^T`` (n, D)."""
+    D = P.shape[1]
+    Z = np.empty((P.shape[0], 2 * D), dtype=np.float64)
     np.cos(P, out=Z[:, :D])
     np.sin(P, out=Z[:, D:])
     Z *= 1.0 / math.sqrt(D)
@@ -186,6 +190,16 @@ class FeatureMap:
         """``(Z, Xc, counts)``: features, clipped inputs and clipping counts of ``X`` (n, d)."""
         Xc, counts = self.clip(X)
         return self.from_clipped(Xc), Xc, counts
+
+    def features_sparse(self, offsets, indices, values) -> np.ndarray:
+        """Kernel features of sparse records (CSR parts; ``values`` None = binary), never
+        densified: ``X W^T`` is the (weighted) sum of the columns of ``W`` at each
+        record's items. The records must already satisfy the bounds (capped records do)."""
+        from sparkpriv.mechanisms.sparse import project_sparse_rows
+
+        if self.W is None:
+            raise ParameterError("Sparse records have kernel features only (variant='kernel').")
+        return _rff_of_projection(project_sparse_rows(offsets, indices, values, self.W.T))
 
 
 def make_feature_map(variant: str, bounds: Bounds, *, kernel_width=None, frequencies: int = 128,
@@ -387,6 +401,20 @@ def cluster_stats(Z: np.ndarray, centres: np.ndarray, values: np.ndarray | None 
     onehot = np.zeros((k, Z.shape[0]), dtype=np.float64)
     onehot[lab, np.arange(Z.shape[0])] = 1.0
     out[:, 1:] = onehot @ V
+    return out.ravel()
+
+
+def cluster_input_sums_sparse(labels: np.ndarray, offsets, indices, values, k: int, d: int) -> np.ndarray:
+    """Per-cluster counts and sums of sparse input records, in the layout of
+    :func:`cluster_stats` with ``values`` = the dense records: ``k (d + 1)`` floats."""
+    offsets = np.asarray(offsets, np.int64)
+    labels = np.asarray(labels, np.int64)
+    out = np.zeros((k, d + 1), dtype=np.float64)
+    out[:, 0] = np.bincount(labels, minlength=k)
+    owner = np.repeat(labels, np.diff(offsets))  # the cluster of each stored item
+    w = None if values is None else np.asarray(values, np.float64)
+    out[:, 1:] = np.bincount(owner * d + np.asarray(indices, np.int64), weights=w,
+                             minlength=k * d).reshape(k, d)
     return out.ravel()
 
 

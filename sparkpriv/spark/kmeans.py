@@ -47,6 +47,7 @@ from sparkpriv.io.inputs import check_numeric_columns, check_present_columns, sc
 from sparkpriv.mechanisms.kmeans import (
     VARIANTS,
     check_k_for_n,
+    cluster_input_sums_sparse,
     cluster_stats,
     assign_nearest,
     fit_from_stats,
@@ -66,6 +67,7 @@ from sparkpriv.spark.batches import (
     spark_errors,
     sum_partials,
 )
+from sparkpriv.spark.events import BoundedRecords, counters_dict, make_counters
 
 __all__ = ["release_kmeans", "assign_clusters", "KMeansRelease"]
 
@@ -205,7 +207,7 @@ def _tup(x):
 def release_kmeans(
     df,
     *,
-    columns: Sequence[str],
+    columns: Sequence[str] | None = None,
     k: int,
     epsilon: float,
     delta: float,
@@ -228,10 +230,13 @@ def release_kmeans(
 
     Parameters
     ----------
-    df : pyspark.sql.DataFrame
-        One row per record (person).
+    df : pyspark.sql.DataFrame or BoundedRecords
+        One row per record (person), or the bounded person records of an event
+        table (:func:`~sparkpriv.spark.events.bound_contributions`; kernel
+        variant only; bounds from the item cap, features from the sparse
+        records).
     columns : sequence of str
-        Numeric feature columns (n_features = d).
+        Numeric feature columns (n_features = d); required for a DataFrame.
     k : int >= 2
         Number of clusters; at most ``floor(sqrt(n))`` (n is public under
         replace-one).
@@ -276,13 +281,14 @@ def release_kmeans(
     Secret: the noise seed. See :mod:`sparkpriv.mechanisms.kmeans`.
     """
     caller = "release_kmeans"
-    columns = list(columns)
-    check_numeric_columns(df, columns)
     check_param("neighbors", neighbors, [Options(("replace-one",))], caller)
     check_param("variant", variant, [Options(VARIANTS)], caller)
     check_param("fill", fill, [None, Interval("real", None, None, "neither")], caller)
-    d = len(columns)
-    bounds = Bounds(d, _tup(lower), _tup(upper), row_bound, "l2", None, _caller=caller)
+    if isinstance(df, BoundedRecords):
+        inp = _RecordsInput(df, variant, columns, lower, upper, row_bound, fill, caller)
+    else:
+        inp = _TableInput(df, columns, lower, upper, row_bound, fill, caller)
+    d, bounds = inp.d, inp.bounds
     fmap = make_feature_map(variant, bounds, kernel_width=kernel_width, frequencies=frequencies,
                             caller=caller)
     plan = plan_kmeans(fmap, k=k, epsilon=epsilon, delta=delta, iterations=iterations,
@@ -293,21 +299,19 @@ def release_kmeans(
     event = plan.dp_event()
     eps = plan.epsilon_spent()
     params = {
-        "columns": columns, "k": k, "epsilon": float(epsilon), "delta": float(delta),
+        **inp.public_params, "k": k, "epsilon": float(epsilon), "delta": float(delta),
         "iterations": iterations, "variant": variant, "kernel_width": kernel_width,
         "frequencies": frequencies if variant == "kernel" else None,
         "final_share": plan.final_share, "fill": fill, "neighbors": neighbors,
         "bounds": bounds.to_public_dict(), "init": "public sample" if init is not None else "domain",
     }
     hold = reserve(event=event, mechanism="kmeans", parameters=params, ledger=ledger, table_id=table_id)
-    spark = df.sparkSession
-    counters = owner_counters(spark)
+    spark = inp.spark
+    counters = inp.make_counters()
     cache = None
     try:
-        src = df.select(*columns)
         with spark_errors():
-            blocks = map_batches(src, _feature_blocks_fn(fmap, columns, fill, counters), _blocks_schema())
-            cache = _FeatureCache(blocks, plan.dim)
+            cache = _FeatureCache(inp.feature_blocks(fmap, counters), plan.dim)
             n = cache.rows
         if n == 0:
             raise InputError("The input table is empty: there is nothing to release.")
@@ -324,7 +328,7 @@ def release_kmeans(
 
         def final_stats(c):
             with spark_errors():
-                return sum_partials(src, _input_stats_fn(fmap, c, columns, fill), k * (d + 1))
+                return inp.input_stats(fmap, c, k * (d + 1))
 
         def log(t, counts):
             now = time.perf_counter()
@@ -344,20 +348,130 @@ def release_kmeans(
     del seed
 
     out = _clusters_df(spark, model)
+    public = dict(plan.to_public_dict(), parameters=params, model=model.to_dict(),
+                  feature_map="W is public: drawn independently of the data and released")
+    return KMeansRelease(df=out, mechanism="kmeans", event=event, epsilon=eps, delta=plan.delta,
+                         public=public, input_info=inp.input_info(source), hold=hold,
+                         diagnostics=lambda: inp.diagnostics(counters), source_df=inp.source_df,
+                         model=model, iteration_seconds=seconds)
 
-    def diagnostics() -> dict:
+
+class _TableInput:
+    """One row per record: declared numeric columns and bounds."""
+
+    def __init__(self, df, columns, lower, upper, row_bound, fill, caller):
+        if columns is None:
+            raise ParameterError(f"The 'columns' parameter of {caller} is required for a table input: "
+                                 "the numeric feature columns (--columns).")
+        self.df, self.columns, self.fill = df, list(columns), fill
+        check_numeric_columns(df, self.columns)
+        self.d = len(self.columns)
+        self.bounds = Bounds(self.d, _tup(lower), _tup(upper), row_bound, "l2", None, _caller=caller)
+        self.spark = df.sparkSession
+        self.public_params = {"columns": self.columns}
+        self.source_df = None
+
+    def make_counters(self):
+        return owner_counters(self.spark)
+
+    def feature_blocks(self, fmap, counters):
+        return map_batches(self.df.select(*self.columns),
+                           _feature_blocks_fn(fmap, self.columns, self.fill, counters), _blocks_schema())
+
+    def input_stats(self, fmap, centres, size):
+        return sum_partials(self.df.select(*self.columns),
+                            _input_stats_fn(fmap, centres, self.columns, self.fill), size)
+
+    def diagnostics(self, counters) -> dict:
         if counters is None:
             return {}
         return {"rows": counters[0].value, "rows_box_clipped": counters[1].value,
                 "rows_norm_clipped": counters[2].value}
 
-    public = dict(plan.to_public_dict(), parameters=params, model=model.to_dict(),
-                  feature_map="W is public: drawn independently of the data and released")
-    input_info = {"source": source, "schema_fingerprint": schema_fingerprint(df.schema),
-                  "columns": columns, "fill_for_nulls": fill}
-    return KMeansRelease(df=out, mechanism="kmeans", event=event, epsilon=eps, delta=plan.delta,
-                         public=public, input_info=input_info, hold=hold, diagnostics=diagnostics,
-                         source_df=None, model=model, iteration_seconds=seconds)
+    def input_info(self, source) -> dict:
+        return {"source": source, "schema_fingerprint": schema_fingerprint(self.df.schema),
+                "columns": self.columns, "fill_for_nulls": self.fill}
+
+
+class _RecordsInput:
+    """Bounded person records from an event table (``bound_contributions``): sparse, capped.
+
+    Bounds come from the cap: items in ``[0, c]``, row L2 norm ``c sqrt(L)``;
+    the kernel features are computed from the sparse records (``X W^T`` as a
+    sum of columns of ``W``), never densifying a ``d``-wide row.
+    """
+
+    def __init__(self, records, variant, columns, lower, upper, row_bound, fill, caller):
+        given = [n for n, v in (("columns", columns), ("lower", lower), ("upper", upper),
+                                ("row_bound", row_bound), ("fill", fill)) if v is not None]
+        if given:
+            raise ParameterError(
+                f"The {', '.join(repr(g) for g in given)} parameter(s) of {caller} do not apply to "
+                "bounded event records: the items are the vocabulary and the bounds come from "
+                "the item cap (max_items, weights). Remove them."
+            )
+        if variant != "kernel":
+            raise ParameterError(
+                f"The 'variant' parameter of {caller} must be 'kernel' for bounded event records. "
+                f"Got {variant!r}: the linear variant's features are the d = {records.d}-wide "
+                "records themselves, which the iterations would cache densely (d floats per "
+                "person); the kernel variant's features are computed from the sparse records."
+            )
+        self.records = records
+        self.d = records.d
+        c = records.cap.value_cap
+        self.bounds = Bounds(self.d, (0.0,) * self.d, (c,) * self.d, records.cap.l2_bound, "l2", None,
+                             _caller=caller)
+        self.spark = records.grouped.sparkSession
+        self.public_params = {"input": "event table (bounded person records)", **records.to_public_dict()}
+        self.source_df = records.events
+
+    def make_counters(self):
+        return make_counters(self.spark)
+
+    def feature_blocks(self, fmap, counters):
+        return map_batches(self.records.grouped, _records_feature_blocks_fn(fmap, self.records.record_fn(counters)),
+                           _blocks_schema())
+
+    def input_stats(self, fmap, centres, size):
+        return sum_partials(self.records.grouped,
+                            _records_input_stats_fn(fmap, centres, self.records.record_fn(None), self.d), size)
+
+    def diagnostics(self, counters) -> dict:
+        return counters_dict(counters)
+
+    def input_info(self, source) -> dict:
+        return dict(self.records.input_info, source=source or self.records.input_info.get("source"))
+
+
+def _records_feature_blocks_fn(fmap, bound):
+    """Per-partition: bounded records of each grouped batch -> one feature block."""
+    names = ["z", "rows"]
+
+    def sparkpriv_kmeans_record_features(batches, pid):
+        for batch in batches:
+            Z = fmap.features_sparse(*bound(batch))
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([np.ascontiguousarray(Z).tobytes()], pa.binary()),
+                 pa.array([Z.shape[0]], pa.int64())], names)
+
+    return sparkpriv_kmeans_record_features
+
+
+def _records_input_stats_fn(fmap, centres, bound, d):
+    """Per-partition counts and sums of the sparse records, grouped by nearest feature centre."""
+    centres = np.array(centres, dtype=np.float64, copy=True)
+    k = centres.shape[0]
+
+    def sparkpriv_kmeans_record_final(batches, pid):
+        acc = np.zeros(k * (d + 1), dtype=np.float64)
+        for batch in batches:
+            off, idx, vals = bound(batch)
+            lab = assign_nearest(fmap.features_sparse(off, idx, vals), centres)
+            acc += cluster_input_sums_sparse(lab, off, idx, vals, k, d)
+        return acc
+
+    return sparkpriv_kmeans_record_final
 
 
 def _clusters_df(spark, model: KMeansModel):

@@ -254,3 +254,27 @@ def test_importing_the_core_does_not_import_pyspark():
     code = ("import sys, sparkpriv.mechanisms.kmeans, sparkpriv.mechanisms.kmeans_model; "
             "sys.exit(1 if any(m.startswith('pyspark') for m in sys.modules) else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_sparse_features_and_input_sums_equal_the_dense_ones():
+    from sparkpriv.mechanisms.sparse import densify_rows
+
+    rng = np.random.default_rng(21)
+    d, n = 40, 300
+    lens = rng.integers(0, 6, n)
+    offsets = np.concatenate([[0], np.cumsum(lens)])
+    indices = np.concatenate([np.sort(rng.choice(d, size=m, replace=False)) for m in lens]).astype(np.int64)
+    for values in (None, rng.integers(1, 4, indices.size).astype(float)):
+        X = densify_rows(offsets, indices, values, d)
+        fmap = km.make_feature_map("kernel", Bounds(d, (0.0,) * d, (3.0,) * d, 15.0), kernel_width=2.0,
+                                   frequencies=16, seed=4)
+        Z = fmap.features_sparse(offsets, indices, values)
+        P = X @ fmap.W.T  # independent: explicit cos/sin of the dense projection
+        np.testing.assert_allclose(Z, np.hstack([np.cos(P), np.sin(P)]) / 4.0, rtol=1e-12, atol=1e-12)
+        lab = rng.integers(0, 5, n)
+        got = km.cluster_input_sums_sparse(lab, offsets, indices, values, 5, d).reshape(5, d + 1)
+        for j in range(5):
+            assert got[j, 0] == np.sum(lab == j)
+            np.testing.assert_array_equal(got[j, 1:], X[lab == j].sum(axis=0))
+    with pytest.raises(ParameterError, match="kernel features only"):
+        km.make_feature_map("linear", Bounds(d, row_bound=1.0)).features_sparse(offsets, indices, None)
