@@ -8,7 +8,7 @@ Passes over the input (each reads only the declared columns):
    the driver adds noise once (a third, cheap read of the input);
 1. per batch, the prepared rows' Gram matrix (upper triangle, float64) and row
    count per group (:func:`~sparkpriv.mechanisms.dprp.gram_partial`), merged by
-   tree aggregation (:func:`aggregate`: a direct Parquet scan for an
+   tree aggregation (:func:`~sparkpriv.spark.parquet_scan.aggregate`: a direct Parquet scan for an
    untransformed local Parquet :func:`~sparkpriv.io.inputs.read_table`, see
    :mod:`sparkpriv.spark.parquet_scan`, else ``mapInArrow`` and
    :func:`~sparkpriv.spark.batches.sum_partials`); the driver
@@ -50,7 +50,7 @@ from sparkpriv.spark.batches import (
     spark_errors,
     sum_partials,
 )
-from sparkpriv.spark.parquet_scan import parquet_scan, scan_partials
+from sparkpriv.spark.parquet_scan import aggregate
 
 __all__ = ["release_dprp", "dprp_schema"]
 
@@ -274,17 +274,6 @@ def release_dprp(
     }
     return Release(df=out, mechanism="dprp", event=event, epsilon=eps, delta=plan.delta, public=public,
                    input_info=input_info, hold=hold, diagnostics=diagnostics, source_df=None)
-
-
-def aggregate(df, columns: Sequence[str], partial, size: int, *, strings: Sequence[str] = ()) -> np.ndarray:
-    """Sum a per-partition partial over ``columns`` of ``df``: a direct Parquet scan when
-    ``df`` is an untransformed :func:`~sparkpriv.io.inputs.read_table` of local Parquet
-    (:mod:`sparkpriv.spark.parquet_scan`), else ``mapInArrow`` + tree aggregation."""
-    scan = parquet_scan(df, columns, strings=strings)
-    if scan is not None:
-        _log.info("aggregate pass: direct Arrow scan of %d Parquet row group(s)", len(scan.pieces))
-        return scan_partials(df.sparkSession, scan, columns, partial, size)
-    return sum_partials(df.select(*columns), partial, size)
 
 
 def gram_pass(df, plan, columns: Sequence[str], label: str | None, fill_values) -> np.ndarray:

@@ -41,7 +41,8 @@ from urllib.parse import unquote, urlparse
 
 import numpy as np
 
-__all__ = ["register_parquet_source", "parquet_scan", "ParquetScan", "scan_partials"]
+__all__ = ["register_parquet_source", "parquet_scan", "ParquetScan", "scan_partials", "aggregate",
+           "scan_rdd"]
 
 _log = logging.getLogger(__name__)
 
@@ -121,6 +122,31 @@ def _read_pieces(pieces, columns):
                           for c in columns]
                 b = pa.RecordBatch.from_arrays(arrays, list(columns))
             yield b
+
+
+def aggregate(df, columns: Sequence[str], partial, size: int, *, strings: Sequence[str] = ()) -> np.ndarray:
+    """Sum a per-partition ``partial(batches, index)`` over ``columns`` of ``df``: a direct
+    scan when :func:`parquet_scan` applies, else ``mapInArrow`` + tree aggregation
+    (:func:`~sparkpriv.spark.batches.sum_partials`)."""
+    from sparkpriv.spark.batches import sum_partials
+
+    scan = parquet_scan(df, columns, strings=strings)
+    if scan is not None:
+        _log.info("aggregate pass: direct Arrow scan of %d Parquet row group(s)", len(scan.pieces))
+        return scan_partials(df.sparkSession, scan, columns, partial, size)
+    return sum_partials(df.select(*columns), partial, size)
+
+
+def scan_rdd(spark, scan: ParquetScan, columns: Sequence[str], fn):
+    """An RDD of whatever ``fn(batches, index)`` yields per task, over the scan's row groups."""
+    columns = list(columns)
+    pieces = list(scan.pieces)
+
+    def sparkpriv_scan(index, items):
+        yield from fn(_read_pieces(list(items), columns), index)
+
+    return spark.sparkContext.parallelize(pieces, max(min(len(pieces), _MAX_TASKS), 1)).mapPartitionsWithIndex(
+        sparkpriv_scan)
 
 
 def scan_partials(spark, scan: ParquetScan, columns: Sequence[str], partial, size: int) -> np.ndarray:

@@ -176,10 +176,14 @@ def shipped(tmp_path_factory) -> Shipped:
     py = venv / "bin" / "python"
     site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
+    import site as _site
     import sysconfig
 
-    deps = sysconfig.get_paths()["purelib"]
-    Path(site, "_cluster_test_deps.pth").write_text(deps + "\n")
+    # the dependencies of this interpreter (its purelib, and the system site-packages a
+    # --system-site-packages venv sees); .pth files there are not run, so an editable
+    # sparkpriv install stays invisible to the executors
+    deps = dict.fromkeys([sysconfig.get_paths()["purelib"], *_site.getsitepackages()])
+    Path(site, "_cluster_test_deps.pth").write_text("".join(f"{d}\n" for d in deps))
     return Shipped(wheel=wheel, pyfiles=pyfiles, executor_python=py)
 
 

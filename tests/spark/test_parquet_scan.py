@@ -11,8 +11,8 @@ from sparkpriv.errors import InputError
 from sparkpriv.io.inputs import read_table
 from sparkpriv.mechanisms import dprp as core
 from sparkpriv.spark.batches import spark_errors
-from sparkpriv.spark.dprp import _impute_fn, aggregate, gram_pass, release_dprp
-from sparkpriv.spark.parquet_scan import parquet_scan
+from sparkpriv.spark.dprp import _impute_fn, gram_pass, release_dprp
+from sparkpriv.spark.parquet_scan import aggregate, parquet_scan
 
 pytestmark = pytest.mark.spark
 
@@ -128,3 +128,36 @@ def test_release_is_the_same_whichever_pass_reads_the_input(spark, dataset, test
     # same second pass (same partitions, same keyed noise); only the Gram's summation order differs
     assert len(a) == len(b) == 2001
     np.testing.assert_allclose(a[COLS].to_numpy(float), b[COLS].to_numpy(float), rtol=1e-6, atol=1e-6)
+
+
+def test_kmeans_feature_cache_and_final_pass_scan_directly(spark, dataset, caplog):
+    from sparkpriv.mechanisms import kmeans as km
+    from sparkpriv.privacy.bounds import Bounds
+    from sparkpriv.spark import kmeans as skm
+
+    path, pdf = dataset
+    df = read_table(spark, path)
+    fmap = km.make_feature_map("linear", Bounds(3, tuple(LOWER), tuple(UPPER), 60.0))
+    centres = km.initial_centres(fmap, 3, np.random.default_rng(6))
+    size, size_in = 3 * (fmap.dim + 1), 3 * (3 + 1)
+    caplog.set_level("INFO", logger="sparkpriv.spark.kmeans")
+    direct = skm._TableInput(df, COLS, LOWER, UPPER, 60.0, None, "t")
+    arrow = skm._TableInput(df.select(*df.columns), COLS, LOWER, UPPER, 60.0, None, "t")
+    got = {}
+    for name, inp in (("direct", direct), ("arrow", arrow)):
+        cache = inp.feature_cache(fmap, None, fmap.dim)
+        try:
+            assert cache.rows == len(pdf)
+            got[name] = (cache.stats(centres, size), inp.input_stats(fmap, centres, size_in))
+        finally:
+            cache.release()
+    assert any("kmeans features: direct Arrow scan" in r.getMessage() for r in caplog.records)
+    for a, b in zip(got["direct"], got["arrow"]):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    # independent numpy: clip to the box (norms stay below 51: the bound 60 does not bind)
+    X = np.clip(pdf[COLS].to_numpy(float), LOWER, UPPER)
+    lab = np.argmin(((X[:, None, :] - centres[None]) ** 2).sum(-1), axis=1)
+    stats = got["direct"][0].reshape(3, -1)
+    for j in range(3):
+        assert stats[j, 0] == np.sum(lab == j)
+        np.testing.assert_allclose(stats[j, 1:], X[lab == j].sum(axis=0), rtol=1e-12, atol=1e-9)
