@@ -33,7 +33,7 @@ def read_table(spark, source: str, fmt: str | None = None):
     ``"table"`` (a catalog table name); by default it is guessed from the
     source (``*.csv`` -> CSV, a path -> Parquet, a bare name -> catalog table).
     A Parquet DataFrame returned here, used untransformed, lets the aggregate
-    passes of DPRP read local Parquet files directly
+    passes of DPRP and k-means read local Parquet files directly
     (:mod:`sparkpriv.spark.parquet_scan`).
     """
     if fmt is None:

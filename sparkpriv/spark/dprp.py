@@ -48,7 +48,6 @@ from sparkpriv.spark.batches import (
     map_batches,
     owner_counters,
     spark_errors,
-    sum_partials,
 )
 from sparkpriv.spark.parquet_scan import aggregate
 

@@ -1,8 +1,8 @@
 """A direct Arrow scan of Parquet files for the aggregate passes (sufficient statistics).
 
-An aggregate pass (DPRP's Gram matrix and DP column means, k-means' final
-input-space sums) needs nothing from Spark SQL but the rows of a few numeric
-columns. When the input is a Parquet dataset read by
+An aggregate pass (DPRP's Gram matrix and DP column means; k-means' feature
+cache and final input-space sums) needs nothing from Spark SQL but the rows
+of a few numeric columns. When the input is a Parquet dataset read by
 :func:`sparkpriv.io.inputs.read_table` and not transformed since, the Python
 workers can read its row groups themselves with ``pyarrow.parquet``, which
 skips Spark's columnar -> row -> Arrow conversion (the dominant cost of a
