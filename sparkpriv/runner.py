@@ -288,11 +288,8 @@ def _kmeans(df, cfg: ReleaseConfig, source: str):
             init = np.loadtxt(cfg.get("init_file"), delimiter=",", ndmin=2)
         except OSError as exc:
             raise ParameterError(f"Cannot read the public init file {cfg.get('init_file')!r}: {exc.strerror}.") from None
-    if cfg.get("events"):
-        if cols or cfg.get("lower") is not None or cfg.get("upper") is not None or cfg.get("row_bound") is not None:
-            raise ParameterError("--columns, --lower, --upper and --row-bound do not apply to --events: the "
-                                 "record of a person is built from --item-col over --vocabulary, and its "
-                                 "bounds come from --max-items (and --weights).")
+    events = cfg.get("events")
+    if events:  # release_kmeans refuses columns and bounds for event records, naming them
         df = _event_records(df, cfg, source)
     return release_kmeans(
         df,
@@ -303,8 +300,8 @@ def _kmeans(df, cfg: ReleaseConfig, source: str):
         iterations=cfg.get("iterations", 10),
         variant=cfg.get("variant", "kernel"),
         row_bound=cfg.get("row_bound"),
-        lower=None if cfg.get("events") else per_column(cfg.get("lower"), len(cols), "lower"),
-        upper=None if cfg.get("events") else per_column(cfg.get("upper"), len(cols), "upper"),
+        lower=cfg.get("lower") if events else per_column(cfg.get("lower"), len(cols), "lower"),
+        upper=cfg.get("upper") if events else per_column(cfg.get("upper"), len(cols), "upper"),
         kernel_width=cfg.get("kernel_width"),
         frequencies=cfg.get("frequencies", 128),
         init=init,
