@@ -104,9 +104,14 @@ def _blocks_schema():
     return StructType([StructField("z", BinaryType(), False), StructField("rows", LongType(), False)])
 
 
+def _block(Z: np.ndarray) -> pa.RecordBatch:
+    """One block record: the ``(rows, D')`` float64 features as raw bytes, and the row count."""
+    return pa.RecordBatch.from_arrays([pa.array([np.ascontiguousarray(Z).tobytes()], pa.binary()),
+                                       pa.array([Z.shape[0]], pa.int64())], ["z", "rows"])
+
+
 def _feature_blocks_fn(fmap, columns, fill, counters):
     """Per-partition function: each Arrow batch -> one block row (features as bytes)."""
-    names = ["z", "rows"]
 
     def sparkpriv_kmeans_features(batches, pid):
         for batch in batches:
@@ -116,9 +121,7 @@ def _feature_blocks_fn(fmap, columns, fill, counters):
                 counters[0].add(counts.rows)
                 counters[1].add(counts.box_clipped)
                 counters[2].add(counts.norm_clipped)
-            yield pa.RecordBatch.from_arrays(
-                [pa.array([np.ascontiguousarray(Z).tobytes()], pa.binary()),
-                 pa.array([Z.shape[0]], pa.int64())], names)
+            yield _block(Z)
 
     return sparkpriv_kmeans_features
 
@@ -460,14 +463,10 @@ class _RecordsInput:
 
 def _records_feature_blocks_fn(fmap, bound):
     """Per-partition: bounded records of each grouped batch -> one feature block."""
-    names = ["z", "rows"]
 
     def sparkpriv_kmeans_record_features(batches, pid):
         for batch in batches:
-            Z = fmap.features_sparse(*bound(batch))
-            yield pa.RecordBatch.from_arrays(
-                [pa.array([np.ascontiguousarray(Z).tobytes()], pa.binary()),
-                 pa.array([Z.shape[0]], pa.int64())], names)
+            yield _block(fmap.features_sparse(*bound(batch)))
 
     return sparkpriv_kmeans_record_features
 
