@@ -245,7 +245,7 @@ def _gauss_table_cached(sigma, k_bits, table_sigmas, guide_bits, support) -> _Ga
     m = max(0, math.frexp(sigma)[1] - 1 - k_bits)
     w = 2**m
     s1 = sigma / w  # exact (power-of-two division): sigma in bucket units
-    n_buckets = max(1, math.ceil(table_sigmas * s1))
+    n_buckets = max(1, round(table_sigmas * s1))  # a = J W within W/2 of 10 sigma
     a = n_buckets * w
     with localcontext() as ctx:
         ctx.prec = _DECIMAL_DIGITS

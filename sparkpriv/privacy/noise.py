@@ -65,7 +65,7 @@ Fast (default, vectorized numpy; docs/noise.md has the error analysis):
   8 three times out of four). Exponentials above 12 are redrawn as ``12 + E'``.
 * Discrete Gaussian (sigma >= 1): a 128-bit cumulative table over buckets
   ``[jW, (j+1)W)``, ``sigma/W in [256, 512)``, weighted ``W exp(-(jW)^2/(2 sigma^2))``,
-  plus a tail branch beyond 10 sigma (geometric proposal); inside a bucket
+  plus a tail branch beyond about 10 sigma (geometric proposal); inside a bucket
   ``y = jW + R``, ``R`` uniform, accepted with probability
   ``exp(-(y^2 - (jW)^2)/(2 sigma^2))`` (about 0.999). Below sigma 1: CKS
   Algorithm 3 (``DLap(floor(sigma) + 1)`` proposals, about 1.32 per sample).

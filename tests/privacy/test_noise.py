@@ -190,7 +190,7 @@ def test_gaussian_table_weights_give_the_target_pmf(sigma):
     """
     tab = fs._gauss_table(sigma)
     big_w, n_b = 2.0**tab.m, tab.n_buckets
-    assert 256 <= sigma / big_w < 512 and n_b * big_w >= 10 * sigma
+    assert 256 <= sigma / big_w < 512 and abs(n_b * big_w - 10 * sigma) <= big_w / 2
     edges = [0] + [(int(h) << 64) | int(lo) for h, lo in zip(tab.edges_hi[:-1], tab.edges_lo[:-1])]
     edges.append(2**128)
     p = np.array([(b - a) / 2.0**128 for a, b in zip(edges[:-1], edges[1:])])
@@ -209,6 +209,19 @@ def test_gaussian_table_weights_give_the_target_pmf(sigma):
     # sure-accept thresholds are below (1 - z_max) 2^16 for every bucket
     z_max = (2 * j + 1) * big_w**2 / (2 * sigma * sigma)
     assert np.all(tab.sure_accept[:-1] + 1.0 <= (1.0 - z_max) * 2.0**16)
+
+
+@pytest.mark.parametrize("sigma", [1.0, 1.0 + 1e-12, 1.0000001, 1.05, 1.4999, 10.51, 511.99, 512.0,
+                                   512.000001, 2.0**55 + 1.0, nz.MAX_GAUSSIAN_SIGMA])
+def test_gaussian_table_builds_with_a_precise_tail_at_every_scale(sigma):
+    """The tail branch keeps at least 2^40 of the 2^128 units wherever J W is rounded (regression:
+    rounding J up at sigma just above 1 left the tail below that and the sampler refused)."""
+    tab = fs._gauss_table(sigma)
+    last = (int(tab.edges_hi[tab.n_buckets - 1]) << 64) | int(tab.edges_lo[tab.n_buckets - 1])
+    assert 2**128 - last >= 2**40
+    assert abs(tab.n_buckets * 2.0**tab.m - 10 * sigma) <= 2.0**tab.m / 2
+    x = nz.sample_discrete_gaussian(np.random.default_rng(33), sigma, 20_000)
+    assert x.astype(float).var() == pytest.approx(sigma * sigma, rel=0.05)
 
 
 @pytest.mark.parametrize("sigma", [2.0**9 + 0.5, 3000.5])
