@@ -11,3 +11,19 @@ BENCHMARKS = {
     "dprp": ("sparkpriv.bench.dprp", "DPRP Gram step vs MLlib computeGramianMatrix, and the whole release"),
     "cdr": ("sparkpriv.bench.cdr", "CDR events: bounding + sparse projection release vs groupBy/collect floor"),
 }
+
+
+def module_main(name: str, argv=None) -> int:
+    """``python -m sparkpriv.bench.<name>``: the same as ``sparkpriv bench <name>``."""
+    import argparse
+    import importlib
+    import logging
+
+    mod = importlib.import_module(f"sparkpriv.bench.{name}")
+    parser = argparse.ArgumentParser(prog=f"python -m sparkpriv.bench.{name}",
+                                     description=mod.__doc__.splitlines()[0])
+    mod.add_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    mod.run_from_args(args)
+    return 0

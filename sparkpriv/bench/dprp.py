@@ -187,12 +187,10 @@ def _run_release(spark, src, out, columns, bound, epsilon, delta):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sparkpriv.bench.dprp", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_from_args(args)
-    return 0
+    """``python -m sparkpriv.bench.dprp`` (the same as ``sparkpriv bench dprp``)."""
+    from sparkpriv.bench import module_main
+
+    return module_main("dprp", argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -133,12 +133,10 @@ def _mllib(spark, df, columns, k, iterations) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sparkpriv.bench.kmeans", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_from_args(args)
-    return 0
+    """``python -m sparkpriv.bench.kmeans`` (the same as ``sparkpriv bench kmeans``)."""
+    from sparkpriv.bench import module_main
+
+    return module_main("kmeans", argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

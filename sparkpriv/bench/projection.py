@@ -454,12 +454,9 @@ def _print_table(result: dict, best: dict, cpu: dict) -> None:
 
 def main(argv=None) -> int:
     """``python -m sparkpriv.bench.projection`` (the same as ``sparkpriv bench projection``)."""
-    parser = argparse.ArgumentParser(prog="python -m sparkpriv.bench.projection", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_from_args(args)
-    return 0
+    from sparkpriv.bench import module_main
+
+    return module_main("projection", argv)
 
 
 if __name__ == "__main__":  # pragma: no cover
