@@ -199,14 +199,17 @@ def test_executors_import_the_shipped_package(cluster, shipped, tmp_path):
         "    yield (sparkpriv.__file__, sys.executable, os.getcwd())\n"
         "rows = spark.sparkContext.parallelize(range(8), 8).mapPartitions(where).collect()\n"
         "import sparkpriv\n"
-        "print('RESULT ' + json.dumps({'executors': rows, 'driver': sparkpriv.__file__}))\n"
+        "with open(sys.argv[1], 'w') as f:\n"
+        "    json.dump({'executors': rows, 'driver': sparkpriv.__file__}, f)\n"
         "spark.stop()\n"
     )
+    # The result goes to its own file: stdout and Spark's stderr log share the submit log,
+    # and a buffered print can be split by a log line written in the middle of it.
+    result = tmp_path / "where.json"
     log = tmp_path / "where.log"
-    rc = wait(start_submit(submit_cmd(cluster, shipped, app), log), log)
+    rc = wait(start_submit(submit_cmd(cluster, shipped, app, str(result)), log), log)
     assert rc == 0, tail(log)
-    (line,) = [ln for ln in log.read_text().splitlines() if ln.startswith("RESULT ")]
-    res = json.loads(line[len("RESULT "):])
+    res = json.loads(result.read_text())
     for file, exe, cwd in res["executors"]:
         # the copy Spark fetched into the executor's working directory, not the repository
         file = os.path.normpath(os.path.join(cwd, file))  # sys.path holds the zip relative to the cwd
