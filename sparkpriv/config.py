@@ -56,6 +56,9 @@ COMMON_OPTIONS = (
            choices=("parquet", "csv", "table")),
     Option("output", "str", "destination directory of the private Parquet table", required=True),
     Option("overwrite", "bool", "replace an existing output", default=False),
+    Option("writer", "str", "who writes the part files: arrow (the Python tasks; row-level releases "
+           "to local paths), spark, or auto (arrow where it applies)", default="auto",
+           choices=("auto", "spark", "arrow")),
     Option("columns", "strs", "comma-separated numeric feature columns (not with --events)", required=True,
            required_unless="events"),
     Option("keep_columns", "strs", "comma-separated input columns declared PUBLIC and copied "

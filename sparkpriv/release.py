@@ -136,6 +136,7 @@ class Release:
     hold: BudgetHold = field(default_factory=BudgetHold)
     diagnostics: Callable[[], dict] | None = None
     source_df: Any = None
+    rows: Any = None
     written_to: str | None = None
 
     @property
@@ -176,11 +177,15 @@ class Release:
             r["WARNING"] = "made with SPARKPRIV_INSECURE_TEST_SEED: NOT PRIVATE"
         return r
 
-    def write(self, path: str, *, overwrite: bool = False, owner_report: str | None = None) -> str:
+    def write(self, path: str, *, overwrite: bool = False, owner_report: str | None = None,
+              writer: str = "auto") -> str:
         """Publish the private table and its receipt to ``path`` atomically.
 
-        Commits the ledger reservation on success and releases it on failure.
-        Returns the fully qualified output path.
+        ``writer``: who writes the part files, ``"auto"`` (default), ``"spark"``
+        or ``"arrow"`` (the Python tasks, for row-level releases to local
+        paths; :mod:`sparkpriv.io.writer`). Commits the ledger reservation on
+        success and releases it on failure. Returns the fully qualified output
+        path.
         """
         from sparkpriv.io.writer import check_output_path, publish
 
@@ -189,7 +194,7 @@ class Release:
             if self.source_df is not None and self.source_df.limit(1).count() == 0:
                 raise InputError("The input table is empty: there is nothing to release.")
             receipt = self.receipt(path_q)
-            out = publish(self.df, path, receipt=receipt, overwrite=overwrite)
+            out = publish(self.df, path, receipt=receipt, overwrite=overwrite, rows=self.rows, writer=writer)
         except BaseException as exc:
             self.hold.abort(f"publishing failed: {type(exc).__name__}")
             self.hold.close()

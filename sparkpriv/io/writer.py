@@ -23,6 +23,21 @@ is written before the rename and Spark's ``_SUCCESS`` marker is kept).
 Filesystem access goes through Hadoop's FileSystem API of the running JVM, so
 every scheme Spark can write is supported; without a JVM (Spark Connect) only
 local paths are supported.
+
+Two writers produce the part files. ``spark`` is ``DataFrame.write.parquet``.
+``arrow`` applies to row-level releases whose DataFrame is a
+:class:`~sparkpriv.spark.batches.BatchMap` (a numpy function over Arrow
+batches): the Python tasks that compute the batches write them with pyarrow's
+Parquet writer, one file per partition, instead of sending them back to the
+JVM to be turned into rows and encoded again (about 7 s per million rows of 64
+doubles on the development machine, docs/cdr.md). A task writes to a file of
+its own under ``_temporary`` and renames it to ``part-<partition>-...`` when it
+is complete, so a retried or speculative task (which recomputes the same
+noise) replaces the file with the same content. The driver checks that every
+partition reported and that every reported file is visible to it. ``auto``
+(the default) uses ``arrow`` for such releases on classic Spark when the
+output is a local path (``file:``; a path shared by the driver and the
+executors), and ``spark`` otherwise (HDFS, object stores, Spark Connect).
 """
 
 from __future__ import annotations
@@ -43,10 +58,12 @@ __all__ = [
     "RECEIPT_KEY",
     "filesystem_for",
     "receipt_metadata_bytes",
+    "WRITERS",
 ]
 
 RECEIPT_FILE = "_privacy_receipt.json"
 RECEIPT_KEY = "sparkpriv.receipt"
+WRITERS = ("auto", "spark", "arrow")
 _log = logging.getLogger(__name__)
 
 
@@ -181,8 +198,97 @@ def check_output_path(spark, output: str, overwrite: bool) -> str:
     return output
 
 
-def publish(df, output: str, *, receipt: dict, overwrite: bool = False) -> str:
+def _local_path(qualified: str) -> str | None:
+    return qualified[len("file:"):] if qualified.startswith("file:") else None
+
+
+def choose_writer(spark, output: str, rows, writer: str = "auto") -> str:
+    """``"arrow"`` or ``"spark"`` for ``output`` (qualified) and a release's ``rows``."""
+    if writer not in WRITERS:
+        raise ParameterError(f"writer must be one of {', '.join(WRITERS)}; got {writer!r}.")
+    if writer == "spark":
+        return "spark"
+    why = None
+    if rows is None:
+        why = "this release is not a row-level table computed in Python (nothing to write from the workers)"
+    elif _local_path(output) is None:
+        why = f"it writes local (file:) paths only; {output!r} is not one"
+    elif not hasattr(spark, "_jsc"):
+        why = "it needs classic Spark (under Spark Connect the server's Spark writer is used)"
+    if why is None:
+        return "arrow"
+    if writer == "arrow":
+        raise ParameterError(f"writer='arrow' cannot be used here: {why}. Use writer='auto' or 'spark'.")
+    return "spark"
+
+
+def _write_parts_with_arrow(rows, staging: str) -> None:
+    """Run ``rows.fn`` and write its batches from the Python tasks (see the module docstring)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+    from sparkpriv.spark.batches import map_batches
+
+    local = _local_path(staging)
+    schema = to_arrow_schema(rows.schema)
+    token = uuid.uuid4().hex
+    fn = rows.fn
+    out_schema = StructType([StructField("pid", IntegerType(), False), StructField("rows", LongType(), False),
+                             StructField("file", StringType(), False)])
+
+    def sparkpriv_write_parquet(batches, pid):
+        name = f"part-{pid:05d}-{token}-c000.snappy.parquet"
+        tmp = os.path.join(local, "_temporary", f"{pid:05d}-{uuid.uuid4().hex}.parquet")
+        writer, n = None, 0
+        try:
+            for b in fn(batches, pid):
+                if b.num_rows == 0:
+                    continue
+                b = pa.RecordBatch.from_arrays(b.columns, schema=schema)
+                if writer is None:
+                    os.makedirs(os.path.dirname(tmp), exist_ok=True)
+                    writer = pq.ParquetWriter(tmp, schema, compression="snappy", use_dictionary=False)
+                writer.write_batch(b)
+                n += b.num_rows
+            if writer is not None:
+                writer.close()
+                writer = None
+                os.replace(tmp, os.path.join(local, name))
+        finally:
+            if writer is not None:
+                writer.close()
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        yield pa.RecordBatch.from_arrays([pa.array([pid], pa.int32()), pa.array([n], pa.int64()),
+                                          pa.array([name if n else ""])], ["pid", "rows", "file"])
+
+    os.makedirs(local)
+    with spark_errors():
+        done = map_batches(rows.source, sparkpriv_write_parquet, out_schema).collect()
+    shutil.rmtree(os.path.join(local, "_temporary"), ignore_errors=True)
+    parts = rows.source.rdd.getNumPartitions()
+    if sorted(r["pid"] for r in done) != list(range(parts)):
+        raise OSError(f"the Arrow writer heard from {len(done)} of {parts} partitions")
+    missing = [r["file"] for r in done if r["rows"] and not os.path.isfile(os.path.join(local, r["file"]))]
+    if missing:
+        raise OSError(
+            f"{len(missing)} part files written by the executors are not visible on the driver under "
+            f"{local!r}: a local output path must be on a filesystem shared by the driver and every "
+            "executor. Write to HDFS or an object store, or pass writer='spark' (--writer spark)."
+        )
+    if not any(r["rows"] for r in done):  # as Spark: one empty file keeps the schema readable
+        pq.write_table(schema.empty_table(), os.path.join(local, f"part-00000-{token}-c000.snappy.parquet"))
+    open(os.path.join(local, "_SUCCESS"), "wb").close()
+
+
+def publish(df, output: str, *, receipt: dict, overwrite: bool = False, rows=None, writer: str = "auto") -> str:
     """Write ``df`` and its receipt to ``output``, atomically; return the qualified path.
+
+    ``rows`` is the :class:`~sparkpriv.spark.batches.BatchMap` that ``df`` was
+    built from, if it was; ``writer`` chooses who writes the part files
+    (``auto``, ``spark``, ``arrow``; module docstring).
 
     Raises :class:`OutputExistsError` before writing anything when ``output``
     exists and ``overwrite`` is false.
@@ -190,15 +296,19 @@ def publish(df, output: str, *, receipt: dict, overwrite: bool = False) -> str:
     spark = df.sparkSession
     fs = filesystem_for(spark, output)
     output = check_output_path(spark, output, overwrite)
+    how = choose_writer(spark, output, rows, writer)
     parent, name = _split(output)
     token = uuid.uuid4().hex[:12]
     staging = f"{parent}/.{name}.sparkpriv-staging-{token}"
     trash = f"{parent}/.{name}.sparkpriv-replaced-{token}"
     try:
-        with spark_errors():
-            # noisy doubles never repeat: Parquet's dictionary attempt is wasted work
-            # (measured 1.26x less CPU for the projection release, docs/benchmarks.md)
-            df.write.mode("error").option("parquet.enable.dictionary", "false").parquet(staging)
+        if how == "arrow":
+            _write_parts_with_arrow(rows, staging)
+        else:
+            with spark_errors():
+                # noisy doubles never repeat: Parquet's dictionary attempt is wasted work
+                # (measured 1.26x less CPU for the projection release, docs/benchmarks.md)
+                df.write.mode("error").option("parquet.enable.dictionary", "false").parquet(staging)
         fs.write_bytes(f"{staging}/{RECEIPT_FILE}", json.dumps(receipt, indent=2, sort_keys=True).encode())
         fs.write_bytes(f"{staging}/_common_metadata", receipt_metadata_bytes(df.schema, receipt))
         if fs.exists(output):
@@ -215,5 +325,5 @@ def publish(df, output: str, *, receipt: dict, overwrite: bool = False) -> str:
         raise
     if fs.exists(trash):
         fs.delete(trash)
-    _log.info("published the release to %s", output)
+    _log.info("published the release to %s (%s writer)", output, how)
     return output

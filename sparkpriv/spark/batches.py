@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -38,6 +39,7 @@ __all__ = [
     "ERROR_MARK",
     "batch_matrix",
     "map_batches",
+    "BatchMap",
     "sum_partials",
     "spark_errors",
     "partition_id",
@@ -116,6 +118,25 @@ def map_batches(df, fn: Callable[[Iterator[pa.RecordBatch], int], Iterable[pa.Re
 
     run.__name__ = getattr(fn, "__name__", "sparkpriv_batches")
     return df.mapInArrow(run, schema)
+
+
+@dataclass(frozen=True)
+class BatchMap:
+    """A DataFrame defined as ``fn`` over the Arrow batches of ``source``.
+
+    What :func:`map_batches` builds, kept as its parts so that a writer can
+    run ``fn`` itself: :func:`sparkpriv.io.writer.publish` writes the part
+    files from the Python workers with pyarrow instead of sending every batch
+    back through Spark's Arrow -> row -> Parquet path. Both give the same rows
+    in the same partitions (``fn`` sees the same batches and partition ids).
+    """
+
+    source: Any
+    fn: Callable[[Iterator[pa.RecordBatch], int], Iterable[pa.RecordBatch]]
+    schema: Any
+
+    def to_df(self):
+        return map_batches(self.source, self.fn, self.schema)
 
 
 def sum_partials(

@@ -38,8 +38,8 @@ from sparkpriv.privacy.quantile import (
 from sparkpriv.privacy.random import new_secret_seed, stream
 from sparkpriv.release import Release, reserve
 from sparkpriv.spark.batches import (
+    BatchMap,
     batch_matrix,
-    map_batches,
     owner_counters,
     spark_errors,
     sum_partials,
@@ -238,7 +238,8 @@ def release_projection(
     schema = projected_schema(df, k, keep_columns)
     counters = owner_counters(df.sparkSession)
     fn = _batch_fn(P, bounds, plan.noise, seed, columns, keep_columns, k, fill, counters)
-    out = map_batches(df.select(*keep_columns, *columns), fn, schema)
+    rows = BatchMap(df.select(*keep_columns, *columns), fn, schema)
+    out = rows.to_df()
     del P
 
     def diagnostics() -> dict:
@@ -258,7 +259,7 @@ def release_projection(
                   if matrix_key is not None else "OS entropy, discarded after the job")
     return Release(df=out, mechanism="projection", event=event, epsilon=eps, delta=plan.delta,
                    public=public, input_info=input_info, hold=hold, diagnostics=diagnostics,
-                   source_df=df)
+                   source_df=df, rows=rows)
 
 
 def _dp_row_bound(df, columns, bounds, fill, candidates, hist_noise, quantile) -> float:

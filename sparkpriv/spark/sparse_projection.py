@@ -25,7 +25,7 @@ from sparkpriv.privacy import noise as _noise
 from sparkpriv.privacy.accounting import epsilon_of
 from sparkpriv.privacy.random import stream
 from sparkpriv.release import Release, reserve
-from sparkpriv.spark.batches import map_batches
+from sparkpriv.spark.batches import BatchMap
 from sparkpriv.spark.events import BoundedRecords, counters_dict, make_counters
 
 __all__ = ["release_sparse_projection"]
@@ -90,7 +90,8 @@ def release_sparse_projection(
                    table_id=table_id)
     counters = make_counters(records.grouped.sparkSession)
     fn = _sparse_batch_fn(P, records.record_fn(counters), plan.noise, seed, k)
-    out = map_batches(records.grouped.sortWithinPartitions("_ph"), fn, _schema(k))
+    rows = BatchMap(records.grouped.sortWithinPartitions("_ph"), fn, _schema(k))
+    out = rows.to_df()
     del P
     public = dict(plan.to_public_dict(), parameters=params, input_kind="event table (sparse person records)",
                   matrix_source="secret key (held outside the output)" if matrix_key is not None
@@ -98,7 +99,8 @@ def release_sparse_projection(
     info = dict(records.input_info, source=source or records.input_info.get("source"))
     return Release(df=out, mechanism="projection", event=event, epsilon=eps, delta=plan.delta,
                    public=public, input_info=info, hold=hold,
-                   diagnostics=lambda: counters_dict(counters), source_df=records.events)
+                   diagnostics=lambda: counters_dict(counters), source_df=records.events,
+                   rows=rows)
 
 
 def _sparse_batch_fn(P, bound, noise, seed, k):

@@ -1,0 +1,138 @@
+"""Publishing with the Arrow writer (part files written by the Python tasks) vs Spark's writer."""
+
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sparkpriv.errors import InputError, ParameterError
+from sparkpriv.io import writer as W
+from sparkpriv.privacy.random import reset_test_counter
+from sparkpriv.spark.batches import BatchMap
+from sparkpriv.spark.events import bound_contributions
+from sparkpriv.spark.projection import release_projection
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def table(spark, tmp_path_factory):
+    rng = np.random.default_rng(3)
+    rows = [(f"p{i:04d}", *map(float, rng.normal(0, 1, 4))) for i in range(2000)]
+    path = str(tmp_path_factory.mktemp("w") / "t.parquet")
+    spark.createDataFrame(rows, "person string, a double, b double, c double, e double") \
+        .repartition(4).write.parquet(path)
+    return spark.read.parquet(path)
+
+
+def _files(path):
+    return sorted(p for p in os.listdir(path) if not p.startswith("."))  # not Hadoop's .crc files
+
+
+def _read_sorted(spark, path, key):
+    return spark.read.parquet(path).toPandas().sort_values(key).reset_index(drop=True)
+
+
+def test_arrow_and_spark_writers_publish_the_same_table(spark, table, tmp_path, test_seed):
+    out = {}
+    for how in ("spark", "arrow"):
+        reset_test_counter()  # the same secrets (matrix, noise seed) for both releases
+        rel = release_projection(table, columns=["a", "b", "c", "e"], k=3, epsilon=1.0, row_bound=2.0,
+                                 keep_columns=["person"], matrix_key=b"k" * 32)
+        out[how] = rel.write(str(tmp_path / how), writer=how)
+    a, s = (_read_sorted(spark, out[h], "person") for h in ("arrow", "spark"))
+    assert len(a) == 2000 and list(a.columns) == ["person", "z0", "z1", "z2"]
+    np.testing.assert_array_equal(a.to_numpy(), s.to_numpy())
+    arrow_files = _files(tmp_path / "arrow")
+    parts = [f for f in arrow_files if f.startswith("part-")]
+    assert len(parts) == table.rdd.getNumPartitions() == len(
+        [f for f in _files(tmp_path / "spark") if f.startswith("part-")])  # one file per partition, as Spark
+    assert all(f.endswith(".snappy.parquet") for f in parts)
+    assert set(arrow_files) - set(parts) == {"_SUCCESS", "_common_metadata", W.RECEIPT_FILE}
+    # the declared schema (non-nullable noisy columns) is the files' schema
+    schema = pq.read_schema(str(tmp_path / "arrow" / parts[0]))
+    assert [(f.name, str(f.type), f.nullable) for f in schema] == [
+        ("person", "string", True), ("z0", "double", False), ("z1", "double", False), ("z2", "double", False)]
+    rec = json.loads((tmp_path / "arrow" / W.RECEIPT_FILE).read_text())
+    assert rec["output"]["path"] == out["arrow"]
+
+
+def test_auto_uses_arrow_for_local_row_releases_only(spark, table, tmp_path):
+    rel = release_projection(table, columns=["a", "b"], k=1, epsilon=1.0, row_bound=1.0)
+    local = W.check_output_path(spark, str(tmp_path / "x"), False)
+    assert W.choose_writer(spark, local, rel.rows) == "arrow"
+    assert W.choose_writer(spark, local, None) == "spark"
+    assert W.choose_writer(spark, "hdfs://nn:8020/x", rel.rows) == "spark"
+    assert W.choose_writer(spark, local, rel.rows, "spark") == "spark"
+    with pytest.raises(ParameterError, match="not a row-level table"):
+        W.choose_writer(spark, local, None, "arrow")
+    with pytest.raises(ParameterError, match="local .file:. paths only"):
+        W.choose_writer(spark, "hdfs://nn:8020/x", rel.rows, "arrow")
+    with pytest.raises(ParameterError, match="writer must be one of auto, spark, arrow"):
+        rel.write(str(tmp_path / "y"), writer="fast")
+    assert not (tmp_path / "y").exists()
+
+
+def test_event_release_with_arrow_writer_equals_spark_writer(spark, tmp_path, test_seed):
+    rng = np.random.default_rng(8)
+    ev = [(int(p), int(t)) for p in range(600) for t in rng.integers(0, 50, rng.integers(1, 40))]
+    events = spark.createDataFrame(ev, "caller long, tower long").repartition(3)
+    got = {}
+    for how in ("spark", "arrow"):
+        reset_test_counter()
+        recs = bound_contributions(events, person="caller", item="tower", max_items=8,
+                                   vocabulary=range(0, 50), seed=b"s" * 16)
+        rel = release_projection(recs, k=4, epsilon=1.0, matrix_key=b"m" * 32)
+        got[how] = spark.read.parquet(rel.write(str(tmp_path / how), writer=how)).toPandas()
+    assert len(got["arrow"]) == 600
+    # no person key in the output: compare as sorted rows
+    a, s = (got[h].sort_values(list(got[h].columns)).to_numpy() for h in ("arrow", "spark"))
+    np.testing.assert_array_equal(a, s)
+
+
+def test_empty_output_keeps_the_schema(spark, table, tmp_path):
+    from pyspark.sql.types import DoubleType, StructField, StructType
+
+    schema = StructType([StructField("z0", DoubleType(), False)])
+
+    def nothing(batches, pid):
+        for _ in batches:
+            pass
+        return iter(())
+
+    rows = BatchMap(table.select("a"), nothing, schema)
+    out = W.publish(rows.to_df(), str(tmp_path / "out"), receipt={}, rows=rows, writer="arrow")
+    back = spark.read.parquet(out)
+    assert back.schema.fieldNames() == ["z0"] and back.count() == 0
+
+
+def test_task_failure_and_invisible_files_leave_nothing(spark, table, tmp_path, monkeypatch):
+    from pyspark.sql.types import DoubleType, StructField, StructType
+
+    schema = StructType([StructField("z0", DoubleType(), False)])
+
+    def half_then_fail(batches, pid):
+        from sparkpriv.spark.batches import ERROR_MARK
+
+        for b in batches:
+            yield pa.RecordBatch.from_arrays([b.column(0)], ["z0"])
+            if pid == 1:  # the other partition may already be complete
+                raise InputError(f"{ERROR_MARK}<<column 'a' is bad>>")
+
+    rows = BatchMap(table.select("a"), half_then_fail, schema)
+    with pytest.raises(InputError, match="column 'a' is bad"):
+        W.publish(rows.to_df(), str(tmp_path / "out"), receipt={}, rows=rows, writer="arrow")
+    assert list(tmp_path.iterdir()) == []
+
+    def copy(batches, pid):
+        for b in batches:
+            yield pa.RecordBatch.from_arrays([b.column(0)], ["z0"])
+
+    rows = BatchMap(table.select("a"), copy, schema)
+    monkeypatch.setattr(W.os.path, "isfile", lambda p: False)  # as if the executors wrote elsewhere
+    with pytest.raises(OSError, match="not visible on the driver"):
+        W.publish(rows.to_df(), str(tmp_path / "out"), receipt={}, rows=rows, writer="arrow")
+    assert list(tmp_path.iterdir()) == []
