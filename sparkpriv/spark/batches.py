@@ -40,6 +40,7 @@ __all__ = [
     "batch_matrix",
     "map_batches",
     "BatchMap",
+    "matrix_columns",
     "sum_partials",
     "spark_errors",
     "partition_id",
@@ -83,6 +84,16 @@ def batch_matrix(batch: pa.RecordBatch, columns: Sequence[str], *, fill: float |
             f"before the release (fill / --fill only replaces nulls)"
         )
     return out
+
+
+def matrix_columns(Z: np.ndarray) -> list[pa.Array]:
+    """The columns of a 2-d float array as Arrow arrays.
+
+    One transposed copy, then each column is a zero-copy view: about half the
+    time of building each array from a strided column.
+    """
+    Zt = np.ascontiguousarray(np.asarray(Z).T)
+    return [pa.array(col) for col in Zt]
 
 
 def owner_counters(spark, n: int = 3):

@@ -44,7 +44,7 @@ from sparkpriv.mechanisms.sparse import (
 from sparkpriv.privacy.random import derive_seed, new_secret_seed
 from sparkpriv.spark.batches import map_batches, owner_counters
 
-__all__ = ["BoundedRecords", "bound_contributions", "records_schema", "read_item_lists"]
+__all__ = ["BoundedRecords", "bound_contributions", "records_schema", "read_item_lists", "in_person_hash_order"]
 
 _log = logging.getLogger(__name__)
 
@@ -154,6 +154,28 @@ class BoundedRecords:
                 "vocabulary": self.vocabulary.to_public_dict(),
                 "record": "one per person: at most max_items distinct items, chosen uniformly at "
                           "random (keyed) when a person has more"}
+
+
+def in_person_hash_order(batches, rows_per_batch: int = 8192):
+    """A partition's grouped batches, re-cut in the order of the person hash ``_ph``.
+
+    The order in which a shuffle partition's groups arrive is not fixed (it
+    depends on which map outputs are fetched first), so a keyed per-partition
+    noise stream must not be consumed in arrival order. Sorting here, in the
+    Python task, by the public hash (stable, so only two people with the same
+    64-bit hash could swap) gives a recomputed or retried task the same people
+    in the same order. It replaces a JVM ``sortWithinPartitions``: the task
+    holds its partition's item lists (about 50 bytes per person; a partition
+    of the default size has a few hundred thousand people).
+    """
+    bs = [b for b in batches if b.num_rows]
+    if not bs:
+        return
+    t = pa.Table.from_batches(bs)
+    del bs
+    order = np.argsort(t.column("_ph").to_numpy(), kind="stable")
+    t = t.take(pa.array(order))
+    yield from t.to_batches(max_chunksize=rows_per_batch)
 
 
 def pc_sum(arr) -> int:

@@ -40,6 +40,7 @@ from sparkpriv.release import Release, reserve
 from sparkpriv.spark.batches import (
     BatchMap,
     batch_matrix,
+    matrix_columns,
     owner_counters,
     spark_errors,
     sum_partials,
@@ -304,7 +305,7 @@ def _batch_fn(P, bounds, noise, seed, columns, keep_columns, k, fill, counters):
             Z = Y if noise is None else _noise.add_noise(Y, noise, rng)
             tot = tot + counts
             arrays = [batch.column(c) for c in keep_columns]
-            arrays += [pa.array(Z[:, i]) for i in range(k)]
+            arrays += matrix_columns(Z)
             yield pa.RecordBatch.from_arrays(arrays, names)
         if counters is not None:
             counters[0].add(tot.rows)

@@ -5,10 +5,11 @@
 One pass, one Python stage: the grouped events are bounded
 (:meth:`BoundedRecords.record_fn`) and projected as sparse records (the sum of
 the rows of ``P`` at a person's items, :func:`project_sparse_rows`) in the same
-``mapInArrow``, so a ``d``-wide record is never built. Rows are sorted by the
-person hash within each shuffle partition first, so the keyed per-partition
-noise stream meets the same people in the same order when a task is retried
-or recomputed.
+``mapInArrow``, so a ``d``-wide record is never built. Each task first puts
+its partition's people in person-hash order
+(:func:`~sparkpriv.spark.events.in_person_hash_order`), so the keyed
+per-partition noise stream meets the same people in the same order when a
+task is retried or recomputed.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from sparkpriv.privacy import noise as _noise
 from sparkpriv.privacy.accounting import epsilon_of
 from sparkpriv.privacy.random import stream
 from sparkpriv.release import Release, reserve
-from sparkpriv.spark.batches import BatchMap
-from sparkpriv.spark.events import BoundedRecords, counters_dict, make_counters
+from sparkpriv.spark.batches import BatchMap, matrix_columns
+from sparkpriv.spark.events import BoundedRecords, counters_dict, in_person_hash_order, make_counters
 
 __all__ = ["release_sparse_projection"]
 
@@ -90,7 +91,7 @@ def release_sparse_projection(
                    table_id=table_id)
     counters = make_counters(records.grouped.sparkSession)
     fn = _sparse_batch_fn(P, records.record_fn(counters), plan.noise, seed, k)
-    rows = BatchMap(records.grouped.sortWithinPartitions("_ph"), fn, _schema(k))
+    rows = BatchMap(records.grouped, fn, _schema(k))
     out = rows.to_df()
     del P
     public = dict(plan.to_public_dict(), parameters=params, input_kind="event table (sparse person records)",
@@ -111,10 +112,10 @@ def _sparse_batch_fn(P, bound, noise, seed, k):
 
     def sparkpriv_sparse_projection(batches, pid):
         rng = stream(seed, NOISE_STAGE, pid)
-        for batch in batches:
+        for batch in in_person_hash_order(batches):
             off, idx, vals = bound(batch)
             Y = project_sparse_rows(off, idx, vals, P)
             Z = Y if noise is None else _noise.add_noise(Y, noise, rng)
-            yield pa.RecordBatch.from_arrays([pa.array(Z[:, i]) for i in range(k)], names)
+            yield pa.RecordBatch.from_arrays(matrix_columns(Z), names)
 
     return sparkpriv_sparse_projection
