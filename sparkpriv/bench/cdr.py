@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=1, help="timed runs of each pipeline, best kept [default: 1]")
     parser.add_argument("--master", default="local[2]", help="Spark master [default: local[2]]")
     parser.add_argument("--driver-memory", default="4g", help="spark.driver.memory [default: 4g]")
+    parser.add_argument("--writer", default="auto", choices=("auto", "spark", "arrow"),
+                        help="who writes the release's part files (Release.write) [default: auto]")
     parser.add_argument("--shuffle-partitions", type=int, default=None,
                         help="spark.sql.shuffle.partitions [default: one per 250k people, at least 8]")
 
@@ -56,7 +58,7 @@ def run_from_args(args: argparse.Namespace) -> dict:
             raise ParameterError(f"--{name.replace('_', '-')} must be a positive integer. Got {getattr(args, name)}.")
     return run(people=args.people, k=args.k, max_items=args.max_items, epsilon=args.epsilon,
                data_dir=args.data_dir, repeats=args.repeats, master=args.master,
-               driver_memory=args.driver_memory, shuffle_partitions=args.shuffle_partitions)
+               driver_memory=args.driver_memory, shuffle_partitions=args.shuffle_partitions, writer=args.writer)
 
 
 def _vm_hwm_kb(pid) -> int | None:
@@ -96,7 +98,8 @@ def _ensure_table(spark, data_dir: str, people: int, seed: int = 0) -> tuple[str
     return path, time.perf_counter() - t
 
 
-def _run_sparkpriv(spark, src, out, k, max_items, epsilon):
+def _run_sparkpriv(spark, src, out, k, max_items, epsilon, writer):
+    from sparkpriv.io.writer import check_output_path, choose_writer
     from sparkpriv.spark.events import bound_contributions
     from sparkpriv.spark.projection import release_projection
 
@@ -104,8 +107,9 @@ def _run_sparkpriv(spark, src, out, k, max_items, epsilon):
     recs = bound_contributions(ev, person="caller_id", item="tower_id", max_items=max_items,
                                vocabulary=range(0, 1303), source=src)
     rel = release_projection(recs, k=k, epsilon=epsilon)
-    rel.write(out)
-    return rel.diagnostics()
+    used = choose_writer(spark, check_output_path(spark, out, False), rel.rows, writer)
+    rel.write(out, writer=writer)
+    return dict(rel.diagnostics(), writer=used)
 
 
 def _run_floor(spark, src, out):
@@ -127,7 +131,7 @@ def _timed(data_dir, fn):
 
 def run(*, people: int, k: int = 64, max_items: int = 32, epsilon: float = 1.0, data_dir: str = "./bench-data",
         repeats: int = 1, master: str = "local[2]", driver_memory: str = "4g",
-        shuffle_partitions: int | None = None) -> dict:
+        shuffle_partitions: int | None = None, writer: str = "auto") -> dict:
     from sparkpriv.spark.session import get_spark
 
     data_dir = os.path.abspath(data_dir)
@@ -140,7 +144,7 @@ def run(*, people: int, k: int = 64, max_items: int = 32, epsilon: float = 1.0, 
     small, _ = _ensure_table(spark, data_dir, min(people, _WARMUP_PEOPLE))
     events = spark.read.parquet(table).count()
     _log.info("table %s: %d people, %d events (generated in %.1f s)", table, people, events, gen_secs)
-    pipes = {"sparkpriv": lambda src, out: _run_sparkpriv(spark, src, out, k, max_items, epsilon),
+    pipes = {"sparkpriv": lambda src, out: _run_sparkpriv(spark, src, out, k, max_items, epsilon, writer),
              "floor": lambda src, out: _run_floor(spark, src, out)}
     for name, fn in pipes.items():  # warm-up: JVM classes, Python workers
         _timed(data_dir, lambda out, fn=fn: fn(small, out))
@@ -175,6 +179,7 @@ def run(*, people: int, k: int = 64, max_items: int = 32, epsilon: float = 1.0, 
         "driver_python_peak_rss_mb": None if py_hwm is None else round(py_hwm / 1024, 1),
         "driver_jvm_peak_rss_mb": None if jvm_hwm is None else round(jvm_hwm / 1024, 1),
         "people_truncated": diag.get("people_truncated"),
+        "writer": diag.get("writer"),
         "generate_seconds": round(gen_secs, 1),
         "master": master,
         "shuffle_partitions": sp,

@@ -44,4 +44,4 @@ def test_bench_cdr_smoke(spark, tmp_path, capsys):
 
     res = cdr.run(people=2000, k=4, max_items=8, data_dir=str(tmp_path))
     assert _last_json(capsys)["ratio_vs_floor"] == res["ratio_vs_floor"] > 0
-    assert res["people"] == 2000 and res["events"] > 2000
+    assert res["people"] == 2000 and res["events"] > 2000 and res["writer"] == "arrow"
