@@ -194,7 +194,8 @@ class Release:
             if self.source_df is not None and self.source_df.limit(1).count() == 0:
                 raise InputError("The input table is empty: there is nothing to release.")
             receipt = self.receipt(path_q)
-            out = publish(self.df, path, receipt=receipt, overwrite=overwrite, rows=self.rows, writer=writer)
+            out = publish(self.df, path, receipt=receipt, overwrite=overwrite, rows=self.rows, writer=writer,
+                          extra_files=self.extra_files())
         except BaseException as exc:
             self.hold.abort(f"publishing failed: {type(exc).__name__}")
             self.hold.close()
@@ -204,6 +205,10 @@ class Release:
         self.written_to = out
         self._owner_report(out, owner_report)
         return out
+
+    def extra_files(self) -> dict[str, bytes]:
+        """Public files published with the table (name -> bytes), inside the same atomic step."""
+        return {}
 
     def abandon(self, reason: str = "abandoned by the caller") -> None:
         """Release the ledger reservation of a release that will not be written."""

@@ -192,6 +192,11 @@ def _dprp(df, cfg: ReleaseConfig, source: str):
         if fill is not None:
             raise ParameterError("Give either --fill (a public constant) or --fill-dp-mean, not both.")
         fill = "dp-mean"
+    events = cfg.get("events")
+    if events:  # release_dprp refuses columns, bounds and labels for event records, naming them
+        df = _event_records(df, cfg, source)
+    elif cfg.get("threshold") is not None:
+        raise ParameterError("--threshold applies to --events only (the released items of a person).")
     return release_dprp(
         df,
         columns=cols,
@@ -200,8 +205,8 @@ def _dprp(df, cfg: ReleaseConfig, source: str):
         classes=cfg.get("classes"),
         epsilon=cfg.get("epsilon"),
         delta=cfg.get("delta"),
-        lower=per_column(cfg.get("lower"), len(cols), "lower"),
-        upper=per_column(cfg.get("upper"), len(cols), "upper"),
+        lower=cfg.get("lower") if events else per_column(cfg.get("lower"), len(cols), "lower"),
+        upper=cfg.get("upper") if events else per_column(cfg.get("upper"), len(cols), "upper"),
         k1=cfg.get("k1"),
         k2=cfg.get("k2"),
         row_bound=cfg.get("row_bound"),
@@ -210,6 +215,7 @@ def _dprp(df, cfg: ReleaseConfig, source: str):
         impute_share=cfg.get("impute_share", DEFAULT_IMPUTE_SHARE),
         label_scale=cfg.get("label_scale", 1.0),
         keep_columns=cfg.get("keep_columns", ()),
+        threshold=cfg.get("threshold"),
         ledger=cfg.get("ledger"),
         table_id=cfg.get("table_id"),
         source=source,
@@ -221,16 +227,17 @@ register(MechanismSpec(
     summary="DPRP private table release: noisy random projection + noisy Gram, same columns and scale",
     options=(
         Option("lower", "floats", "declared per-column lower bounds (one value for all columns, or one "
-               "per column); features are mapped to [0, 1] by them", required=True),
+               "per column); features are mapped to [0, 1] by them (not with --events)", required=True,
+               required_unless="events"),
         Option("upper", "floats", "declared per-column upper bounds (one value for all columns, or one "
-               "per column)", required=True),
+               "per column) (not with --events)", required=True, required_unless="events"),
         Option("label", "str", "label column (integer, string or boolean)"),
         Option("labels", "str", "how the label is treated: public (released as is, one run per class, "
                "class sizes released) or private (protected, decoded by argmax)",
                choices=("public", "private")),
         Option("classes", "strs", "the declared label values, comma-separated (required with --label)"),
         Option("k1", "int", "projection dimension [default: 4 k2]"),
-        Option("k2", "int", "eigenvectors kept [default: round(0.6 d)]"),
+        Option("k2", "int", "eigenvectors kept [default: round(0.6 d); with --events min(d, 64)]"),
         Option("row_bound", "float", "L2 bound of a row on the [0, 1] scale (rows are clipped to it) "
                "[default: the largest norm the bounds allow: no clipping]"),
         Option("budget_split", "floats", "shares of the Gaussian-DP budget for projection,Gram "
@@ -241,7 +248,10 @@ register(MechanismSpec(
                "[default: 0.05]"),
         Option("label_scale", "float", "value of the one-hot label entry with private labels "
                "[default: 1.0]"),
-    ),
+        Option("threshold", "float", "event tables: a released person visited an item when its "
+               "reconstructed value (events; 1 for binary) is at least this; the output is "
+               "items array<int> [default: 0.5]"),
+    ) + EVENT_OPTIONS,
     release=_dprp,
 ))
 
@@ -267,7 +277,7 @@ def run_release(cfg: ReleaseConfig, spark=None) -> RunResult:
     df = read_table(spark, cfg.get("input"), cfg.get("input_format"))
     release = spec.release(df, cfg, cfg.get("input"))
     entry = release.hold.reservation.id if release.hold.reservation is not None else None
-    out = release.write(cfg.get("output"), overwrite=bool(cfg.get("overwrite")),
+    out = release.write(cfg.get("output"), overwrite=bool(cfg.get("overwrite")), writer=cfg.get("writer"),
                         owner_report=cfg.get("owner_report"))
     return RunResult(output=out, receipt_path=f"{out}/{RECEIPT_FILE}", epsilon=release.epsilon,
                      delta=release.delta, ledger_entry=entry)

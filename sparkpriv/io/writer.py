@@ -283,8 +283,10 @@ def _write_parts_with_arrow(rows, staging: str) -> None:
     open(os.path.join(local, "_SUCCESS"), "wb").close()
 
 
-def publish(df, output: str, *, receipt: dict, overwrite: bool = False, rows=None, writer: str = "auto") -> str:
-    """Write ``df`` and its receipt to ``output``, atomically; return the qualified path.
+def publish(df, output: str, *, receipt: dict, overwrite: bool = False, rows=None, writer: str = "auto",
+            extra_files: dict[str, bytes] | None = None) -> str:
+    """Write ``df``, its receipt and ``extra_files`` (name -> bytes, e.g. a model) to
+    ``output``, atomically; return the qualified path.
 
     ``rows`` is the :class:`~sparkpriv.spark.batches.BatchMap` that ``df`` was
     built from, if it was; ``writer`` chooses who writes the part files
@@ -311,6 +313,8 @@ def publish(df, output: str, *, receipt: dict, overwrite: bool = False, rows=Non
                 df.write.mode("error").option("parquet.enable.dictionary", "false").parquet(staging)
         fs.write_bytes(f"{staging}/{RECEIPT_FILE}", json.dumps(receipt, indent=2, sort_keys=True).encode())
         fs.write_bytes(f"{staging}/_common_metadata", receipt_metadata_bytes(df.schema, receipt))
+        for fname, data in (extra_files or {}).items():
+            fs.write_bytes(f"{staging}/{fname}", data)
         if fs.exists(output):
             if not overwrite:
                 raise OutputExistsError(f"The output {output!r} appeared while the release was written.")

@@ -88,6 +88,8 @@ cost (flops and noise draws per row) linear in ``k1``. ``k1 = 4 k2``
 ``1 / AMPLIFICATION_WARN`` (the value itself is not logged: it depends on
 ``R``).
 
+Event records (sparse person records): :mod:`sparkpriv.mechanisms.dprp_records`.
+
 Reconstruction is exact without noise on data of rank ``r <= k2``: the rows
 lie in the span of ``V'`` (top-``k2`` eigenvectors of ``X^T X``), so
 ``X R = (X V')(V'^T R)`` and ``V'^T R`` (``k2 x k1``, ``k1 >= k2``) has full row

@@ -18,6 +18,10 @@ Passes over the input (each reads only the declared columns):
    (:func:`~sparkpriv.mechanisms.dprp.reconstruct_rows`), decoded back to the
    columns' scale and types, written by :meth:`Release.write`.
 
+Bounded person records of an event table (:class:`~sparkpriv.spark.events.BoundedRecords`)
+are released by :mod:`sparkpriv.spark.dprp_records` (sparse passes, thresholded
+``items array<int>`` output); :func:`release_dprp` dispatches to it.
+
 Only ``d x d`` Gram matrices and ``k1 x d`` reconstruction matrices (one per
 class with public labels) reach the driver. Row noise comes from the stream
 keyed by (secret job seed, row-noise stage, partition id): a retried or
@@ -104,7 +108,7 @@ def _coerce_classes(classes, field) -> tuple:
 def release_dprp(
     df,
     *,
-    columns: Sequence[str],
+    columns: Sequence[str] | None = None,
     label: str | None = None,
     labels: str | None = None,
     classes: Sequence | None = None,
@@ -121,6 +125,7 @@ def release_dprp(
     label_scale: float = 1.0,
     neighbors: str = "replace-one",
     keep_columns: Sequence[str] = (),
+    threshold: float | None = None,
     ledger=None,
     table_id: str | None = None,
     source: str | None = None,
@@ -129,11 +134,17 @@ def release_dprp(
 
     Parameters
     ----------
-    df : pyspark.sql.DataFrame
-        One row per record (person).
+    df : pyspark.sql.DataFrame or BoundedRecords
+        One row per record (person); or the bounded person records of an event
+        table (:func:`~sparkpriv.spark.events.bound_contributions`), released
+        as ``items array<int>`` (see
+        :func:`~sparkpriv.spark.dprp_records.release_dprp_records`: the bounds
+        come from the item cap, and ``columns``, ``lower``, ``upper``,
+        ``row_bound``, ``label``, ``labels``, ``classes``, ``fill`` and
+        ``keep_columns`` are refused).
     columns : sequence of str
-        Numeric feature columns (n_features = d). Integer columns are rounded
-        back to integers in the output.
+        Numeric feature columns (n_features = d); required for a DataFrame.
+        Integer columns are rounded back to integers in the output.
     label : str, optional
         Label column (integer, string or boolean); ``labels`` says how it is treated.
     labels : {"public", "private"}
@@ -165,6 +176,9 @@ def release_dprp(
         Value of the one-hot label entry (private labels).
     keep_columns : sequence of str
         Input columns declared PUBLIC, copied unchanged.
+    threshold : float > 0, optional
+        Event records only: a released person visited an item when its
+        reconstructed value is at least this (default 0.5).
     ledger, table_id, source
         As :func:`~sparkpriv.spark.projection.release_projection`: the budget is
         reserved before any data is read.
@@ -184,6 +198,36 @@ def release_dprp(
     sizes with public labels, ``keep_columns``. Secret: ``R`` and the seeds.
     """
     caller = "release_dprp"
+    from sparkpriv.spark.events import BoundedRecords
+
+    if isinstance(df, BoundedRecords):
+        given = [n for n, val in (("columns", columns), ("lower", lower), ("upper", upper),
+                                  ("row_bound", row_bound), ("label", label), ("labels", labels),
+                                  ("classes", classes), ("fill", fill),
+                                  ("keep_columns", list(keep_columns) or None),
+                                  ("label_scale", None if label_scale == 1.0 else label_scale),
+                                  ("impute_share", None if impute_share == core.DEFAULT_IMPUTE_SHARE
+                                   else impute_share)) if val is not None]
+        if given:
+            raise ParameterError(
+                f"The {', '.join(repr(g) for g in given)} parameter(s) of {caller} do not apply to "
+                "bounded event records: the items are the vocabulary, the bounds come from the item "
+                "cap (max_items, weights), and an event table has no label or public columns. "
+                "Remove them."
+            )
+        from sparkpriv.spark.dprp_records import release_dprp_records
+
+        return release_dprp_records(df, epsilon=epsilon, delta=delta, k1=k1, k2=k2,
+                                    budget_split=budget_split, threshold=threshold, neighbors=neighbors,
+                                    ledger=ledger, table_id=table_id, source=source)
+    if columns is None:
+        raise ParameterError(f"The 'columns' parameter of {caller} is required for a table input: "
+                             "the numeric feature columns (--columns).")
+    if threshold is not None:
+        raise ParameterError(
+            f"The 'threshold' parameter of {caller} applies to bounded event records only: a table "
+            "release keeps its columns and scale (threshold the released columns afterwards)."
+        )
     columns = list(columns)
     keep_columns = list(keep_columns)
     check_numeric_columns(df, columns)

@@ -89,13 +89,8 @@ class KMeansRelease(Release):
     model: KMeansModel | None = None
     iteration_seconds: list | None = None
 
-    def write(self, path: str, *, overwrite: bool = False, owner_report: str | None = None) -> str:
-        out = super().write(path, overwrite=overwrite, owner_report=owner_report)
-        from sparkpriv.io.writer import filesystem_for
-
-        fs = filesystem_for(self.df.sparkSession, out)
-        fs.write_bytes(f"{out}/{MODEL_FILE}", self.model.to_json().encode())
-        return out
+    def extra_files(self) -> dict[str, bytes]:
+        return {MODEL_FILE: self.model.to_json().encode()}
 
 
 def _blocks_schema():

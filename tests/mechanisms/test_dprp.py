@@ -11,6 +11,7 @@ from dp_accounting import dp_event
 
 from sparkpriv.errors import ParameterError
 from sparkpriv.mechanisms import dprp as core
+from sparkpriv.mechanisms import dprp_records as rcore
 from sparkpriv.mechanisms.dprp import release_dprp_array
 from sparkpriv.mechanisms.projection import draw_projection_matrix
 from sparkpriv.privacy.accounting import compose, epsilon_of
@@ -335,3 +336,97 @@ def test_nominal_event_is_gaussian_per_step():
     ev = plan.dp_event()
     assert [type(e) for e in ev.events] == [dp_event.GaussianDpEvent] * 2
     assert ev.events[0].noise_multiplier == pytest.approx(1 / plan.mu["projection"])
+
+
+# ---- sparse event records --------------------------------------------------------------------------
+
+def _sparse_records(n, d, max_items, seed):
+    from sparkpriv.mechanisms.sparse import sparse_rows_from_lists
+
+    rng = np.random.default_rng(seed)
+    lists = [sorted(rng.choice(d, int(rng.integers(0, max_items + 1)), replace=False).tolist())
+             for _ in range(n)]
+    return sparse_rows_from_lists(lists)
+
+
+@pytest.mark.parametrize("cap", [None, 4.0, 3.0])  # binary; counts capped at 4 (dyadic) and at 3
+def test_gram_partial_sparse_equals_gram_partial_of_densified_rows(cap):
+    from sparkpriv.mechanisms.sparse import densify_rows
+
+    d = 40
+    off, idx = _sparse_records(250, d, 7, seed=11)  # includes empty records
+    vals = None if cap is None else np.random.default_rng(12).integers(1, int(cap) + 1, idx.size).astype(float)
+    c = 1.0 if cap is None else cap
+    got = rcore.gram_partial_sparse(off, idx, vals, d, c)
+    ref = core.gram_partial(densify_rows(off, idx, vals, d) / c, None, 1)
+    assert got.shape == ref.shape == (1 + d * (d + 1) // 2,)
+    if c in (1.0, 4.0):  # every product and sum is exact: equal in every bit
+        np.testing.assert_array_equal(got, ref)
+    else:
+        np.testing.assert_allclose(got, ref, rtol=1e-14, atol=0)
+    # and an independent hand count for binary records: entry (i, j) = people with both items
+    if cap is None:
+        sets = [set(idx[off[r]:off[r + 1]].tolist()) for r in range(off.size - 1)]
+        _, (G,) = core.gram_from_partial(got, d, 1)
+        for i, j in ((0, 0), (3, 17), (17, 3), (39, 39), (5, 38)):
+            assert G[i, j] == sum(i in s and j in s for s in sets)
+    # batches sum, an empty batch adds nothing but its zero count
+    half = int(off[125])
+    two = (rcore.gram_partial_sparse(off[:126], idx[:half], None if vals is None else vals[:half], d, c)
+           + rcore.gram_partial_sparse(off[125:] - half, idx[half:], None if vals is None else vals[half:], d, c))
+    np.testing.assert_allclose(two, got, rtol=1e-14)
+    empty = rcore.gram_partial_sparse(np.zeros(1, np.int64), np.zeros(0, np.int32), None, d)
+    assert not empty.any()
+
+
+@pytest.mark.parametrize("counts", [False, True])
+def test_reconstruct_sparse_items_equals_dense_threshold_in_chunks(counts):
+    from sparkpriv.mechanisms.sparse import densify_rows
+
+    d, k1, c = 30, 48, (3.0 if counts else 1.0)
+    off, idx = _sparse_records(90, d, 6, seed=13)
+    vals = np.random.default_rng(14).integers(1, 4, idx.size).astype(float) if counts else None
+    R = draw_projection_matrix(d, k1, 15)
+    M = np.random.default_rng(16).standard_normal((k1, d)) * 0.6
+    thr = 0.5
+    o, items = rcore.reconstruct_sparse_items(off, idx, vals, R, M, None, None, value_cap=c,
+                                             threshold=thr, chunk_rows=7)
+    # independent: dense rows on the [0, 1] scale, X' = c (X R) M in record units, thresholded
+    Xr = c * ((densify_rows(off, idx, vals, d) / c) @ R @ M)
+    assert np.abs(Xr - thr).min() > 1e-9  # no value so close to the threshold that rounding decides
+    assert o.dtype == np.int64 and items.dtype == np.int32 and o.size == 91
+    for r in range(90):
+        np.testing.assert_array_equal(items[o[r]:o[r + 1]], np.flatnonzero(Xr[r] >= thr))
+    assert 0 < items.size < 90 * d
+
+
+def test_reconstruct_sparse_items_returns_the_records_through_a_full_rank_readout():
+    d, k1 = 25, 60
+    off, idx = _sparse_records(120, d, 5, seed=17)
+    R = draw_projection_matrix(d, k1, 18)
+    M = np.linalg.pinv(R)  # (k1, d): R M = I_d, so X R M = X
+    o, items = rcore.reconstruct_sparse_items(off, idx, None, R, M, None, None)
+    np.testing.assert_array_equal(o, off)
+    np.testing.assert_array_equal(items, idx)
+
+
+def test_reconstruct_sparse_items_adds_the_row_noise_of_the_table_path():
+    from sparkpriv.mechanisms.sparse import densify_rows
+
+    d = 20
+    plan, R = _plan(d=d, k2=5, k1=20, row_bound=math.sqrt(4), epsilon=50.0)
+    off, idx = _sparse_records(200, d, 4, seed=19)
+    M = np.linalg.pinv(R)
+    o, items = rcore.reconstruct_sparse_items(off, idx, None, R, M, plan.projection_noise, stream(9, 1, 0),
+                                             chunk_rows=64)
+    ref = core.reconstruct_rows(densify_rows(off, idx, None, d), R, [M], None, plan.projection_noise,
+                                stream(9, 1, 0))
+    assert np.abs(ref - 0.5).min() > 1e-9
+    for r in range(200):
+        np.testing.assert_array_equal(items[o[r]:o[r + 1]], np.flatnonzero(ref[r] >= 0.5))
+    assert not np.array_equal(items, idx)  # the noise changed some records
+
+
+def test_default_k2_of_event_records():
+    assert rcore.default_k2_records(1303) == 64 and rcore.default_k2_records(30) == 30
+    assert core.default_k2(1303) == 782  # the table default, far too large for a vocabulary
