@@ -331,7 +331,7 @@ def cap_items(offsets, indices, counts, person_hash, cap: ItemCap, key: int):
 
     Parameters
     ----------
-    offsets, indices : distinct sorted items per person (see the module docstring)
+    offsets, indices : distinct items per person, in any order (see the module docstring)
     counts : int64 array (nnz,) or None
         Events per (person, item); None in binary mode when unknown.
     person_hash : int64 array (n,)
@@ -370,7 +370,7 @@ def cap_items(offsets, indices, counts, person_hash, cap: ItemCap, key: int):
         if counts is not None:
             events_dropped = int(counts[~keep].sum())
             counts = counts[keep]
-        indices = indices[keep]  # entries stay sorted by item within a person
+        indices = indices[keep]  # entries keep their order within a person
         offsets = np.concatenate(([0], np.cumsum(np.minimum(sizes, L))))
     values = None
     capped = 0

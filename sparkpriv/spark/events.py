@@ -99,11 +99,14 @@ class BoundedRecords:
     def d(self) -> int:
         return self.vocabulary.size
 
-    def record_fn(self, counters=None) -> Callable:
+    def record_fn(self, counters=None, *, sort_items: bool = False) -> Callable:
         """``fn(batch) -> (offsets, indices, values)`` bounding one grouped Arrow batch.
 
         Built from plain values only (it is pickled into task closures); adds the
         truncation statistics to ``counters`` (a list of accumulators) if given.
+        A person's items come out in no particular order unless ``sort_items``
+        (binary records arrive distinct from ``collect_set`` and the keyed
+        choice does not depend on their order, so the sort is skipped there).
         """
         cap, key = self.cap, self._key
         counts_mode = cap.weights == "counts"
@@ -111,7 +114,10 @@ class BoundedRecords:
         def bound(batch: pa.RecordBatch):
             off, idx = read_item_lists(batch.column("_items"))
             ph = batch.column("_ph").to_numpy(zero_copy_only=False)
-            off, idx, cnt = dedupe_rows(off, idx)
+            if counts_mode or sort_items:
+                off, idx, cnt = dedupe_rows(off, idx)
+            else:  # collect_set: already distinct
+                cnt = None
             off, idx, vals, t = cap_items(off, idx, cnt if counts_mode else None, ph, cap, key)
             if counters is not None:
                 ev = int(pc_sum(batch.column("_n_events")))
@@ -128,7 +134,7 @@ class BoundedRecords:
     def df(self):
         """The records as a DataFrame: ``items`` (and ``values`` for counts). No person key."""
         counters = make_counters(self.grouped.sparkSession)
-        bound = self.record_fn(counters)
+        bound = self.record_fn(counters, sort_items=True)
         counts = self.cap.weights == "counts"
         names = records_schema(self.cap.weights).fieldNames()
 

@@ -102,6 +102,23 @@ def test_cap_is_reproducible_and_keyed():
     assert len({tuple(a[1][a[0][r]:a[0][r + 1]]) for r in range(50)}) > 40
 
 
+def test_cap_choice_does_not_depend_on_the_order_of_a_persons_items():
+    """Binary records skip the sort (collect_set gives distinct items in any order)."""
+    rng = np.random.default_rng(6)
+    lists = [rng.choice(60, rng.integers(1, 25), replace=False).tolist() for _ in range(300)]
+    off, idx = sparse_rows_from_lists(lists)
+    shuffled = [rng.permutation(x).tolist() for x in lists]
+    off2, idx2 = sparse_rows_from_lists(shuffled)
+    ph = rng.integers(-2**63, 2**63 - 1, len(lists), dtype=np.int64)
+    cap = ItemCap(6)
+    a = cap_items(off, idx, None, ph, cap, 99)
+    b = cap_items(off2, idx2, None, ph, cap, 99)
+    np.testing.assert_array_equal(a[0], b[0])
+    for r in range(len(lists)):
+        assert set(a[1][a[0][r]:a[0][r + 1]]) == set(b[1][b[0][r]:b[0][r + 1]])
+    assert a[3].people_truncated == b[3].people_truncated == sum(len(x) > 6 for x in lists)
+
+
 def test_cap_choice_is_uniform_not_the_first_L():
     # 20,000 people, each with the same 10 items; keep 3: every item is kept
     # with probability 3/10. A "first L" rule keeps items 0,1,2 always.
