@@ -246,12 +246,14 @@ def _write_parts_with_arrow(rows, staging: str) -> None:
             for b in fn(batches, pid):
                 if b.num_rows == 0:
                     continue
-                b = pa.RecordBatch.from_arrays(b.columns, schema=schema)
+                t = pa.Table.from_batches([b])
+                if not t.schema.equals(schema):  # nullability, or large_string from Spark's Arrow
+                    t = t.cast(schema)
                 if writer is None:
                     os.makedirs(os.path.dirname(tmp), exist_ok=True)
                     writer = pq.ParquetWriter(tmp, schema, compression="snappy", use_dictionary=False)
-                writer.write_batch(b)
-                n += b.num_rows
+                writer.write_table(t)
+                n += t.num_rows
             if writer is not None:
                 writer.close()
                 writer = None

@@ -136,3 +136,17 @@ def test_task_failure_and_invisible_files_leave_nothing(spark, table, tmp_path, 
     with pytest.raises(OSError, match="not visible on the driver"):
         W.publish(rows.to_df(), str(tmp_path / "out"), receipt={}, rows=rows, writer="arrow")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_arrow_writer_takes_large_string_batches(spark, table, tmp_path):
+    """With large Arrow var types Spark hands the tasks large_string columns; the files keep the schema."""
+    spark.conf.set("spark.sql.execution.arrow.useLargeVarTypes", "true")
+    try:
+        rel = release_projection(table, columns=["a", "b"], k=1, epsilon=1.0, row_bound=1.0,
+                                 keep_columns=["person"])
+        out = rel.write(str(tmp_path / "out"), writer="arrow")
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.useLargeVarTypes")
+    back = spark.read.parquet(out)
+    assert [(f.name, f.dataType.simpleString()) for f in back.schema] == [("person", "string"), ("z0", "double")]
+    assert sorted(r["person"] for r in back.select("person").collect()) == [f"p{i:04d}" for i in range(2000)]
