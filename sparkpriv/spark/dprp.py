@@ -47,9 +47,9 @@ from sparkpriv.privacy.bounds import ClipCounts
 from sparkpriv.privacy.random import stream
 from sparkpriv.release import Release, reserve
 from sparkpriv.spark.batches import (
+    BatchMap,
     _marked,
     batch_matrix,
-    map_batches,
     owner_counters,
     spark_errors,
 )
@@ -294,7 +294,8 @@ def release_dprp(
     fn = _batch_fn(plan, R, Ms, plan.projection_noise, seed, columns, label, keep_columns, fill_values,
                    counters)
     sel = [*keep_columns, *columns] + ([label] if label is not None else [])
-    out = map_batches(df.select(*sel), fn, schema)
+    rows = BatchMap(df.select(*sel), fn, schema)
+    out = rows.to_df()
     del R, Ms
 
     def diagnostics() -> dict:
@@ -316,7 +317,7 @@ def release_dprp(
         "fill_for_nulls": fill,
     }
     return Release(df=out, mechanism="dprp", event=event, epsilon=eps, delta=plan.delta, public=public,
-                   input_info=input_info, hold=hold, diagnostics=diagnostics, source_df=None)
+                   input_info=input_info, hold=hold, diagnostics=diagnostics, source_df=None, rows=rows)
 
 
 def gram_pass(df, plan, columns: Sequence[str], label: str | None, fill_values) -> np.ndarray:

@@ -150,3 +150,22 @@ def test_arrow_writer_takes_large_string_batches(spark, table, tmp_path):
     back = spark.read.parquet(out)
     assert [(f.name, f.dataType.simpleString()) for f in back.schema] == [("person", "string"), ("z0", "double")]
     assert sorted(r["person"] for r in back.select("person").collect()) == [f"p{i:04d}" for i in range(2000)]
+
+
+def test_dprp_table_with_both_writers_is_the_same(spark, tmp_path, test_seed):
+    """DPRP output has typed columns (an integer column, private string labels, a kept key)."""
+    from sparkpriv.spark.dprp import release_dprp
+
+    rng = np.random.default_rng(12)
+    rows = [(f"p{i:04d}", int(rng.integers(0, 10)), float(rng.random()), ["u", "v"][i % 2]) for i in range(600)]
+    df = spark.createDataFrame(rows, "person string, n int, x double, lab string").repartition(2)
+    got = {}
+    for how in ("spark", "arrow"):
+        reset_test_counter()
+        rel = release_dprp(df, columns=["n", "x"], label="lab", labels="private", classes=["u", "v"],
+                           epsilon=1.0, delta=1e-5, lower=[0, 0], upper=[10, 1], keep_columns=["person"])
+        got[how] = _read_sorted(spark, rel.write(str(tmp_path / how), writer=how), "person")
+    assert list(got["arrow"].columns) == list(got["spark"].columns) and len(got["arrow"]) == 600
+    assert got["arrow"].equals(got["spark"])
+    back = spark.read.parquet(str(tmp_path / "arrow"))
+    assert dict((f.name, f.dataType.simpleString()) for f in back.schema)["n"] == "int"
