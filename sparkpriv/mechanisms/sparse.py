@@ -354,17 +354,17 @@ def cap_items(offsets, indices, counts, person_hash, cap: ItemCap, key: int):
     events_dropped = 0
     items_dropped = int(np.sum(sizes[over] - L))
     if over.any():
-        # only the entries of truncated people are ranked (by row, then keyed score)
-        rows = _row_ids(offsets)
-        sub = np.flatnonzero(over[rows])
-        r_sub = rows[sub]
-        scores = keyed_item_scores(person_hash[over], np.concatenate(([0], np.cumsum(sizes[over]))),
-                                   indices[sub], key)
-        o = np.argsort(scores, kind="stable")
-        o = o[np.argsort(r_sub[o], kind="stable")]
+        # only the entries of truncated people are ranked: by keyed score within each person
+        sz = sizes[over]
+        start = np.zeros(sz.size + 1, np.int64)
+        np.cumsum(sz, out=start[1:])
+        sub = np.flatnonzero(np.repeat(over, sizes))  # their entries, person after person
+        scores = keyed_item_scores(person_hash[over], start, indices[sub], key)
+        o = np.argsort(scores)  # 64-bit scores: a tie has probability ~ L^2 / 2^64
+        who = np.repeat(np.arange(sz.size, dtype=np.uint16 if sz.size <= 1 << 16 else np.int64), sz)[o]
+        o = o[np.argsort(who, kind="stable")]  # by person, by score within (radix sort on 16 bits)
         rank = np.empty(sub.size, np.int64)
-        first = np.searchsorted(r_sub, r_sub)  # r_sub is sorted: start of each row's run
-        rank[o] = np.arange(sub.size) - first[o]
+        rank[o] = np.arange(sub.size) - np.repeat(start[:-1], sz)
         keep = np.ones(indices.size, bool)
         keep[sub] = rank < L
         if counts is not None:

@@ -168,18 +168,19 @@ def in_person_hash_order(batches, rows_per_batch: int = 8192):
     The order in which a shuffle partition's groups arrive is not fixed (it
     depends on which map outputs are fetched first), so a keyed per-partition
     noise stream must not be consumed in arrival order. Sorting here, in the
-    Python task, by the public hash (stable, so only two people with the same
-    64-bit hash could swap) gives a recomputed or retried task the same people
-    in the same order. It replaces a JVM ``sortWithinPartitions``: the task
-    holds its partition's item lists (about 50 bytes per person; a partition
-    of the default size has a few hundred thousand people).
+    Python task, by the public hash gives a recomputed or retried task the
+    same people in the same order (only people with equal 64-bit hashes,
+    probability about n^2 / 2^65 in a partition of n, could come out in
+    either order). It replaces a JVM ``sortWithinPartitions``: the task holds
+    its partition's item lists (about 50 bytes per person; a partition of the
+    default size has a few hundred thousand people).
     """
     bs = [b for b in batches if b.num_rows]
     if not bs:
         return
     t = pa.Table.from_batches(bs)
     del bs
-    order = np.argsort(t.column("_ph").to_numpy(), kind="stable")
+    order = np.argsort(t.column("_ph").to_numpy())
     t = t.take(pa.array(order))
     yield from t.to_batches(max_chunksize=rows_per_batch)
 

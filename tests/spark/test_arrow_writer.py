@@ -169,3 +169,15 @@ def test_dprp_table_with_both_writers_is_the_same(spark, tmp_path, test_seed):
     assert got["arrow"].equals(got["spark"])
     back = spark.read.parquet(str(tmp_path / "arrow"))
     assert dict((f.name, f.dataType.simpleString()) for f in back.schema)["n"] == "int"
+
+
+@pytest.mark.parametrize("n", [0, 1, 255, 256, 257, 1000])
+def test_matrix_columns_are_the_columns(n):
+    from sparkpriv.spark.batches import matrix_columns
+
+    Z = np.random.default_rng(n).normal(size=(n, 5))
+    cols = matrix_columns(Z, block_rows=256)
+    assert len(cols) == 5
+    for j, c in enumerate(cols):
+        assert c.type == pa.float64() and len(c) == n
+        np.testing.assert_array_equal(c.to_numpy(), Z[:, j])
