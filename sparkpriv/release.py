@@ -187,15 +187,22 @@ class Release:
         success and releases it on failure. Returns the fully qualified output
         path.
         """
-        from sparkpriv.io.writer import check_output_path, publish
+        from sparkpriv.io.writer import check_output_path, choose_writer, publish
+
+        def refuse_empty_input():
+            if self.source_df is not None and self.source_df.limit(1).count() == 0:
+                raise InputError("The input table is empty: there is nothing to release.")
 
         try:
             path_q = check_output_path(self.df.sparkSession, path, overwrite)
-            if self.source_df is not None and self.source_df.limit(1).count() == 0:
-                raise InputError("The input table is empty: there is nothing to release.")
+            how = choose_writer(self.df.sparkSession, path_q, self.rows, writer)
+            if how != "arrow":
+                refuse_empty_input()
+            # the Arrow writer's tasks report their row counts: the input is only
+            # looked at (one more Spark job) when the release came out with no rows
             receipt = self.receipt(path_q)
-            out = publish(self.df, path, receipt=receipt, overwrite=overwrite, rows=self.rows, writer=writer,
-                          extra_files=self.extra_files())
+            out = publish(self.df, path, receipt=receipt, overwrite=overwrite, rows=self.rows, writer=how,
+                          extra_files=self.extra_files(), if_no_rows=refuse_empty_input)
         except BaseException as exc:
             self.hold.abort(f"publishing failed: {type(exc).__name__}")
             self.hold.close()

@@ -222,7 +222,7 @@ def choose_writer(spark, output: str, rows, writer: str = "auto") -> str:
     return "spark"
 
 
-def _write_parts_with_arrow(rows, staging: str) -> None:
+def _write_parts_with_arrow(rows, staging: str, if_no_rows=None) -> None:
     """Run ``rows.fn`` and write its batches from the Python tasks (see the module docstring)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -281,19 +281,24 @@ def _write_parts_with_arrow(rows, staging: str) -> None:
             f"{local!r}: a local output path must be on a filesystem shared by the driver and every "
             "executor. Write to HDFS or an object store, or pass writer='spark' (--writer spark)."
         )
-    if not any(r["rows"] for r in done):  # as Spark: one empty file keeps the schema readable
+    if not any(r["rows"] for r in done):
+        if if_no_rows is not None:
+            if_no_rows()  # may refuse (raise): the caller deletes the staging directory
+        # as Spark: one empty file keeps the schema readable
         pq.write_table(schema.empty_table(), os.path.join(local, f"part-00000-{token}-c000.snappy.parquet"))
     open(os.path.join(local, "_SUCCESS"), "wb").close()
 
 
 def publish(df, output: str, *, receipt: dict, overwrite: bool = False, rows=None, writer: str = "auto",
-            extra_files: dict[str, bytes] | None = None) -> str:
+            extra_files: dict[str, bytes] | None = None, if_no_rows=None) -> str:
     """Write ``df``, its receipt and ``extra_files`` (name -> bytes, e.g. a model) to
     ``output``, atomically; return the qualified path.
 
     ``rows`` is the :class:`~sparkpriv.spark.batches.BatchMap` that ``df`` was
     built from, if it was; ``writer`` chooses who writes the part files
-    (``auto``, ``spark``, ``arrow``; module docstring).
+    (``auto``, ``spark``, ``arrow``; module docstring). ``if_no_rows`` is
+    called when the Arrow writer's tasks wrote no rows at all; if it raises,
+    nothing is published.
 
     Raises :class:`OutputExistsError` before writing anything when ``output``
     exists and ``overwrite`` is false.
@@ -308,7 +313,7 @@ def publish(df, output: str, *, receipt: dict, overwrite: bool = False, rows=Non
     trash = f"{parent}/.{name}.sparkpriv-replaced-{token}"
     try:
         if how == "arrow":
-            _write_parts_with_arrow(rows, staging)
+            _write_parts_with_arrow(rows, staging, if_no_rows)
         else:
             with spark_errors():
                 # noisy doubles never repeat: Parquet's dictionary attempt is wasted work

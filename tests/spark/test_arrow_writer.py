@@ -181,3 +181,14 @@ def test_matrix_columns_are_the_columns(n):
     for j, c in enumerate(cols):
         assert c.type == pa.float64() and len(c) == n
         np.testing.assert_array_equal(c.to_numpy(), Z[:, j])
+
+
+@pytest.mark.parametrize("writer", ["arrow", "spark"])
+def test_empty_event_table_is_refused_by_both_writers(spark, tmp_path, writer):
+    # the Arrow writer looks at the input only when its tasks wrote no rows; Spark's checks first
+    events = spark.createDataFrame([], "person string, tower long")
+    recs = bound_contributions(events, person="person", item="tower", max_items=2, vocabulary=range(10))
+    rel = release_projection(recs, k=3, epsilon=1.0)
+    with pytest.raises(InputError, match="empty"):
+        rel.write(str(tmp_path / "out"), writer=writer)
+    assert os.listdir(tmp_path) == []  # no output, no staging directory
