@@ -12,7 +12,11 @@ a. ``sparkpriv``: :func:`~sparkpriv.spark.events.bound_contributions` (at most
 b. ``floor``: the same ``groupBy(person)`` collecting each person's towers,
    written with plain Spark SQL (no bounding, projection, noise or receipt).
 
-It reports seconds, events, ``ratio_vs_floor`` = a / b and the driver's peak
+It reports seconds, events, ``ratio_vs_floor`` = a / b (best of the repeats
+of each), ``ratio_median_of_repeats`` (the median of each repeat's a / b: the
+two run back to back, in alternating order, so a repeat's ratio sees one
+machine state; on the development machine the same run can take 15% more
+or less from one minute to the next) and the driver's peak
 memory: the Python driver's and the JVM's peak resident set (``VmHWM`` from
 ``/proc``, reset before the timed runs). Under ``local[*]`` the executors run
 inside the driver JVM, so the JVM figure includes them. The last line is JSON.
@@ -153,7 +157,7 @@ def run(*, people: int, k: int = 64, max_items: int = 32, epsilon: float = 1.0, 
     if jvm:
         _reset_hwm(jvm)
     load_start = os.getloadavg()
-    best: dict[str, float] = {}
+    times: dict[str, list[float]] = {name: [] for name in pipes}
     diag = {}
     for rep in range(repeats):
         order = list(pipes) if rep % 2 == 0 else list(pipes)[::-1]
@@ -161,8 +165,11 @@ def run(*, people: int, k: int = 64, max_items: int = 32, epsilon: float = 1.0, 
             secs, res = _timed(data_dir, lambda out, name=name: pipes[name](table, out))
             if name == "sparkpriv":
                 diag = res
-            best[name] = min(secs, best.get(name, float("inf")))
+            times[name].append(secs)
             _log.info("%s: %.1f s", name, secs)
+    best = {name: min(ts) for name, ts in times.items()}
+    # each repeat runs both pipelines back to back: its ratio sees the same machine state
+    paired = sorted(a / b for a, b in zip(times["sparkpriv"], times["floor"]))
     load_end = os.getloadavg()
     py_hwm, jvm_hwm = _vm_hwm_kb(os.getpid()), (_vm_hwm_kb(jvm) if jvm else None)
     result = {
@@ -174,6 +181,10 @@ def run(*, people: int, k: int = 64, max_items: int = 32, epsilon: float = 1.0, 
         "seconds": round(best["sparkpriv"], 2),
         "floor_seconds": round(best["floor"], 2),
         "ratio_vs_floor": round(best["sparkpriv"] / best["floor"], 3),
+        "ratio_median_of_repeats": round(paired[len(paired) // 2] if len(paired) % 2
+                                         else (paired[len(paired) // 2 - 1] + paired[len(paired) // 2]) / 2, 3),
+        "seconds_each_repeat": [round(t, 2) for t in times["sparkpriv"]],
+        "floor_seconds_each_repeat": [round(t, 2) for t in times["floor"]],
         "microseconds_per_event": round(1e6 * best["sparkpriv"] / events, 3),
         "floor_microseconds_per_event": round(1e6 * best["floor"] / events, 3),
         "driver_python_peak_rss_mb": None if py_hwm is None else round(py_hwm / 1024, 1),
