@@ -74,7 +74,12 @@ class _ArgParser(argparse.ArgumentParser):
 def _add_options(p: argparse.ArgumentParser, options: Sequence[Option]) -> None:
     for o in options:
         flag = "--" + o.name.replace("_", "-")
-        help_ = o.help + (" (required)" if o.required else "")
+        if o.required:
+            unless = getattr(o, "required_unless", None)
+            help_ = o.help + (f" (required without --{unless.replace('_', '-')}; refused with it)" if unless
+                             else " (required)")
+        else:
+            help_ = o.help
         if o.default not in (None, (), False):
             help_ += f" [default: {o.default}]"
         if o.type == "bool":

@@ -59,7 +59,7 @@ COMMON_OPTIONS = (
     Option("writer", "str", "who writes the part files: arrow (the Python tasks; row-level releases "
            "to local paths), spark, or auto (arrow where it applies)", default="auto",
            choices=("auto", "spark", "arrow")),
-    Option("columns", "strs", "comma-separated numeric feature columns (not with --events)", required=True,
+    Option("columns", "strs", "comma-separated numeric feature columns", required=True,
            required_unless="events"),
     Option("keep_columns", "strs", "comma-separated input columns declared PUBLIC and copied "
            "to the output unchanged (person keys are never copied otherwise)", default=()),

@@ -227,10 +227,10 @@ register(MechanismSpec(
     summary="DPRP private table release: noisy random projection + noisy Gram, same columns and scale",
     options=(
         Option("lower", "floats", "declared per-column lower bounds (one value for all columns, or one "
-               "per column); features are mapped to [0, 1] by them (not with --events)", required=True,
+               "per column); features are mapped to [0, 1] by them", required=True,
                required_unless="events"),
         Option("upper", "floats", "declared per-column upper bounds (one value for all columns, or one "
-               "per column) (not with --events)", required=True, required_unless="events"),
+               "per column)", required=True, required_unless="events"),
         Option("label", "str", "label column (integer, string or boolean)"),
         Option("labels", "str", "how the label is treated: public (released as is, one run per class, "
                "class sizes released) or private (protected, decoded by argmax)",

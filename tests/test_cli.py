@@ -121,3 +121,13 @@ def test_columns_not_required_for_event_tables():
         build_config("projection", options_for("projection"), None, base)
     with pytest.raises(ParameterError, match="'columns' option is required"):
         build_config("dprp", options_for("dprp"), None, dict(base, lower="0", upper="1", delta="1e-6"))
+
+
+def test_help_says_which_options_events_lifts(capsys):
+    from sparkpriv.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["release", "dprp", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(required without --events; refused with it)" in out
+    assert out.count("(required without --events") == 3  # --columns, --lower, --upper
