@@ -185,7 +185,9 @@ class Release:
         or ``"arrow"`` (the Python tasks, for row-level releases to local
         paths; :mod:`sparkpriv.io.writer`). Commits the ledger reservation on
         success and releases it on failure. Returns the fully qualified output
-        path.
+        path. An empty input raises :class:`InputError` and publishes nothing
+        (Spark's writer checks the input first; the Arrow writer checks it
+        only when its tasks wrote no rows, saving a Spark job).
         """
         from sparkpriv.io.writer import check_output_path, choose_writer, publish
 
