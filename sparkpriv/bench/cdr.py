@@ -15,8 +15,8 @@ b. ``floor``: the same ``groupBy(person)`` collecting each person's towers,
 It reports seconds, events, ``ratio_vs_floor`` = a / b (best of the repeats
 of each), ``ratio_median_of_repeats`` (the median of each repeat's a / b: the
 two run back to back, in alternating order, so a repeat's ratio sees one
-machine state; on the development machine the same run can take 15% more
-or less from one minute to the next) and the driver's peak
+machine state; on the development machine the same pipeline's time moved by
+tens of percent between repeats, docs/cdr.md) and the driver's peak
 memory: the Python driver's and the JVM's peak resident set (``VmHWM`` from
 ``/proc``, reset before the timed runs). Under ``local[*]`` the executors run
 inside the driver JVM, so the JVM figure includes them. The last line is JSON.
@@ -153,7 +153,7 @@ def run(*, people: int, k: int = 64, max_items: int = 32, epsilon: float = 1.0, 
     for name, fn in pipes.items():  # warm-up: JVM classes, Python workers
         _timed(data_dir, lambda out, fn=fn: fn(small, out))
     # and one read of the table's two columns, so that neither pipeline's first timed run
-    # is the one that brings the table into the page cache (measured: +30% for that run)
+    # is the one that reads the table from disk into the page cache
     spark.read.parquet(table).select("caller_id", "tower_id").write.format("noop").mode("overwrite").save()
     jvm = _jvm_pid(spark)
     _reset_hwm(os.getpid())
