@@ -124,8 +124,6 @@ def test_columns_not_required_for_event_tables():
 
 
 def test_help_says_which_options_events_lifts(capsys):
-    from sparkpriv.cli import main
-
     with pytest.raises(SystemExit):
         main(["release", "dprp", "--help"])
     out = " ".join(capsys.readouterr().out.split())

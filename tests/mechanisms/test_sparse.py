@@ -119,6 +119,26 @@ def test_cap_choice_does_not_depend_on_the_order_of_a_persons_items():
     assert a[3].people_truncated == b[3].people_truncated == sum(len(x) > 6 for x in lists)
 
 
+@pytest.mark.parametrize("L", [1, 4, 9])
+def test_cap_keeps_the_L_smallest_keyed_scores_person_by_person(L):
+    # independent reference: score each truncated person's items on their own
+    from sparkpriv.mechanisms.sparse import keyed_item_scores
+
+    rng = np.random.default_rng(L)
+    lists = [rng.choice(300, rng.integers(0, 40), replace=False).tolist() for _ in range(400)]
+    off, idx = sparse_rows_from_lists(lists)
+    ph = rng.integers(-2**63, 2**63 - 1, len(lists), dtype=np.int64)
+    o, i, _, t = cap_items(off, idx, None, ph, ItemCap(L), 4242)
+    for r, lst in enumerate(lists):
+        got = set(i[o[r]:o[r + 1]].tolist())
+        if len(lst) <= L:
+            assert got == set(lst)
+            continue
+        s = keyed_item_scores(ph[r:r + 1], np.array([0, len(lst)]), np.array(lst, np.int32), 4242)
+        assert got == {lst[j] for j in np.argsort(s)[:L]}
+    assert t.people_truncated == sum(len(x) > L for x in lists)
+
+
 def test_cap_choice_is_uniform_not_the_first_L():
     # 20,000 people, each with the same 10 items; keep 3: every item is kept
     # with probability 3/10. A "first L" rule keeps items 0,1,2 always.
