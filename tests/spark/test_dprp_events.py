@@ -102,7 +102,7 @@ def test_record_noise_does_not_depend_on_arrival_order(spark, events):
     ph = rng.integers(-2**63, 2**63 - 1, n, dtype=np.int64)
     items = [sorted(rng.choice(D_VOC, int(rng.integers(1, L + 1)), replace=False).tolist()) for _ in range(n)]
     table = pa.table({"_ph": ph, "_items": pa.array(items, pa.list_(pa.int32())),
-                      "_n_events": np.ones(n, np.int64), "_n_oov": np.zeros(n, np.int64)})
+                      "_n": np.ones(n, np.int64)})
     R = draw_projection_matrix(D_VOC, 64, 22)
     plan = core.plan_dprp(R, d=D_VOC, epsilon=20.0, delta=1e-5, lower=(0.0,) * D_VOC, upper=(1.0,) * D_VOC,
                           k2=8, row_bound=math.sqrt(L), budget_split=(0.8, 0.2), labels=None, classes=None,

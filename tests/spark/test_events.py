@@ -165,7 +165,7 @@ def test_sparse_release_noise_does_not_depend_on_arrival_order(spark, events):
     ph = rng.integers(-2**63, 2**63 - 1, n, dtype=np.int64)
     items = [sorted(rng.choice(20, rng.integers(1, L + 1), replace=False).tolist()) for _ in range(n)]
     table = pa.table({"_ph": ph, "_items": pa.array(items, pa.list_(pa.int32())),
-                      "_n_events": np.ones(n, np.int64), "_n_oov": np.zeros(n, np.int64)})
+                      "_n": np.ones(n, np.int64)})
     P = draw_projection_matrix(recs.d, 4, seed=3)
     plan = plan_sparse_projection(P, recs.cap, epsilon=1.0, delta=0.0, noise="laplace",
                                   neighbors="replace-one", caller="test")
