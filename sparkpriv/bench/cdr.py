@@ -65,6 +65,14 @@ def run_from_args(args: argparse.Namespace) -> dict:
                driver_memory=args.driver_memory, shuffle_partitions=args.shuffle_partitions, writer=args.writer)
 
 
+def _compiled_status() -> str:
+    """Whether the noise/projection kernels were compiled (the driver's view; local
+    executors share its environment)."""
+    from sparkpriv.privacy import _compiled
+
+    return _compiled.status()
+
+
 def _vm_hwm_kb(pid) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -194,6 +202,7 @@ def run(*, people: int, k: int = 64, max_items: int = 32, epsilon: float = 1.0, 
         "driver_jvm_peak_rss_mb": None if jvm_hwm is None else round(jvm_hwm / 1024, 1),
         "people_truncated": diag.get("people_truncated"),
         "writer": diag.get("writer"),
+        "compiled_kernels": _compiled_status(),
         "generate_seconds": round(gen_secs, 1),
         "master": master,
         "shuffle_partitions": sp,

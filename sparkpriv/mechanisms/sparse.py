@@ -49,6 +49,8 @@ import numpy as np
 
 from sparkpriv._validation import Interval, Options, check_param
 from sparkpriv.errors import ParameterError
+from sparkpriv.privacy import _compiled
+from sparkpriv.privacy._fast_samplers import _AUTO
 from sparkpriv.privacy.bounds import Bounds, ClipCounts
 
 __all__ = [
@@ -427,13 +429,28 @@ def _csr(offsets, indices, values, d):
     return csr_matrix((v, np.asarray(indices), offsets), shape=(offsets.size - 1, d))
 
 
-def project_sparse_rows(offsets, indices, values, P: np.ndarray) -> np.ndarray:
+def project_sparse_rows(offsets, indices, values, P: np.ndarray, *, kern=_AUTO) -> np.ndarray:
     """``x P`` for every sparse record: the (weighted) sum of the rows of ``P``
-    at the record's items, never densifying. Returns (n_people, k) float64."""
+    at the record's items, never densifying. Returns (n_people, k) float64.
+
+    scipy's CSR product, or the compiled kernel (:mod:`sparkpriv.privacy._compiled`,
+    ``kern``; the same sums in the same order, the same bits)."""
     P = np.asarray(P, np.float64)
     if np.asarray(offsets).size <= 1:
         return np.zeros((0, P.shape[1]))
-    return np.asarray(_csr(offsets, indices, values, P.shape[0]) @ P)
+    if kern is _AUTO:
+        kern = _compiled.kernels()
+    if kern is None:
+        return np.asarray(_csr(offsets, indices, values, P.shape[0]) @ P)
+    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    indices = np.ascontiguousarray(indices)
+    weighted = values is not None
+    vals = np.ascontiguousarray(values, dtype=np.float64) if weighted else np.empty(0)
+    Y = np.empty((offsets.size - 1, P.shape[1]))
+    if not kern.project(offsets, indices, vals, weighted, np.ascontiguousarray(P), Y):
+        raise ParameterError("project_sparse_rows: the records are malformed (offsets not starting at 0 or "
+                             f"decreasing, or an item index outside [0, {P.shape[0]})).")
+    return Y
 
 
 def densify_rows(offsets, indices, values, d: int) -> np.ndarray:

@@ -22,6 +22,8 @@ from decimal import Decimal, localcontext
 
 import numpy as np
 
+from sparkpriv.privacy import _compiled
+
 _SUPPORT = 2**62  # every sample satisfies |x| < _SUPPORT
 
 # Tuning of the fast samplers (module constants so tests can stress the rare paths).
@@ -65,6 +67,11 @@ class _Work:
         self.s = np.empty(n, dtype=np.int64)
         self.r = np.empty(n, dtype=np.int64)
         self.acc = np.empty(n, dtype=bool)
+        self.slow = np.empty(n, dtype=np.int64)  # for the compiled word phase
+        self.slow_vc = np.empty(n, dtype=np.int64)
+
+
+_AUTO = object()  # kern argument: the compiled kernels if in use (_compiled.kernels())
 
 
 def _exponentials(rng: np.random.Generator, e: np.ndarray, cap: float) -> None:
@@ -93,15 +100,27 @@ def _exponentials(rng: np.random.Generator, e: np.ndarray, cap: float) -> None:
         todo = todo[~done]
 
 
-def _geometric(rng: np.random.Generator, plan: _Plan, n: int, ws: _Work, accept_residue=True):
+def _geometric(rng: np.random.Generator, plan: _Plan, n: int, ws: _Work, accept_residue=True, kern=_AUTO):
     """n magnitudes G = K M + R and signs s in {0, -1}, in ``ws``; returns (G, s, R).
 
     With ``accept_residue`` R was accepted with probability exp(-R/t), so
     ``P(G >= j) = exp(-j/t)``. Without it R is uniform on [0, M) and the
     caller must fold exp(-R/t) into its own acceptance test. R is None if M = 1.
+    ``kern``: the compiled kernels (bit-identical word phase) or None for numpy.
     """
     e = ws.e[:n]
     _exponentials(rng, e, plan.e_cap)
+    if kern is _AUTO:
+        kern = _compiled.kernels()
+    if kern is not None and accept_residue:
+        g, s, r = ws.g[:n], ws.s[:n], ws.r[:n]
+        ns = kern.geo_words(rng, e, plan.ratio, plan.m, plan.fast_vc, g, s, r, ws.slow, ws.slow_vc)
+        if ns:  # as below: the slow residues are finished after all n words, in index order
+            sl = ws.slow[:ns].copy()
+            new = _residue_slow(rng, plan, r[sl], ws.slow_vc[:ns].copy())
+            g[sl] += new - r[sl]
+            r[sl] = new
+        return g, s, (r if plan.m else None)
     e *= plan.ratio
     g = ws.g[:n]
     np.copyto(g, e, casting="unsafe")  # truncation = floor (e >= 0)
@@ -142,16 +161,22 @@ def _residue_slow(rng, plan: _Plan, r: np.ndarray, vc: np.ndarray) -> np.ndarray
     return r
 
 
-def _dlap_fill(rng: np.random.Generator, plan: _Plan, out: np.ndarray, ws: _Work) -> None:
+def _dlap_fill(rng: np.random.Generator, plan: _Plan, out: np.ndarray, ws: _Work, kern=_AUTO) -> None:
     """Fill the 1-d int64 ``out`` with discrete Laplace(t) draws."""
-    g, s, _ = _geometric(rng, plan, out.size, ws)
-    np.bitwise_xor(g, s, out=out)
-    out -= s  # s = -1 negates (two's complement)
-    if g.all():
-        return
+    if kern is _AUTO:
+        kern = _compiled.kernels()
+    g, s, _ = _geometric(rng, plan, out.size, ws, kern=kern)
+    if kern is not None:
+        if not kern.sign_apply(g, s, out):
+            return
+    else:
+        np.bitwise_xor(g, s, out=out)
+        out -= s  # s = -1 negates (two's complement)
+        if g.all():
+            return
     todo = np.flatnonzero((g == 0) & (s != 0))  # negative zero: reject (CKS)
     while todo.size:
-        g, s, _ = _geometric(rng, plan, todo.size, ws)
+        g, s, _ = _geometric(rng, plan, todo.size, ws, kern=kern)
         out[todo] = (g ^ s) - s
         todo = todo[(g == 0) & (s != 0)]
 

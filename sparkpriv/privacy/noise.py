@@ -113,7 +113,9 @@ from dp_accounting import dp_event
 
 from sparkpriv._validation import Interval, check_param
 from sparkpriv.errors import ParameterError
+from sparkpriv.privacy import _compiled
 from sparkpriv.privacy._fast_samplers import (
+    _AUTO,
     _CHUNK,
     _OVERSAMPLE,
     _Plan,
@@ -139,6 +141,7 @@ __all__ = [
     "sample_discrete_laplace",
     "sample_discrete_gaussian",
     "add_noise",
+    "add_noise_transposed",
     "add_noise_symmetric",
 ]
 
@@ -555,6 +558,7 @@ def add_noise(
     rng: np.random.Generator,
     *,
     exact: bool = False,
+    kern=_AUTO,
 ) -> np.ndarray:
     """Release ``g * (rint(values / g) + N)`` with integer noise ``N`` of ``noise``.
 
@@ -569,6 +573,10 @@ def add_noise(
         Secret-seeded stream (:func:`sparkpriv.privacy.random.stream`).
     exact : bool, default False
         Use the exact rational samplers.
+    kern : internal
+        The compiled kernels (:mod:`sparkpriv.privacy._compiled`; default: when
+        in use) or None for numpy. Both give the same bits (discrete Laplace;
+        the Gaussian samplers are numpy only).
 
     Returns
     -------
@@ -597,24 +605,109 @@ def add_noise(
         n = public_sampler(rng, scale, u.size, exact=True)
         np.multiply(u.astype(np.int64) + n, g, out=flat_out)
         return out
+    kern = _laplace_kernels(noise, kern)
     ws = _work(flat_in.size)
     ubuf = np.empty(min(_CHUNK, flat_in.size))
     ibuf = np.empty(min(_CHUNK, flat_in.size), dtype=np.int64)
     nbuf = np.empty_like(ibuf)
     for lo in range(0, flat_in.size, _CHUNK):
         chunk = flat_in[lo : lo + _CHUNK]
+        if kern is not None:  # the same steps fused; the range is checked after the draws
+            nb = nbuf[: chunk.size]
+            sampler(rng, param, nb, ws, kern)
+            if not kern.round_add(chunk, inv, g, exact_inv, lim, nb, flat_out[lo : lo + _CHUNK]):
+                raise _range_error(caller, vals, g)
+            continue
         u = ubuf[: chunk.size]
         np.multiply(chunk, inv, out=u) if exact_inv else np.divide(chunk, g, out=u)
         np.rint(u, out=u)
         if not (u.min() >= -lim and u.max() <= lim):  # NaN fails both comparisons
             raise _range_error(caller, vals, g)
         nb = nbuf[: chunk.size]
-        sampler(rng, param, nb, ws)
+        if isinstance(noise, LaplaceNoise):
+            sampler(rng, param, nb, ws, None)
+        else:
+            sampler(rng, param, nb, ws)
         ib = ibuf[: chunk.size]
         np.copyto(ib, u, casting="unsafe")
         nb += ib  # |u| <= 2^62 and |N| < 2^62: no overflow
         np.multiply(nb, g, out=flat_out[lo : lo + _CHUNK])
     return out
+
+
+def _laplace_kernels(noise, kern):
+    if not isinstance(noise, LaplaceNoise):
+        return None
+    return _compiled.kernels() if kern is _AUTO else kern
+
+
+def transposed(Z: np.ndarray, block_rows: int = 256) -> np.ndarray:
+    """``Z.T`` as a new C-contiguous array, copied a block of rows at a time (a
+    block's source and destination both stay in cache: about 2 ns a value here,
+    against 10 for ``np.ascontiguousarray(Z.T)``)."""
+    Z = np.asarray(Z)
+    n, k = Z.shape
+    Zt = np.empty((k, n), dtype=Z.dtype)
+    for lo in range(0, n, block_rows):
+        Zt[:, lo: lo + block_rows] = Z[lo: lo + block_rows].T
+    return Zt
+
+
+def add_noise_transposed(
+    values: np.ndarray,
+    noise: LaplaceNoise | GaussianNoise,
+    rng: np.random.Generator,
+    *,
+    kern=_AUTO,
+) -> np.ndarray:
+    """``add_noise(values, noise, rng).T``, each row contiguous (a column of ``values``).
+
+    The same draws in the same order (row by row of ``values``), the same
+    output bits; for writing the columns of a release as Arrow arrays without
+    a transposing copy. With the compiled kernels the noisy values are written
+    transposed as they are made.
+
+    Parameters
+    ----------
+    values : array_like of float, shape (n, k)
+    noise, rng
+        As for :func:`add_noise`.
+
+    Returns
+    -------
+    ndarray of float64, shape ``(k, n)``; its rows are C-contiguous (the array
+    may be a view of a wider buffer).
+    """
+    caller = "add_noise_transposed"
+    vals = np.asarray(values, dtype=np.float64)
+    if vals.ndim != 2:
+        raise ParameterError(f"The 'values' parameter of {caller} must be a 2-d array. Got shape {vals.shape!r}.")
+    kern = _laplace_kernels(noise, kern)
+    if kern is None:
+        return transposed(add_noise(vals, noise, rng, kern=None))
+    sampler, param, _, _ = _noise_sampler(noise, caller)
+    vals = np.ascontiguousarray(vals)
+    n, k = vals.shape
+    g = float(noise.grid)
+    inv = 1.0 / g
+    exact_inv = math.isfinite(inv) and inv * g == 1.0
+    lim = float(MAX_GRID_INTEGER)
+    # rows a whole number of cache lines apart, but not a multiple of 4 KiB (writing
+    # down a column would otherwise keep hitting the same cache sets)
+    width = -(-n // 8) * 8
+    if width % 512 == 0:
+        width += 8
+    buf = np.empty((k, width), dtype=np.float64)
+    zt = buf[:, :n]
+    total = n * k
+    ws = _work(total)
+    nbuf = np.empty(min(_CHUNK, total), dtype=np.int64)
+    for lo in range(0, total, _CHUNK):
+        nb = nbuf[: min(_CHUNK, total - lo)]
+        sampler(rng, param, nb, ws, kern)
+        if not kern.round_add_t(vals, lo, inv, g, exact_inv, lim, nb, zt):
+            raise _range_error(caller, vals, g)
+    return zt
 
 
 def add_noise_symmetric(

@@ -93,12 +93,9 @@ def matrix_columns(Z: np.ndarray, block_rows: int = 256) -> list[pa.Array]:
     destination both stay in cache: about 2 ns per value here, against 10 for
     ``np.ascontiguousarray(Z.T)``), then each column is a zero-copy view.
     """
-    Z = np.asarray(Z)
-    n, k = Z.shape
-    Zt = np.empty((k, n), dtype=Z.dtype)
-    for lo in range(0, n, block_rows):
-        Zt[:, lo: lo + block_rows] = Z[lo: lo + block_rows].T
-    return [pa.array(col) for col in Zt]
+    from sparkpriv.privacy.noise import transposed
+
+    return [pa.array(col) for col in transposed(Z, block_rows)]
 
 
 def owner_counters(spark, n: int = 3):

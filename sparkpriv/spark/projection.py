@@ -40,7 +40,6 @@ from sparkpriv.release import Release, reserve
 from sparkpriv.spark.batches import (
     BatchMap,
     batch_matrix,
-    matrix_columns,
     owner_counters,
     spark_errors,
     sum_partials,
@@ -302,10 +301,10 @@ def _batch_fn(P, bounds, noise, seed, columns, keep_columns, k, fill, counters):
         for batch in batches:
             X = batch_matrix(batch, columns, fill=fill)
             Y, counts = project_rows(X, P, bounds)
-            Z = Y if noise is None else _noise.add_noise(Y, noise, rng)
+            cols = _noise.transposed(Y) if noise is None else _noise.add_noise_transposed(Y, noise, rng)
             tot = tot + counts
             arrays = [batch.column(c) for c in keep_columns]
-            arrays += matrix_columns(Z)
+            arrays += [pa.array(c) for c in cols]
             yield pa.RecordBatch.from_arrays(arrays, names)
         if counters is not None:
             counters[0].add(tot.rows)

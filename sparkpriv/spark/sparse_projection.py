@@ -26,7 +26,7 @@ from sparkpriv.privacy import noise as _noise
 from sparkpriv.privacy.accounting import epsilon_of
 from sparkpriv.privacy.random import stream
 from sparkpriv.release import Release, reserve
-from sparkpriv.spark.batches import BatchMap, matrix_columns
+from sparkpriv.spark.batches import BatchMap
 from sparkpriv.spark.events import BoundedRecords, counters_dict, in_person_hash_order, make_counters
 
 __all__ = ["release_sparse_projection"]
@@ -115,7 +115,7 @@ def _sparse_batch_fn(P, bound, noise, seed, k):
         for batch in in_person_hash_order(batches):
             off, idx, vals = bound(batch)
             Y = project_sparse_rows(off, idx, vals, P)
-            Z = Y if noise is None else _noise.add_noise(Y, noise, rng)
-            yield pa.RecordBatch.from_arrays(matrix_columns(Z), names)
+            cols = _noise.transposed(Y) if noise is None else _noise.add_noise_transposed(Y, noise, rng)
+            yield pa.RecordBatch.from_arrays([pa.array(c) for c in cols], names)
 
     return sparkpriv_sparse_projection

@@ -49,3 +49,6 @@ def test_bench_cdr_smoke(spark, tmp_path, capsys):
     mean = (a[0] / b[0] + a[1] / b[1]) / 2  # the median of two; times are rounded to 10 ms here
     assert res["ratio_median_of_repeats"] == pytest.approx(mean, rel=0.05)
     assert res["people"] == 2000 and res["events"] > 2000 and res["writer"] == "arrow"
+    from sparkpriv.privacy import _compiled
+
+    assert res["compiled_kernels"] == _compiled.status()
