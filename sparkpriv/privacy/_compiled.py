@@ -153,7 +153,8 @@ def _compile(cache: bool):
     def round_add_t(y, lo, inv, grid, use_inv, lim, noise, zt):
         """``round_add`` of the flat entries ``lo ..`` of the C-order (n, k) ``y``,
         written transposed: entry (i, c) goes to ``zt[c, i]``. Whole rows are done
-        8 at a time, column by column, so each write fills a cache line."""
+        8 at a time: computed in row order into a small buffer (a loop without
+        branches), then copied out column by column, so each write fills a cache line."""
         k = y.shape[1]
         hi = lo + noise.shape[0]
         f = lo
@@ -164,13 +165,24 @@ def _compile(cache: bool):
                 return False
             f += 1
         i0, i1 = f // k, hi // k
+        tmp = np.empty(8 * k)
+        yf = y.reshape(-1)  # C-contiguous (add_noise_transposed)
         for b in range(i0, i1, 8):
             b1 = min(b + 8, i1)
+            base = b * k - lo
+            bad = False
+            for j in range((b1 - b) * k):
+                v = yf[b * k + j]
+                u = np.rint(v * inv) if use_inv else np.rint(v / grid)
+                ok = u >= -lim and u <= lim  # False for NaN
+                bad |= not ok
+                u = u if ok else 0.0
+                tmp[j] = np.float64(np.int64(u) + noise[base + j]) * grid
+            if bad:
+                return False
             for c in range(k):
-                for i in range(b, b1):
-                    ok, zt[c, i] = _noisy(y[i, c], noise[i * k + c - lo], inv, grid, use_inv, lim)
-                    if not ok:
-                        return False
+                for i in range(b1 - b):
+                    zt[c, b + i] = tmp[i * k + c]
         f = max(f, i1 * k)
         while f < hi:  # a row that the next chunk finishes
             i = f // k
