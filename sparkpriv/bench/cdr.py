@@ -131,12 +131,32 @@ def _run_floor(spark, src, out):
     ev.groupBy("caller_id").agg(F.collect_set("tower_id").alias("towers")).write.parquet(out)
 
 
-def _timed(data_dir, fn):
+def _machine_cpu() -> tuple[float, float] | None:
+    """(busy, steal) CPU-seconds of the whole machine so far, from ``/proc/stat``
+    (busy = user + nice + system + irq + softirq; steal = time the hypervisor gave
+    to other guests), or None where there is no ``/proc/stat``."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    return (v[0] + v[1] + v[2] + v[5] + v[6]) / hz, v[7] / hz
+
+
+def _timed(data_dir, fn, cpu=None):
+    """Run ``fn(out)``; returns (seconds, result). ``cpu``, a list, gets the run's
+    machine (busy, steal) CPU-seconds appended."""
     out = os.path.join(data_dir, f"out-{uuid.uuid4().hex[:8]}")
+    c0 = _machine_cpu()
     t = time.perf_counter()
     try:
         res = fn(out)
-        return time.perf_counter() - t, res
+        secs = time.perf_counter() - t
+        c1 = _machine_cpu()
+        if cpu is not None and c0 and c1:
+            cpu.append((c1[0] - c0[0], c1[1] - c0[1]))
+        return secs, res
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
@@ -169,11 +189,12 @@ def run(*, people: int, k: int = 64, max_items: int = 32, epsilon: float = 1.0, 
         _reset_hwm(jvm)
     load_start = os.getloadavg()
     times: dict[str, list[float]] = {name: [] for name in pipes}
+    cpu: dict[str, list[tuple[float, float]]] = {name: [] for name in pipes}
     diag = {}
     for rep in range(repeats):
         order = list(pipes) if rep % 2 == 0 else list(pipes)[::-1]
         for name in order:
-            secs, res = _timed(data_dir, lambda out, name=name: pipes[name](table, out))
+            secs, res = _timed(data_dir, lambda out, name=name: pipes[name](table, out), cpu[name])
             if name == "sparkpriv":
                 diag = res
             times[name].append(secs)
@@ -196,6 +217,12 @@ def run(*, people: int, k: int = 64, max_items: int = 32, epsilon: float = 1.0, 
                                          else (paired[len(paired) // 2 - 1] + paired[len(paired) // 2]) / 2, 3),
         "seconds_each_repeat": [round(t, 2) for t in times["sparkpriv"]],
         "floor_seconds_each_repeat": [round(t, 2) for t in times["floor"]],
+        # the machine's CPU-seconds over each run (all processes: the JVM, its Python
+        # workers, anything else) and the steal time, which a busy virtual machine loses
+        "cpu_seconds_each_repeat": [round(c[0], 1) for c in cpu["sparkpriv"]],
+        "floor_cpu_seconds_each_repeat": [round(c[0], 1) for c in cpu["floor"]],
+        "steal_seconds_each_repeat": [round(c[1], 1) for c in cpu["sparkpriv"]],
+        "floor_steal_seconds_each_repeat": [round(c[1], 1) for c in cpu["floor"]],
         "microseconds_per_event": round(1e6 * best["sparkpriv"] / events, 3),
         "floor_microseconds_per_event": round(1e6 * best["floor"] / events, 3),
         "driver_python_peak_rss_mb": None if py_hwm is None else round(py_hwm / 1024, 1),

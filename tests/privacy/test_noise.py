@@ -696,8 +696,10 @@ def test_benchmark_smoke():
         "ratio_vs_numpy_laplace",
         "ratio_vs_numpy_gaussian",
         "exact_gaussian_s40_samples_per_s",
+        "laplace_compiled_vs_numpy_path",
     ):
         assert key in last and last[key] > 0
+    assert isinstance(last["compiled_kernels"], str)
     import argparse
 
     parser = argparse.ArgumentParser()

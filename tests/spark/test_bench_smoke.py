@@ -5,6 +5,7 @@ docs come from real runs); nothing here looks at timings.
 """
 
 import json
+import os
 
 import pytest
 
@@ -52,3 +53,10 @@ def test_bench_cdr_smoke(spark, tmp_path, capsys):
     from sparkpriv.privacy import _compiled
 
     assert res["compiled_kernels"] == _compiled.status()
+    for key in ("cpu_seconds_each_repeat", "floor_cpu_seconds_each_repeat", "steal_seconds_each_repeat",
+                "floor_steal_seconds_each_repeat"):
+        assert len(res[key]) == 2 and all(x >= 0 for x in res[key]), key
+    # machine CPU-seconds of a run: some, and at most all cores for the run's wall time
+    ncpu = os.cpu_count()
+    for secs, cpu in zip(a + b, res["cpu_seconds_each_repeat"] + res["floor_cpu_seconds_each_repeat"]):
+        assert 0 < cpu <= ncpu * secs + 0.2
