@@ -209,3 +209,18 @@ def test_environment_variable_turns_the_kernels_off():
     out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **{_compiled.ENV: "0"}),
                          capture_output=True, text=True, check=True).stdout
     assert out.startswith("True disabled by SPARKPRIV_COMPILED"), out
+
+
+@needs_kernels
+def test_gaussian_tail_branch_is_bit_identical(kern, monkeypatch):
+    """The discrete Gaussian's tail branch draws its geometric proposal through the
+    same word phase: forced often here, with and without the kernels."""
+    monkeypatch.setattr(fs, "_K_BITS", 2)
+    monkeypatch.setattr(fs, "_TABLE_SIGMAS", 0.8)  # tail branch: about 43% of draws
+    calls = []
+    words = kern.geo_words
+    monkeypatch.setattr(kern, "geo_words", lambda *a: calls.append(1) or words(*a))
+    with_kernels = nz.sample_discrete_gaussian(gen(8), 40.0, 50_000)
+    assert calls  # the kernel did run
+    monkeypatch.setattr(_compiled, "kernels", lambda: None)
+    assert np.array_equal(nz.sample_discrete_gaussian(gen(8), 40.0, 50_000), with_kernels)
