@@ -140,8 +140,9 @@ def test_dockerfile_copies_files_that_exist():
     assert "/opt/sparkpriv/jobs/release.py" in text  # what mainApplicationFile points to
 
 
-def test_image_requirements_are_the_package_dependencies_without_pyspark():
-    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+def test_image_requirements_are_the_package_dependencies_without_pyspark_plus_fast():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    deps = project["dependencies"] + project["optional-dependencies"]["fast"]
     wanted = {d.replace(" ", "") for d in deps if not d.startswith(("pyspark", "tomli"))}
     lines = (K8S / "requirements.txt").read_text().splitlines()
     have = {ln.split("#")[0].replace(" ", "") for ln in lines if ln.split("#")[0].strip()}
