@@ -36,7 +36,7 @@ import uuid
 __all__ = ["add_arguments", "run_from_args", "run"]
 
 _log = logging.getLogger(__name__)
-_WARMUP_PEOPLE = 20_000
+_WARMUP_PEOPLE = 1_000_000  # default warm-up table: min(people, this)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--driver-memory", default="4g", help="spark.driver.memory [default: 4g]")
     parser.add_argument("--writer", default="auto", choices=("auto", "spark", "arrow"),
                         help="who writes the release's part files (Release.write) [default: auto]")
+    parser.add_argument("--warmup-people", type=int, default=None,
+                        help="people in the table each pipeline runs on once, untimed, first "
+                             f"[default: min(--people, {_WARMUP_PEOPLE})]")
     parser.add_argument("--shuffle-partitions", type=int, default=None,
                         help="spark.sql.shuffle.partitions [default: one per 250k people, at least 8]")
 
@@ -57,12 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_from_args(args: argparse.Namespace) -> dict:
     from sparkpriv.errors import ParameterError
 
-    for name in ("people", "k", "max_items", "repeats"):
+    for name in ("people", "k", "max_items", "repeats") + (("warmup_people",) if args.warmup_people is not None else ()):
         if getattr(args, name) < 1:
             raise ParameterError(f"--{name.replace('_', '-')} must be a positive integer. Got {getattr(args, name)}.")
     return run(people=args.people, k=args.k, max_items=args.max_items, epsilon=args.epsilon,
                data_dir=args.data_dir, repeats=args.repeats, master=args.master,
-               driver_memory=args.driver_memory, shuffle_partitions=args.shuffle_partitions, writer=args.writer)
+               driver_memory=args.driver_memory, shuffle_partitions=args.shuffle_partitions, writer=args.writer,
+               warmup_people=args.warmup_people)
 
 
 def _compiled_status() -> str:
@@ -163,7 +167,7 @@ def _timed(data_dir, fn, cpu=None):
 
 def run(*, people: int, k: int = 64, max_items: int = 32, epsilon: float = 1.0, data_dir: str = "./bench-data",
         repeats: int = 1, master: str = "local[2]", driver_memory: str = "4g",
-        shuffle_partitions: int | None = None, writer: str = "auto") -> dict:
+        shuffle_partitions: int | None = None, writer: str = "auto", warmup_people: int | None = None) -> dict:
     from sparkpriv.spark.session import get_spark
 
     data_dir = os.path.abspath(data_dir)
@@ -173,12 +177,17 @@ def run(*, people: int, k: int = 64, max_items: int = 32, epsilon: float = 1.0, 
     spark = get_spark({"spark.driver.memory": driver_memory, "spark.sql.shuffle.partitions": str(sp)},
                       app_name="sparkpriv-bench-cdr", master=master)
     table, gen_secs = _ensure_table(spark, data_dir, people)
-    small, _ = _ensure_table(spark, data_dir, min(people, _WARMUP_PEOPLE))
+    warm = min(people, warmup_people or _WARMUP_PEOPLE)
+    small, _ = _ensure_table(spark, data_dir, warm)
     events = spark.read.parquet(table).count()
     _log.info("table %s: %d people, %d events (generated in %.1f s)", table, people, events, gen_secs)
     pipes = {"sparkpriv": lambda src, out: _run_sparkpriv(spark, src, out, k, max_items, epsilon, writer),
              "floor": lambda src, out: _run_floor(spark, src, out)}
-    for name, fn in pipes.items():  # warm-up: JVM classes, Python workers
+    # warm-up: JVM classes and JIT, Python workers and kernels. A small table is not enough: the
+    # first full-size run after a 20,000-people warm-up took 15.9 s against 7.3-8.6 s later at 1 M
+    # people (without any warm-up the first run's JVM used 30.7 CPU-s against about 12 later);
+    # after a 1 M warm-up the three repeats took 10.9-11.2 s.
+    for name, fn in pipes.items():
         _timed(data_dir, lambda out, fn=fn: fn(small, out))
     # and one read of the table's two columns, so that neither pipeline's first timed run
     # is the one that reads the table from disk into the page cache
@@ -236,6 +245,7 @@ def run(*, people: int, k: int = 64, max_items: int = 32, epsilon: float = 1.0, 
         "cpu_count": os.cpu_count(),
         "load_average_start_end": [round(load_start[0], 1), round(load_end[0], 1)],
         "repeats": repeats,
+        "warmup_people": warm,
     }
     print(f"{'pipeline':<48}{'seconds':>10}{'us/event':>10}")
     print(f"{'(a) bound_contributions + projection k=%d + write' % k:<48}{best['sparkpriv']:>10.1f}"

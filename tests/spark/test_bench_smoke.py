@@ -43,13 +43,14 @@ def test_bench_projection_smoke(spark, tmp_path, capsys):
 def test_bench_cdr_smoke(spark, tmp_path, capsys):
     from sparkpriv.bench import cdr
 
-    res = cdr.run(people=2000, k=4, max_items=8, data_dir=str(tmp_path), repeats=2)
+    res = cdr.run(people=2000, k=4, max_items=8, data_dir=str(tmp_path), repeats=2, warmup_people=500)
     assert _last_json(capsys)["ratio_vs_floor"] == res["ratio_vs_floor"] > 0
     a, b = res["seconds_each_repeat"], res["floor_seconds_each_repeat"]
     assert len(a) == len(b) == 2 and res["seconds"] == min(a) and res["floor_seconds"] == min(b)
     mean = (a[0] / b[0] + a[1] / b[1]) / 2  # the median of two; times are rounded to 10 ms here
     assert res["ratio_median_of_repeats"] == pytest.approx(mean, rel=0.05)
     assert res["people"] == 2000 and res["events"] > 2000 and res["writer"] == "arrow"
+    assert res["warmup_people"] == 500 and (tmp_path / "cdr-500-s0" / "_SUCCESS").exists()
     from sparkpriv.privacy import _compiled
 
     assert res["compiled_kernels"] == _compiled.status()
