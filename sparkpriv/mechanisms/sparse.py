@@ -50,7 +50,6 @@ import numpy as np
 from sparkpriv._validation import Interval, Options, check_param
 from sparkpriv.errors import ParameterError
 from sparkpriv.privacy import _compiled
-from sparkpriv.privacy._fast_samplers import _AUTO
 from sparkpriv.privacy.bounds import Bounds, ClipCounts
 
 __all__ = [
@@ -429,7 +428,7 @@ def _csr(offsets, indices, values, d):
     return csr_matrix((v, np.asarray(indices), offsets), shape=(offsets.size - 1, d))
 
 
-def project_sparse_rows(offsets, indices, values, P: np.ndarray, *, kern=_AUTO) -> np.ndarray:
+def project_sparse_rows(offsets, indices, values, P: np.ndarray, *, kern=_compiled.AUTO) -> np.ndarray:
     """``x P`` for every sparse record: the (weighted) sum of the rows of ``P``
     at the record's items, never densifying. Returns (n_people, k) float64.
 
@@ -438,7 +437,7 @@ def project_sparse_rows(offsets, indices, values, P: np.ndarray, *, kern=_AUTO) 
     P = np.asarray(P, np.float64)
     if np.asarray(offsets).size <= 1:
         return np.zeros((0, P.shape[1]))
-    if kern is _AUTO:
+    if kern is _compiled.AUTO:
         kern = _compiled.kernels()
     if kern is None:
         return np.asarray(_csr(offsets, indices, values, P.shape[0]) @ P)

@@ -37,6 +37,8 @@ _log = logging.getLogger(__name__)
 
 ENV = "SPARKPRIV_COMPILED"
 
+AUTO = object()  # a ``kern`` argument's default: the kernels if in use (kernels()), else numpy
+
 _lock = threading.Lock()
 _state: object = None  # None: not loaded yet; False: unavailable; a namespace: ready
 _why: str = "not loaded yet"

@@ -71,7 +71,7 @@ class _Work:
         self.slow_vc = np.empty(n, dtype=np.int64)
 
 
-_AUTO = object()  # kern argument: the compiled kernels if in use (_compiled.kernels())
+_AUTO = _compiled.AUTO  # kern argument: the compiled kernels if in use, else numpy
 
 
 def _exponentials(rng: np.random.Generator, e: np.ndarray, cap: float) -> None:
