@@ -48,8 +48,9 @@ class _Plan:
     fast_vc: int  # R accepted at once when the word's spare bits are below this
 
     @classmethod
-    def of(cls, t: float) -> "_Plan":
-        m = max(0, math.frexp(t)[1] - 1 - _K_BITS)
+    def of(cls, t: float, k_bits: int | None = None) -> "_Plan":
+        """The plan for scale ``t``; ``k_bits`` (default ``_K_BITS``) sets the width of K's buckets."""
+        m = max(0, math.frexp(t)[1] - 1 - (_K_BITS if k_bits is None else k_bits))
         big_m = 2.0**m
         e_cap = (float(_SUPPORT) - 2.0 * big_m) / t * (1.0 - 1e-12)
         fast = math.floor(2.0 ** (63 - m) * math.exp(-big_m / t) * (1.0 - 2.0**-40)) if m else 0
