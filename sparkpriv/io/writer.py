@@ -33,7 +33,10 @@ JVM to be turned into rows and encoded again (about 7 s per million rows of 64
 doubles on the development machine, docs/cdr.md). A task writes to a file of
 its own under ``_temporary`` and renames it to ``part-<partition>-...`` when it
 is complete, so a retried or speculative task (which recomputes the same
-noise) replaces the file with the same content. The driver checks that every
+noise) replaces the file with the same content. Only the driver creates the
+staging directories: a task still running after its job failed finds the
+staging directory gone and fails, instead of bringing it back (the driver's
+clean-up retries while such a task finishes a rename). The driver checks that every
 partition reported and that every reported file is visible to it. ``auto``
 (the default) uses ``arrow`` for such releases on classic Spark when the
 output is a local path (``file:``; a path shared by the driver and the
@@ -46,6 +49,7 @@ import json
 import logging
 import os
 import shutil
+import time
 import uuid
 
 from sparkpriv.errors import OutputExistsError, ParameterError
@@ -240,7 +244,8 @@ def _write_parts_with_arrow(rows, staging: str, if_no_rows=None) -> None:
 
     def sparkpriv_write_parquet(batches, pid):
         name = f"part-{pid:05d}-{token}-c000.snappy.parquet"
-        tmp = os.path.join(local, "_temporary", f"{pid:05d}-{uuid.uuid4().hex}.parquet")
+        tmpdir = os.path.join(local, "_temporary")
+        tmp = os.path.join(tmpdir, f"{pid:05d}-{uuid.uuid4().hex}.parquet")
         writer, n = None, 0
         try:
             for b in fn(batches, pid):
@@ -250,7 +255,13 @@ def _write_parts_with_arrow(rows, staging: str, if_no_rows=None) -> None:
                 if not t.schema.equals(schema):  # nullability, or large_string from Spark's Arrow
                     t = t.cast(schema)
                 if writer is None:
-                    os.makedirs(os.path.dirname(tmp), exist_ok=True)
+                    # The driver made the directory; a task never creates it: a task still running
+                    # after its job failed must not bring back a staging directory the driver deleted.
+                    if not os.path.isdir(tmpdir):
+                        raise OSError(
+                            f"the staging directory {local!r} is not there: the release job was aborted, or "
+                            "the output path is not on a filesystem shared by the driver and every executor "
+                            "(write to HDFS or an object store, or pass writer='spark')")
                     writer = pq.ParquetWriter(tmp, schema, compression="snappy", use_dictionary=False)
                 writer.write_table(t)
                 n += t.num_rows
@@ -266,7 +277,7 @@ def _write_parts_with_arrow(rows, staging: str, if_no_rows=None) -> None:
         yield pa.RecordBatch.from_arrays([pa.array([pid], pa.int32()), pa.array([n], pa.int64()),
                                           pa.array([name if n else ""])], ["pid", "rows", "file"])
 
-    os.makedirs(local)
+    os.makedirs(os.path.join(local, "_temporary"))
     with spark_errors():
         done = map_batches(rows.source, sparkpriv_write_parquet, out_schema).collect()
     shutil.rmtree(os.path.join(local, "_temporary"), ignore_errors=True)
@@ -287,6 +298,19 @@ def _write_parts_with_arrow(rows, staging: str, if_no_rows=None) -> None:
         # as Spark: one empty file keeps the schema readable
         pq.write_table(schema.empty_table(), os.path.join(local, f"part-00000-{token}-c000.snappy.parquet"))
     open(os.path.join(local, "_SUCCESS"), "wb").close()
+
+
+def _delete_staging(fs, staging: str, attempts: int = 20) -> None:
+    """Delete a failed release's staging directory. A task of the failed job can
+    still be finishing a part file (its ``os.replace`` into the directory while it
+    is being removed makes the removal fail): try again for a few seconds. Tasks
+    never re-create the directory once it is gone (``_write_parts_with_arrow``)."""
+    for _ in range(attempts):
+        fs.delete(staging)
+        if not fs.exists(staging):
+            return
+        time.sleep(0.25)
+    _log.warning("could not delete the staging directory %s of a failed release", staging)
 
 
 def publish(df, output: str, *, receipt: dict, overwrite: bool = False, rows=None, writer: str = "auto",
@@ -331,7 +355,7 @@ def publish(df, output: str, *, receipt: dict, overwrite: bool = False, rows=Non
         if not fs.rename(staging, output):
             raise OSError(f"could not rename the staged release to {output!r}")
     except BaseException:
-        fs.delete(staging)
+        _delete_staging(fs, staging)
         if fs.exists(trash) and not fs.exists(output):
             fs.rename(trash, output)  # put the previous release back
         raise

@@ -138,6 +138,31 @@ def test_task_failure_and_invisible_files_leave_nothing(spark, table, tmp_path, 
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_task_after_the_staging_was_deleted_does_not_bring_it_back(spark, table, tmp_path):
+    """A task of a failed job can still be running when the driver deletes the staging
+    directory; it must fail rather than re-create the directory and leave a part file
+    behind (seen on the standalone cluster). Here the task itself deletes the staging
+    directory before writing, as the driver's clean-up would."""
+    from pyspark.sql.types import DoubleType, StructField, StructType
+
+    schema = StructType([StructField("z0", DoubleType(), False)])
+    where = str(tmp_path)
+
+    def late(batches, pid):
+        import glob
+        import shutil
+
+        for b in batches:
+            for d in glob.glob(where + "/.out.sparkpriv-staging-*"):
+                shutil.rmtree(d)
+            yield pa.RecordBatch.from_arrays([b.column(0)], ["z0"])
+
+    rows = BatchMap(table.select("a").coalesce(1), late, schema)
+    with pytest.raises(Exception, match="staging directory .* is not there"):
+        W.publish(rows.to_df(), str(tmp_path / "out"), receipt={}, rows=rows, writer="arrow")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_arrow_writer_takes_large_string_batches(spark, table, tmp_path):
     """With large Arrow var types Spark hands the tasks large_string columns; the files keep the schema."""
     spark.conf.set("spark.sql.execution.arrow.useLargeVarTypes", "true")
