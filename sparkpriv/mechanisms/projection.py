@@ -244,8 +244,7 @@ def project_rows(X: np.ndarray, P: np.ndarray, bounds: Bounds,
     Xc, counts = clip_rows(X, bounds)
     if value_bound is not None and not bounds.has_box and bounds.row_bound is None:
         c = float(value_bound) / max(float(np.abs(P).sum(axis=0).max()), np.finfo(float).tiny)
-        np.minimum(Xc, c, out=Xc)
-        np.maximum(Xc, -c, out=Xc)
+        np.clip(Xc, -c, c, out=Xc)
     Y = Xc @ P
     if value_bound is not None:
         clamp_projected(Y, value_bound)
@@ -254,9 +253,7 @@ def project_rows(X: np.ndarray, P: np.ndarray, bounds: Bounds,
 
 def clamp_projected(Y: np.ndarray, value_bound: float) -> np.ndarray:
     """Clamp ``Y`` in place to ``[-value_bound, value_bound]`` and return it."""
-    np.minimum(Y, value_bound, out=Y)
-    np.maximum(Y, -value_bound, out=Y)
-    return Y
+    return np.clip(Y, -value_bound, value_bound, out=Y)
 
 
 @dataclass(frozen=True)
