@@ -137,7 +137,8 @@ class ProjectionPlan:
             },
             "noise": self.noise.to_public_dict(),
             "noise_variance_per_entry": self.noise_variance,
-            "projected_value_range": {"bound": self.value_bound, "source": self.value_bound_source,
+            "projected_value_range": {"bound": self.value_bound if np.isfinite(self.value_bound) else None,
+                                      "source": self.value_bound_source,
                                       "note": "projected values are clamped to [-bound, bound] "
                                               "before noise"},
         }
