@@ -203,8 +203,8 @@ def release_projection(
                 "element_bound instead, or use neighbors='replace-one'."
             )
         candidates = candidate_bounds(tuple(bound_search))
-        hist_noise = histogram_noise(epsilon=epsilon * bound_epsilon_share, neighbors=neighbors,
-                                     buckets=candidates.size + 1)
+        hist_noise = _wide_grid(histogram_noise(epsilon=epsilon * bound_epsilon_share, neighbors=neighbors,
+                                                buckets=candidates.size + 1))
         eps_release = epsilon * (1.0 - bound_epsilon_share)
         bounds = Bounds(d, _tup(lower), _tup(upper), float(candidates[-1]), norm, None, _caller=caller)
     else:
@@ -292,9 +292,26 @@ def _dp_row_bound(df, columns, bounds, fill, candidates, hist_noise, quantile) -
 
     with spark_errors():
         counts = sum_partials(df.select(*columns), sparkpriv_norm_histogram, size)
+    # clamping each count (a public range) never increases the sensitivity; the
+    # grid holds 2^30 noise scales, so this only acts on astronomically large tables
+    _clamp = hist_noise.max_abs_value
+    np.clip(counts, -_clamp, _clamp, out=counts)
     rng = stream(new_secret_seed("bound-histogram-noise"), 0)
     noisy = _noise.add_noise(counts, hist_noise, rng)
     return choose_bound(noisy, candidates, quantile)
+
+
+def _wide_grid(hist_noise):
+    """The same Laplace noise (same event) on a grid holding counts up to 2^30 noise scales.
+
+    The default grid holds only 2^22 scales: with a large epsilon a bucket of a
+    few thousand rows would overflow it, and the release would fail because of
+    the data. The coarser grid costs a factor ``1 + dim g / sensitivity`` (about
+    ``1 + dim 2^-30``) in noise.
+    """
+    return _noise.calibrate_laplace_noise(
+        sensitivity=hist_noise.sensitivity, epsilon=hist_noise.epsilon, dim=hist_noise.dim,
+        max_abs=2.0**30 * hist_noise.sensitivity / hist_noise.epsilon)
 
 
 def _tup(x):

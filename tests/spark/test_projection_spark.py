@@ -319,3 +319,15 @@ def test_huge_value_does_not_fail_the_release(spark, tmp_path, noise, delta):
     assert z.size == 3 and np.isfinite(z).all()
     rng = rel.public["projected_value_range"]
     assert np.abs(z).max() <= rng["bound"] * 1.01
+
+
+def test_dp_row_bound_with_a_large_epsilon_does_not_fail_on_the_counts(spark, tmp_path):
+    # eps 5e5 for the histogram: its default grid held counts up to 32 only, so a
+    # bucket of 200 rows made the release fail after the budget was reserved
+    X = np.zeros((200, 2))
+    X[:, 0] = 3.0
+    df = spark.createDataFrame([tuple(map(float, r)) for r in X], "a double, b double")
+    rel = release_projection(df, columns=["a", "b"], k=1, epsilon=1e6, row_bound_quantile=0.5,
+                             bound_epsilon_share=0.5)
+    assert rel.public["row_bound_estimation"]["chosen_row_bound"] == 4.0
+    assert rel.epsilon <= 1e6 * (1 + 1e-12)
