@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping
 
 from sparkpriv.errors import ParameterError
 
-__all__ = ["Interval", "Options", "check_params", "check_param"]
+__all__ = ["Interval", "Options", "check_params", "check_param", "refuse_row_level_add_remove"]
 
 
 @dataclass(frozen=True)
@@ -120,3 +120,23 @@ def check_params(caller: str, spec: Mapping[str, Iterable[Any]], values: Mapping
     """Validate several parameters at once against ``spec``."""
     for name, constraints in spec.items():
         check_param(name, values[name], constraints, caller)
+
+
+def refuse_row_level_add_remove(neighbors: Any, *, release: str, caller: str) -> None:
+    """Refuse ``neighbors="add-remove"`` for a release with one output row per input record.
+
+    Adding or removing a person adds or removes an output row, and no noise
+    on the values hides the number of rows: the add-remove guarantee cannot
+    hold for a row-level release (dense or event-table projection, DPRP
+    rows). Replace-one (the number of records is public) is what such a
+    release can state. The check uses the parameter only, so it runs before
+    any data is read; call it first in every row-level entry point.
+    """
+    if isinstance(neighbors, str) and neighbors == "add-remove":
+        raise ParameterError(
+            f"The 'neighbors' parameter of {caller} cannot be 'add-remove' for {release}: the "
+            "output has one row per input record, so adding or removing a person changes the "
+            "number of output rows, which no noise hides. Use neighbors='replace-one' (one "
+            "person replaced; the number of records is public), or an aggregate release "
+            "(e.g. k-means) where adding or removing a person is meaningful."
+        )

@@ -33,13 +33,21 @@ class SparkPrivError(Exception):
 
 
 class ParameterError(SparkPrivError, ValueError):
-    """A parameter is missing, of the wrong type or out of its range."""
+    """A parameter is missing, of the wrong type or out of its range.
+
+    Depends on the parameters only: raised before any data is read.
+    """
 
     exit_code = EXIT_BAD_INPUT
 
 
 class InputError(SparkPrivError, ValueError):
-    """The input data cannot be released as it is (empty, unreadable, NaN, ...)."""
+    """The input data cannot be released as it is (empty, unreadable, NaN, complex, ...).
+
+    A fault of the data gets this class on every path (numpy arrays and Spark
+    tables alike). Both this and :class:`ParameterError` are ``ValueError``
+    subclasses with the same exit code, so ``except ValueError`` catches both.
+    """
 
     exit_code = EXIT_BAD_INPUT
 

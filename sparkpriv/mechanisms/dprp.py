@@ -106,7 +106,7 @@ from typing import Sequence
 import numpy as np
 from dp_accounting import dp_event as _ev
 
-from sparkpriv._validation import Interval, Options, check_param
+from sparkpriv._validation import Interval, Options, check_param, refuse_row_level_add_remove
 from sparkpriv.errors import ParameterError
 from sparkpriv.mechanisms.projection import draw_projection_matrix
 from sparkpriv.privacy import noise as _noise
@@ -317,6 +317,7 @@ def validate_params(*, d: int, epsilon, delta, lower, upper, k1, k2, row_bound, 
             "gives (epsilon, delta)-DP. Got 0 instead: give e.g. delta=1e-6 (at most 1/n)."
         )
     check_param("delta", delta, [Interval("real", 0, 1, "neither")], caller)
+    refuse_row_level_add_remove(neighbors, release="a DPRP release (one output row per person)", caller=caller)
     check_param("neighbors", neighbors, [Options(("replace-one",))], caller)
     if lower is None or upper is None:
         raise ParameterError(
@@ -667,6 +668,7 @@ def release_dprp_array(
     to (epsilon, delta); public-label classes in parallel.
     """
     caller = "release_dprp_array"
+    refuse_row_level_add_remove(neighbors, release="a DPRP release (one output row per person)", caller=caller)
     X = np.array(X, dtype=np.float64, copy=True)
     if X.ndim != 2 or X.shape[0] == 0:
         raise ParameterError(f"X must be a non-empty 2-D array (n_samples, n_features). Got shape {X.shape}.")

@@ -6,9 +6,14 @@ i.i.d. noise per entry.
 
 Privacy
 -------
-Neighbour relation: replace-one (default; ``n`` is public), add-remove, or the
-paper's element-wise relation (one attribute changes by at most its bound),
-which protects ONE ATTRIBUTE, not a person, and is labelled so everywhere.
+Neighbour relation: replace-one (default; ``n`` is public) or the paper's
+element-wise relation (one attribute changes by at most its bound), which
+protects ONE ATTRIBUTE, not a person, and is labelled so everywhere.
+Add-remove is refused: the output has one row per input row, so adding or
+removing a person changes the row count, which no noise hides. The
+element-wise relation needs a per-column box and/or ``element_bound`` and
+refuses ``row_bound``: a norm clip rescales the whole row, so one changed
+attribute would change every coordinate.
 
 Sensitivity: computed exactly from the *realized* ``P`` and the declared bounds
 (:mod:`sparkpriv.privacy.sensitivity`); enforced by clipping every row to the
@@ -21,8 +26,17 @@ Gaussian noise gives ``(epsilon, delta)``-DP (analytic Gaussian mechanism) for
 the L2 sensitivity. Both are added on a power-of-two grid by
 :mod:`sparkpriv.privacy.noise`, and the single event is a dp_accounting event.
 
+Range: every projected value is clamped to ``[-M, M]``, with ``M`` public: the
+bound that the declared box or row bound implies for the realized ``P``
+(:func:`projected_value_bound`), or, with ``element_bound`` alone (no declared
+range), ``2^28`` noise standard deviations; each attribute is then first
+clamped so that no projected value exceeds ``M``. Clamping each coordinate
+never increases the distance between neighbouring outputs, so the sensitivity
+is unchanged, and the noise grid is chosen to hold ``M``: a release never
+fails because of a data value.
+
 Public: ``d``, ``k``, the bounds, the noise kind and scale (needed for distance
-recovery), ``n`` (replace-one). Secret: ``P`` and the noise seed.
+recovery), ``n`` (replace-one), ``M``. Secret: ``P`` and the noise seed.
 
 Distance recovery (corrected Algorithm 2): with ``s2`` the per-entry noise
 variance, ``D = ||Z_i - Z_j||^2 - 2 k s2`` is unbiased for ``||x_i - x_j||^2``
@@ -41,11 +55,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sparkpriv._validation import Interval, Options, check_param
-from sparkpriv.errors import ParameterError
+from sparkpriv._validation import Interval, Options, check_param, refuse_row_level_add_remove
+from sparkpriv.errors import InputError, ParameterError
 from sparkpriv.privacy import noise as _noise
 from sparkpriv.privacy.accounting import epsilon_of
-from sparkpriv.privacy.bounds import NEIGHBOR_MEANING, NEIGHBORS, Bounds, ClipCounts, clip_rows
+from sparkpriv.privacy.bounds import (
+    NEIGHBOR_MEANING,
+    NEIGHBORS,
+    Bounds,
+    ClipCounts,
+    broadcast_box,
+    clip_rows,
+)
 from sparkpriv.privacy.random import derive_seed, new_secret_seed, stream
 from sparkpriv.privacy.sensitivity import l1_sensitivity, l2_sensitivity
 
@@ -55,6 +76,8 @@ __all__ = [
     "draw_projection_matrix",
     "plan_projection",
     "project_rows",
+    "clamp_projected",
+    "projected_value_bound",
     "release_projection_array",
     "recover_sq_distances",
     "NOISE_KINDS",
@@ -62,6 +85,9 @@ __all__ = [
 
 NOISE_KINDS = ("laplace", "gaussian")
 NOISE_STAGE = 1  # public label of the projection's row-noise stream
+# With no declared range (element_bound alone), projected values are clamped to
+# this many noise standard deviations (public, from epsilon and the sensitivity).
+DEFAULT_RANGE_STDS = 2.0**28
 
 
 def draw_projection_matrix(d: int, k: int, seed: int) -> np.ndarray:
@@ -84,6 +110,8 @@ class ProjectionPlan:
     noise: "_noise.LaplaceNoise | _noise.GaussianNoise"
     epsilon: float
     delta: float
+    value_bound: float = float("inf")
+    value_bound_source: str = "declared bounds"
 
     def dp_event(self):
         return self.noise.dp_event()
@@ -109,6 +137,10 @@ class ProjectionPlan:
             },
             "noise": self.noise.to_public_dict(),
             "noise_variance_per_entry": self.noise_variance,
+            "projected_value_range": {"bound": self.value_bound if np.isfinite(self.value_bound) else None,
+                                      "source": self.value_bound_source,
+                                      "note": "projected values are clamped to [-bound, bound] "
+                                              "before noise"},
         }
 
 
@@ -125,6 +157,8 @@ def plan_projection(
     """Calibrate the noise of a projection release to the realized ``P``.
 
     Validates the privacy parameters and returns a public :class:`ProjectionPlan`.
+    Every refusal depends on the parameters only (no data is read here). The
+    plan's ``value_bound`` is the public range projected values are clamped to.
     """
     check_param("noise", noise, [Options(NOISE_KINDS)], caller)
     check_param("neighbors", neighbors, [Options(NEIGHBORS)], caller)
@@ -142,7 +176,7 @@ def plan_projection(
             f"epsilon-DP). Got {delta!r} instead: drop it, or use noise='gaussian'."
         )
     bounds.require_any(caller)
-    constraints = bounds.change_constraints(neighbors)
+    constraints = bounds.change_constraints(neighbors, caller)
     if not constraints:
         raise ParameterError(
             f"{caller}: the declared bounds do not bound a record's change for neighbours "
@@ -150,17 +184,27 @@ def plan_projection(
         )
     d, k = P.shape
     max_abs = projected_value_bound(P, bounds)
+    source = "declared bounds and the realized P"
     if noise == "laplace":
         sens, method = l1_sensitivity(P, **constraints)
-        nz = _noise.calibrate_laplace_noise(sensitivity=sens, epsilon=epsilon, dim=k, max_abs=max_abs)
+
+        def calibrate(m):
+            return _noise.calibrate_laplace_noise(sensitivity=sens, epsilon=epsilon, dim=k, max_abs=m)
     else:
         sens, method = l2_sensitivity(P, **constraints)
-        nz = _noise.calibrate_gaussian_noise(sensitivity=sens, epsilon=epsilon, delta=delta, dim=k,
-                                             max_abs=max_abs)
+
+        def calibrate(m):
+            return _noise.calibrate_gaussian_noise(sensitivity=sens, epsilon=epsilon, delta=delta, dim=k,
+                                                   max_abs=m)
+    if max_abs is None:  # element_bound alone: no declared range, take a public one from the noise
+        max_abs = DEFAULT_RANGE_STDS * calibrate(None).std
+        source = "2^28 noise standard deviations (no declared box)"
+    nz = calibrate(max_abs)
     return ProjectionPlan(
         d=d, k=k, neighbors=neighbors, noise_kind=noise, bounds=bounds,
         sensitivity=float(sens), sensitivity_method=method, noise=nz,
         epsilon=float(epsilon), delta=float(delta),
+        value_bound=float(min(max_abs, nz.max_abs_value)), value_bound_source=source,
     )
 
 
@@ -186,14 +230,31 @@ def projected_value_bound(P: np.ndarray, bounds: Bounds) -> float | None:
     return min(cands) if cands else None
 
 
-def project_rows(X: np.ndarray, P: np.ndarray, bounds: Bounds) -> tuple[np.ndarray, ClipCounts]:
+def project_rows(X: np.ndarray, P: np.ndarray, bounds: Bounds,
+                 value_bound: float | None = None) -> tuple[np.ndarray, ClipCounts]:
     """Clip rows of ``X`` (n_samples, d) to ``bounds`` and return ``(clip(X) @ P, counts)``.
 
     This is the one implementation used by the numpy path and by every Spark
-    batch, so both give the same projection before noise.
+    batch, so both give the same projection before noise. With ``value_bound``
+    (the plan's public range ``M``) the projected values are clamped to
+    ``[-M, M]``; when the bounds declare no range (``element_bound`` alone),
+    each attribute is first clamped to ``+-M / max_j ||P_:j||_1`` so the
+    product cannot overflow. Both clamps act on one coordinate at a time, so
+    they never increase the change of a record.
     """
     Xc, counts = clip_rows(X, bounds)
-    return Xc @ P, counts
+    if value_bound is not None and not bounds.has_box and bounds.row_bound is None:
+        c = float(value_bound) / max(float(np.abs(P).sum(axis=0).max()), np.finfo(float).tiny)
+        np.clip(Xc, -c, c, out=Xc)
+    Y = Xc @ P
+    if value_bound is not None:
+        clamp_projected(Y, value_bound)
+    return Y, counts
+
+
+def clamp_projected(Y: np.ndarray, value_bound: float) -> np.ndarray:
+    """Clamp ``Y`` in place to ``[-value_bound, value_bound]`` and return it."""
+    return np.clip(Y, -value_bound, value_bound, out=Y)
 
 
 @dataclass(frozen=True)
@@ -237,9 +298,13 @@ def release_projection_array(
     epsilon, delta : float
         The guarantee; ``delta`` must be 0 for Laplace and > 0 for Gaussian noise.
     noise : {"laplace", "gaussian"}
-    neighbors : {"replace-one", "add-remove", "element"}
+    neighbors : {"replace-one", "element"}
+        ``"add-remove"`` is refused (one output row per input row).
+        ``"element"`` needs ``lower``/``upper`` and/or ``element_bound`` and
+        refuses ``row_bound``.
     row_bound, norm, lower, upper, element_bound
-        Declared public bounds (:class:`~sparkpriv.privacy.bounds.Bounds`).
+        Declared public bounds (:class:`~sparkpriv.privacy.bounds.Bounds`);
+        ``lower``/``upper`` are one value per column or a single value for all.
     matrix_key : bytes, optional
         Secret key from which ``P`` is derived (to project later batches with the
         same ``P``); by default ``P`` comes from fresh OS entropy.
@@ -249,6 +314,13 @@ def release_projection_array(
     ArrayRelease
         ``Z`` of shape (n_samples, k), the public plan and clipping counts.
 
+    Raises
+    ------
+    ParameterError
+        Bad parameters (decided before the data is looked at).
+    InputError
+        ``X`` is not a non-empty 2-D real array of finite numbers.
+
     Privacy
     -------
     See the module docstring: exact sensitivity of the realized ``P`` under the
@@ -256,24 +328,30 @@ def release_projection_array(
     epsilon-DP, Gaussian -> (epsilon, delta)-DP.
     """
     caller = "release_projection_array"
+    refuse_row_level_add_remove(neighbors, release="a projection release", caller=caller)
     X = np.asarray(X)
     if X.ndim != 2:
-        raise ParameterError(f"X must be a 2-D array (n_samples, n_features). Got shape {X.shape}.")
-    if X.shape[0] == 0:
-        raise ParameterError("X is empty: there is nothing to release.")
+        raise InputError(f"X must be a 2-D array (n_samples, n_features). Got shape {X.shape}.")
+    if np.iscomplexobj(X):
+        raise InputError(f"X must be real numbers. Got dtype {X.dtype}: release the real and "
+                         "imaginary parts as separate columns if both are meant.")
     if not np.issubdtype(X.dtype, np.number):
-        raise ParameterError(f"X must be numeric. Got dtype {X.dtype}.")
+        raise InputError(f"X must be numeric. Got dtype {X.dtype}.")
     d = X.shape[1]
     check_param("k", k, [Interval("integer", 1, d, "both")], caller)
-    X = X.astype(np.float64, copy=False)
-    bad = np.flatnonzero(~np.isfinite(X).all(axis=0))
-    if bad.size:
-        raise ParameterError(f"X has NaN or infinite values in column index {int(bad[0])}; fill them first.")
-    bounds = Bounds(d, _tuple(lower), _tuple(upper), row_bound, norm, element_bound, _caller=caller)
+    bounds = Bounds(d, broadcast_box(lower, d, "lower", caller), broadcast_box(upper, d, "upper", caller),
+                    row_bound, norm, element_bound, _caller=caller)
     P, noise_seed = secret_matrix_and_seed(d, k, matrix_key)
     plan = plan_projection(P, bounds, epsilon=epsilon, delta=delta, noise=noise,
                            neighbors=neighbors, caller=caller)
-    Y, counts = project_rows(X, P, bounds)
+    if X.shape[0] == 0:
+        raise InputError("X is empty: there is nothing to release.")
+    X = X.astype(np.float64, copy=False)
+    bad = np.flatnonzero(~np.isfinite(X).all(axis=0))
+    if bad.size:
+        raise InputError(f"X has NaN or infinite values in column index {int(bad[0])}; replace them with a "
+                         "public value first.")
+    Y, counts = project_rows(X, P, bounds, plan.value_bound)
     Z = _noise.add_noise(Y, plan.noise, stream(noise_seed, NOISE_STAGE, 0))
     return ArrayRelease(Z=Z, plan=plan, clip_counts=counts)
 
@@ -287,12 +365,6 @@ def secret_matrix_and_seed(d: int, k: int, matrix_key: bytes | None) -> tuple[np
     else:
         p_seed = new_secret_seed("projection-matrix")
     return draw_projection_matrix(d, k, p_seed), new_secret_seed("projection-noise")
-
-
-def _tuple(x):
-    if x is None:
-        return None
-    return tuple(float(v) for v in np.atleast_1d(np.asarray(x, dtype=float)))
 
 
 def recover_sq_distances(

@@ -48,7 +48,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from sparkpriv._validation import Interval, Options, check_param
-from sparkpriv.errors import ParameterError
+from sparkpriv.errors import InputError, ParameterError
 from sparkpriv.privacy import _compiled
 from sparkpriv.privacy.bounds import Bounds, ClipCounts
 
@@ -385,7 +385,8 @@ def cap_items(offsets, indices, counts, person_hash, cap: ItemCap, key: int):
 def clip_sparse_rows(offsets, indices, values, cap: ItemCap, d: int):
     """Enforce the cap's bounds on records that did not come from :func:`cap_items`.
 
-    Indices outside ``[0, d)`` are an error; values are clipped to
+    Indices outside ``[0, d)`` and non-finite values are an
+    :class:`~sparkpriv.errors.InputError`; values are clipped to
     ``[0, c]``; a row whose L1 norm exceeds ``L c`` or L2 norm exceeds
     ``c sqrt(L)`` is scaled down onto both balls. Records made by
     :func:`cap_items` are left unchanged. Returns ``(values, ClipCounts)``
@@ -394,8 +395,8 @@ def clip_sparse_rows(offsets, indices, values, cap: ItemCap, d: int):
     offsets = np.asarray(offsets, np.int64)
     n = offsets.size - 1
     if indices.size and (indices.min() < 0 or indices.max() >= d):
-        raise ParameterError(f"Record item indices must lie in [0, {d}) (the vocabulary). "
-                             f"Got {int(indices.min())}..{int(indices.max())}.")
+        raise InputError(f"Record item indices must lie in [0, {d}) (the vocabulary). "
+                         f"Got {int(indices.min())}..{int(indices.max())}.")
     sizes = np.diff(offsets)
     if values is None:
         if not np.any(sizes > cap.max_items):
@@ -404,7 +405,8 @@ def clip_sparse_rows(offsets, indices, values, cap: ItemCap, d: int):
     v = np.asarray(values, np.float64)
     bad = ~np.isfinite(v)
     if bad.any():
-        raise ParameterError("Record values must be finite numbers.")
+        raise InputError("Record values must be finite numbers; replace NaN or infinite values with a "
+                         "public value first.")
     vc = np.clip(v, 0.0, cap.value_cap)
     rows = _row_ids(offsets)
     box = int(np.unique(rows[vc != v]).size)

@@ -14,6 +14,16 @@ because the norm clip is applied last and the box widths used for the
 sensitivity bound the *change* of a record, which the norm clip can only
 shrink when 0 is in the box. When 0 is not in the box, only the norm bound is
 used for the sensitivity (see :meth:`Bounds.change_constraints`).
+
+The element-wise relation (one attribute changes by at most its bound) admits
+only clipping that acts on each coordinate separately (the box): clipping a
+row onto a norm ball rescales the whole row, so a change of one attribute
+becomes a change of every coordinate and the element-wise sensitivity no
+longer bounds it. :meth:`Bounds.change_constraints` refuses that combination.
+
+Norms are computed without overflow: a row with an entry above about
+``1.3e154`` (whose squared norm overflows) is scaled by its largest entry
+first, so it is clipped onto the ball in its own direction.
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ import numpy as np
 from sparkpriv._validation import Interval, Options, check_param
 from sparkpriv.errors import ParameterError
 
-__all__ = ["Bounds", "ClipCounts", "clip_rows", "row_norms"]
+__all__ = ["Bounds", "ClipCounts", "broadcast_box", "clip_rows", "row_norms"]
 
 NEIGHBORS = ("replace-one", "add-remove", "element")
 NEIGHBOR_MEANING = {
@@ -122,17 +132,38 @@ class Bounds:
                 "they are what the noise is calibrated to."
             )
 
-    def change_constraints(self, neighbors: str) -> dict:
-        """Constraints on the change ``v`` of one record, for the sensitivity functions."""
-        if neighbors == "element":
-            if self.element_bound is not None:
-                return {"element_widths": np.full(self.dim, float(self.element_bound))}
-            if self.has_box:
-                return {"element_widths": self.widths()}
+    def check_element_wise(self, caller: str) -> None:
+        """Refuse bounds that the element-wise relation cannot use (a whole-row clip)."""
+        if self.row_bound is not None:
             raise ParameterError(
-                "The element-wise neighbour relation needs element_bound (the largest change "
-                "of one attribute) or per-column lower/upper bounds."
+                f"The 'row_bound' parameter of {caller} cannot be combined with "
+                "neighbors='element': clipping a row onto the norm ball rescales the whole row, so "
+                "a change of one attribute becomes a change of every coordinate and the "
+                "element-wise sensitivity no longer bounds it. Drop row_bound (and "
+                "row_bound_quantile) and declare a per-column box (lower/upper) and/or "
+                "element_bound, or keep row_bound with neighbors='replace-one' to protect a whole "
+                "person."
             )
+        if self.element_bound is None and not self.has_box:
+            raise ParameterError(
+                f"{caller}: the element-wise neighbour relation needs element_bound (the largest "
+                "change of one attribute) or per-column lower/upper bounds."
+            )
+
+    def change_constraints(self, neighbors: str, caller: str | None = None) -> dict:
+        """Constraints on the change ``v`` of one record, for the sensitivity functions.
+
+        Under ``"element"`` one attribute changes by at most ``element_bound``;
+        after the box clip (which acts on that coordinate alone) by at most
+        ``min(element_bound, upper_i - lower_i)``. A row norm bound is refused
+        (:meth:`check_element_wise`).
+        """
+        if neighbors == "element":
+            self.check_element_wise(caller or self._caller)
+            if self.element_bound is not None:
+                w = np.full(self.dim, float(self.element_bound))
+                return {"element_widths": np.minimum(w, self.widths()) if self.has_box else w}
+            return {"element_widths": self.widths()}
         out: dict = {}
         factor = 2.0 if neighbors == "replace-one" else 1.0
         if self.row_bound is not None:
@@ -159,11 +190,46 @@ class Bounds:
         }
 
 
+def broadcast_box(values, dim: int, name: str, caller: str) -> tuple[float, ...] | None:
+    """``lower`` or ``upper`` as one float per column: a single value is used for every column.
+
+    None stays None; a sequence must have ``dim`` values (checked by :class:`Bounds`).
+    """
+    if values is None:
+        return None
+    try:
+        arr = np.asarray(values, dtype=float)
+    except (TypeError, ValueError):
+        raise ParameterError(
+            f"The {name!r} parameter of {caller} must be a number or one number per column. "
+            f"Got {values!r} instead."
+        ) from None
+    if arr.ndim == 0 or arr.size == 1:
+        arr = np.full(dim, float(arr.reshape(-1)[0]))
+    return tuple(float(v) for v in arr.reshape(-1))
+
+
+def _scaled_norms(X: np.ndarray, norm: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(m, ||X_r / m_r||)`` per row with ``m_r = max_j |X_rj|`` (no overflow; m = 0 -> 1)."""
+    m = np.abs(X).max(axis=1)
+    m[m == 0] = 1.0
+    Y = X / m[:, None]
+    return m, (np.sqrt(np.einsum("ij,ij->i", Y, Y)) if norm == "l2" else np.abs(Y).sum(axis=1))
+
+
 def row_norms(X: np.ndarray, norm: str = "l2") -> np.ndarray:
-    """The L2 or L1 norm of each row of ``X`` (n_samples, n_features)."""
-    if norm == "l2":
-        return np.sqrt(np.einsum("ij,ij->i", X, X))
-    return np.abs(X).sum(axis=1)
+    """The L2 or L1 norm of each row of ``X`` (n_samples, n_features).
+
+    Rows whose norm overflows in the direct sum are recomputed scaled by
+    their largest entry; a norm above the float64 range is ``inf``.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        n = np.sqrt(np.einsum("ij,ij->i", X, X)) if norm == "l2" else np.abs(X).sum(axis=1)
+        big = np.isinf(n)
+        if big.any():
+            m, s = _scaled_norms(X[big], norm)
+            n[big] = m * s
+    return n
 
 
 def clip_rows(X: np.ndarray, bounds: Bounds, *, out: np.ndarray | None = None) -> tuple[np.ndarray, ClipCounts]:
@@ -189,9 +255,19 @@ def clip_rows(X: np.ndarray, bounds: Bounds, *, out: np.ndarray | None = None) -
     normc = 0
     if bounds.row_bound is not None:
         R = float(bounds.row_bound)
-        norms = row_norms(out, bounds.norm)
+        with np.errstate(over="ignore", invalid="ignore"):
+            norms = np.sqrt(np.einsum("ij,ij->i", out, out)) if bounds.norm == "l2" \
+                else np.abs(out).sum(axis=1)
+            big = np.isinf(norms)
+            if big.any():  # the squared (or summed) norm overflowed: scale by the largest entry
+                idx = np.flatnonzero(big)
+                m, s = _scaled_norms(out[idx], bounds.norm)
+                norms[idx] = m * s  # the true norm (inf only above the float64 range)
+                sel = norms[idx] > R
+                out[idx[sel]] = out[idx[sel]] / m[sel, None] * (R / s[sel])[:, None]
         over = norms > R
         normc = int(np.count_nonzero(over))
-        if normc:
-            out[over] *= (R / norms[over])[:, None]
+        direct = over & ~big
+        if direct.any():
+            out[direct] *= (R / norms[direct])[:, None]
     return out, ClipCounts(n, box, normc)

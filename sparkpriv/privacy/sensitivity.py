@@ -11,6 +11,10 @@ relation), the L1 sensitivity is ``sup_v ||v P||_1`` over the allowed ``v``:
 * ``||v||_1 <= r``: the sup of a convex function over the cross-polytope is
   at a vertex ``r e_i``: ``r max_i ||P_i||_1`` (exact).
 * one attribute changes by at most ``w_i`` (element-wise): ``max_i w_i ||P_i||_1``.
+  This bounds ``v -> v P`` only if the change stays in one coordinate after
+  clipping: true for a box clip (coordinate by coordinate, ``w_i = min(L,
+  upper_i - lower_i)``), false for a row norm clip, which rescales every
+  coordinate (refused by :meth:`sparkpriv.privacy.bounds.Bounds.change_constraints`).
 * ``||v||_2 <= r``: ``||v P||_1 = max_{s in {+-1}^k} <v, P s>`` so the sup is
   ``r max_s ||P s||_2 = r ||P||_{2->1}`` (exact). Enumerating ``s`` and ``-s``
   together needs ``2^(k-1)`` sign vectors, done for ``k <= 20``; above that the

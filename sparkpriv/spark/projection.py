@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from sparkpriv._validation import Interval, check_param
+from sparkpriv._validation import Interval, check_param, refuse_row_level_add_remove
 from sparkpriv.errors import ParameterError
 from sparkpriv.io.inputs import check_numeric_columns, check_present_columns, schema_fingerprint
 from sparkpriv.mechanisms.projection import (
@@ -27,7 +27,7 @@ from sparkpriv.mechanisms.projection import (
 )
 from sparkpriv.privacy import noise as _noise
 from sparkpriv.privacy.accounting import compose, epsilon_of
-from sparkpriv.privacy.bounds import Bounds, ClipCounts, clip_rows, row_norms
+from sparkpriv.privacy.bounds import Bounds, ClipCounts, broadcast_box, clip_rows, row_norms
 from sparkpriv.privacy.quantile import (
     DEFAULT_EXPONENTS,
     candidate_bounds,
@@ -101,13 +101,17 @@ def release_projection(
     delta : float
         0 for Laplace noise (pure epsilon-DP); in (0, 1) for Gaussian noise.
     noise : {"laplace", "gaussian"}
-    neighbors : {"replace-one", "add-remove", "element"}
+    neighbors : {"replace-one", "element"}
         ``"element"`` is the paper's element-wise relation: it protects ONE
-        ATTRIBUTE of a record, not a person.
+        ATTRIBUTE of a record, not a person; it needs ``lower``/``upper``
+        and/or ``element_bound`` and cannot be combined with ``row_bound`` or
+        ``row_bound_quantile`` (a norm clip rescales the whole row).
+        ``"add-remove"`` is refused: the output has one row per input row.
     row_bound, norm : float, {"l2", "l1"}
         Declared bound on each row's norm (rows are clipped to it).
-    lower, upper : sequence of float
-        Declared per-column box (values are clipped to it).
+    lower, upper : float or sequence of float
+        Declared per-column box (values are clipped to it): one value per
+        column, or a single value for every column.
     element_bound : float
         Largest change of one attribute (element-wise relation only).
     row_bound_quantile : float in (0, 1], optional
@@ -148,6 +152,7 @@ def release_projection(
     never leave the job.
     """
     caller = "release_projection"
+    refuse_row_level_add_remove(neighbors, release="a projection release", caller=caller)
     from sparkpriv.spark.events import BoundedRecords
 
     if isinstance(df, BoundedRecords):
@@ -177,19 +182,29 @@ def release_projection(
         )
     d = len(columns)
     check_param("k", k, [Interval("integer", 1, d, "both")], caller)
+    lower = broadcast_box(lower, d, "lower", caller)
+    upper = broadcast_box(upper, d, "upper", caller)
     check_param("fill", fill, [None, Interval("real", None, None, "neither")], caller)
     dp_bound = row_bound_quantile is not None
     if dp_bound:
         check_param("row_bound_quantile", row_bound_quantile, [Interval("real", 0, 1, "right")], caller)
         check_param("bound_epsilon_share", bound_epsilon_share, [Interval("real", 0, 1, "neither")], caller)
-        if row_bound is not None or neighbors == "element":
+        if row_bound is not None:
             raise ParameterError(
                 f"{caller}: row_bound_quantile estimates the row bound; it cannot be combined with a "
-                "declared row_bound or with the element-wise relation. Give one or the other."
+                "declared row_bound. Give one or the other."
+            )
+        if neighbors == "element":
+            raise ParameterError(
+                f"The 'row_bound_quantile' parameter of {caller} cannot be combined with "
+                "neighbors='element': clipping a row onto the norm ball rescales the whole row, so a "
+                "change of one attribute becomes a change of every coordinate and the element-wise "
+                "sensitivity no longer bounds it. Declare a per-column box (lower/upper) and/or "
+                "element_bound instead, or use neighbors='replace-one'."
             )
         candidates = candidate_bounds(tuple(bound_search))
-        hist_noise = histogram_noise(epsilon=epsilon * bound_epsilon_share, neighbors=neighbors,
-                                     buckets=candidates.size + 1)
+        hist_noise = _wide_grid(histogram_noise(epsilon=epsilon * bound_epsilon_share, neighbors=neighbors,
+                                                buckets=candidates.size + 1))
         eps_release = epsilon * (1.0 - bound_epsilon_share)
         bounds = Bounds(d, _tup(lower), _tup(upper), float(candidates[-1]), norm, None, _caller=caller)
     else:
@@ -237,7 +252,7 @@ def release_projection(
 
     schema = projected_schema(df, k, keep_columns)
     counters = owner_counters(df.sparkSession)
-    fn = _batch_fn(P, bounds, plan.noise, seed, columns, keep_columns, k, fill, counters)
+    fn = _batch_fn(P, bounds, plan.noise, seed, columns, keep_columns, k, fill, counters, plan.value_bound)
     rows = BatchMap(df.select(*keep_columns, *columns), fn, schema)
     out = rows.to_df()
     del P
@@ -277,21 +292,40 @@ def _dp_row_bound(df, columns, bounds, fill, candidates, hist_noise, quantile) -
 
     with spark_errors():
         counts = sum_partials(df.select(*columns), sparkpriv_norm_histogram, size)
+    # clamping each count (a public range) never increases the sensitivity; the
+    # grid holds 2^30 noise scales, so this only acts on astronomically large tables
+    _clamp = hist_noise.max_abs_value
+    np.clip(counts, -_clamp, _clamp, out=counts)
     rng = stream(new_secret_seed("bound-histogram-noise"), 0)
     noisy = _noise.add_noise(counts, hist_noise, rng)
     return choose_bound(noisy, candidates, quantile)
+
+
+def _wide_grid(hist_noise):
+    """The same Laplace noise (same event) on a grid holding counts up to 2^30 noise scales.
+
+    The default grid holds only 2^22 scales: with a large epsilon a bucket of a
+    few thousand rows would overflow it, and the release would fail because of
+    the data. The coarser grid costs a factor ``1 + dim g / sensitivity`` (about
+    ``1 + dim 2^-30``) in noise.
+    """
+    return _noise.calibrate_laplace_noise(
+        sensitivity=hist_noise.sensitivity, epsilon=hist_noise.epsilon, dim=hist_noise.dim,
+        max_abs=2.0**30 * hist_noise.sensitivity / hist_noise.epsilon)
 
 
 def _tup(x):
     return None if x is None else tuple(float(v) for v in x)
 
 
-def _batch_fn(P, bounds, noise, seed, columns, keep_columns, k, fill, counters):
+def _batch_fn(P, bounds, noise, seed, columns, keep_columns, k, fill, counters, value_bound=None):
     """Build the per-partition function from plain values only (it is pickled).
 
     ``noise=None`` gives the projection before noise (used to test that the
-    Spark path equals the numpy path exactly).
+    Spark path equals the numpy path exactly). ``value_bound``: the plan's
+    public range, projected values are clamped to it (as on the numpy path).
     """
+    value_bound = None if value_bound is None else float(value_bound)
     P = np.ascontiguousarray(P)
     names = list(keep_columns) + [f"z{i}" for i in range(k)]
 
@@ -300,7 +334,7 @@ def _batch_fn(P, bounds, noise, seed, columns, keep_columns, k, fill, counters):
         tot = ClipCounts()
         for batch in batches:
             X = batch_matrix(batch, columns, fill=fill)
-            Y, counts = project_rows(X, P, bounds)
+            Y, counts = project_rows(X, P, bounds, value_bound)
             cols = _noise.transposed(Y) if noise is None else _noise.add_noise_transposed(Y, noise, rng)
             tot = tot + counts
             arrays = [batch.column(c) for c in keep_columns]

@@ -19,8 +19,8 @@ import logging
 import numpy as np
 import pyarrow as pa
 
-from sparkpriv._validation import Interval, check_param
-from sparkpriv.mechanisms.projection import NOISE_STAGE, secret_matrix_and_seed
+from sparkpriv._validation import Interval, check_param, refuse_row_level_add_remove
+from sparkpriv.mechanisms.projection import NOISE_STAGE, clamp_projected, secret_matrix_and_seed
 from sparkpriv.mechanisms.sparse import plan_sparse_projection, project_sparse_rows
 from sparkpriv.privacy import noise as _noise
 from sparkpriv.privacy.accounting import epsilon_of
@@ -67,7 +67,9 @@ def release_sparse_projection(
     Privacy
     -------
     Neighbours: one PERSON replaced (``replace-one``, the number of people is
-    public) or added/removed, with all of their events. Sensitivity: every
+    public), with all of their events. ``add-remove`` is refused: the output
+    has one row per person, so adding or removing one changes the row count.
+    Sensitivity: every
     bounded record has ``||x||_1 <= L c`` and ``||x||_2 <= c sqrt(L)``
     (:class:`~sparkpriv.mechanisms.sparse.ItemCap`), enforced by the item cap;
     both give an exact sensitivity of ``x -> x P`` for the realized ``P``
@@ -77,6 +79,8 @@ def release_sparse_projection(
     and the key of the item choice. The person key is not in the output.
     """
     caller = "release_projection"
+    refuse_row_level_add_remove(neighbors, release="a projection release of event-table records",
+                                caller=caller)
     d = records.d
     check_param("k", k, [Interval("integer", 1, d, "both")], caller)
     P, seed = secret_matrix_and_seed(d, k, matrix_key)
@@ -90,7 +94,7 @@ def release_sparse_projection(
     hold = reserve(event=event, mechanism="projection", parameters=params, ledger=ledger,
                    table_id=table_id)
     counters = make_counters(records.grouped.sparkSession)
-    fn = _sparse_batch_fn(P, records.record_fn(counters), plan.noise, seed, k)
+    fn = _sparse_batch_fn(P, records.record_fn(counters), plan.noise, seed, k, plan.value_bound)
     rows = BatchMap(records.grouped, fn, _schema(k))
     out = rows.to_df()
     del P
@@ -104,10 +108,12 @@ def release_sparse_projection(
                    rows=rows)
 
 
-def _sparse_batch_fn(P, bound, noise, seed, k):
+def _sparse_batch_fn(P, bound, noise, seed, k, value_bound=None):
     """Per-partition function from plain values (pickled). ``noise=None`` gives the
-    projection before noise (tests compare it with the dense numpy path)."""
+    projection before noise (tests compare it with the dense numpy path).
+    ``value_bound``: the plan's public range; projected values are clamped to it."""
     P = np.ascontiguousarray(P)
+    value_bound = None if value_bound is None else float(value_bound)
     names = [f"z{i}" for i in range(k)]
 
     def sparkpriv_sparse_projection(batches, pid):
@@ -115,6 +121,8 @@ def _sparse_batch_fn(P, bound, noise, seed, k):
         for batch in in_person_hash_order(batches):
             off, idx, vals = bound(batch)
             Y = project_sparse_rows(off, idx, vals, P)
+            if value_bound is not None:
+                clamp_projected(Y, value_bound)
             cols = _noise.transposed(Y) if noise is None else _noise.add_noise_transposed(Y, noise, rng)
             yield pa.RecordBatch.from_arrays([pa.array(c) for c in cols], names)
 

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from sparkpriv.errors import ParameterError
+from sparkpriv.errors import InputError, ParameterError
 from sparkpriv.mechanisms.projection import (
     distance_variance,
     draw_projection_matrix,
@@ -117,7 +117,7 @@ def test_bad_parameters(kw, msg):
 def test_nan_input_is_named():
     X = np.ones((4, 3))
     X[2, 1] = np.nan
-    with pytest.raises(ParameterError, match="column index 1"):
+    with pytest.raises(InputError, match="column index 1"):
         release_projection_array(X, k=2, epsilon=1.0, row_bound=1.0)
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from sparkpriv.errors import ParameterError
+from sparkpriv.errors import InputError, ParameterError
 from sparkpriv.mechanisms.projection import draw_projection_matrix
 from sparkpriv.mechanisms.sparse import (
     ItemCap,
@@ -188,7 +188,7 @@ def test_clip_sparse_rows_enforces_both_norms():
     np.testing.assert_array_equal(v[:2], [2.0, 1.0])
     r1 = v[2:]
     assert r1.sum() <= cap.l1_bound + 1e-12 and np.linalg.norm(r1) <= cap.l2_bound + 1e-12
-    with pytest.raises(ParameterError, match=r"\[0, 6\)"):
+    with pytest.raises(InputError, match=r"\[0, 6\)"):
         clip_sparse_rows(off, idx + 1, vals, cap, d=6)
 
 

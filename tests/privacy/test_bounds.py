@@ -32,7 +32,11 @@ def test_change_constraints():
     np.testing.assert_allclose(cc["box_widths"], [1.0, 2.0])
     cc = b.change_constraints("add-remove")
     assert cc["l2_radius"] == 1.5
-    np.testing.assert_allclose(b.change_constraints("element")["element_widths"], [1.0, 2.0])
+    # element-wise: the box widths; a row norm clip is refused (it spreads one attribute's change)
+    box = Bounds(2, (0.0, 0.0), (1.0, 2.0))
+    np.testing.assert_allclose(box.change_constraints("element")["element_widths"], [1.0, 2.0])
+    with pytest.raises(ParameterError, match="row_bound"):
+        b.change_constraints("element")
     # origin outside the box: the norm clip can leave the box, so only the norm bound counts
     b2 = Bounds(2, (1.0, 1.0), (2.0, 2.0), row_bound=2.0)
     assert "box_widths" not in b2.change_constraints("replace-one")

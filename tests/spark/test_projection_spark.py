@@ -251,3 +251,83 @@ def test_dp_row_bound_quantile(spark, tmp_path):
     rel.write(str(tmp_path / "q"))
     with pytest.raises(ParameterError, match="either|one or the other"):
         release_projection(df, columns=["a", "b"], k=1, epsilon=1.0, row_bound=1.0, row_bound_quantile=0.9)
+
+
+# ------------------------------------------------------------------ privacy-audit fixes
+
+class _Untouchable:
+    """A stand-in DataFrame that fails the test if anything reads it."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the input was read ({name})")
+
+
+def test_add_remove_refused_before_the_input_is_read():
+    from sparkpriv.spark.sparse_projection import release_sparse_projection
+
+    with pytest.raises(ParameterError, match=r"'add-remove'.*number of output rows.*replace-one"):
+        release_projection(_Untouchable(), columns=["a"], k=1, epsilon=1.0, row_bound=1.0,
+                           neighbors="add-remove")
+    with pytest.raises(ParameterError, match=r"'add-remove'.*event-table records.*replace-one"):
+        release_sparse_projection(_Untouchable(), k=1, epsilon=1.0, neighbors="add-remove")
+
+
+def test_add_remove_refused_by_dprp_rows(spark, table):
+    from sparkpriv.spark.dprp import release_dprp
+
+    df, _ = table
+    with pytest.raises(ParameterError, match=r"'add-remove'.*DPRP.*number of output rows"):
+        release_dprp(df, columns=_cols(), epsilon=1.0, delta=1e-6, lower=[-3.0] * D, upper=[3.0] * D,
+                     neighbors="add-remove")
+
+
+@pytest.mark.parametrize("kw", [{"row_bound": 1.0}, {"row_bound": 1.0, "lower": -2.0, "upper": 2.0},
+                                {"row_bound_quantile": 0.9, "element_bound": 1.0}])
+def test_element_with_a_row_clip_is_refused(spark, table, kw):
+    df, _ = table
+    with pytest.raises(ParameterError, match=r"neighbors='element'.*whole row"):
+        release_projection(df, columns=_cols(), k=K, epsilon=1.0, neighbors="element", **kw)
+
+
+def test_single_lower_upper_value_on_spark(spark, table):
+    df, _ = table
+    rel = release_projection(df, columns=_cols(), k=K, epsilon=1.0, lower=-2.0, upper=2.0)
+    assert rel.public["bounds"]["lower"] == [-2.0] * D and rel.public["bounds"]["upper"] == [2.0] * D
+
+
+def test_spark_clamps_like_numpy_before_noise(spark):
+    # element_bound alone: no declared range, so huge values are clamped to the public range
+    X = np.array([[1.0, 2.0, 3.0], [1e300, -1.0, 0.5], [-5.0, 1e30, 0.0]])
+    df = spark.createDataFrame([tuple(map(float, r)) for r in X], "a double, b double, c double").coalesce(1)
+    P = draw_projection_matrix(3, 2, seed=4)
+    bounds = Bounds(3, element_bound=1.0)
+    M = 1e6
+    fn = _batch_fn(P, bounds, None, 1, ["a", "b", "c"], [], 2, None, None, M)
+    got = map_batches(df, fn, projected_schema(df, 2, [])).toPandas().to_numpy()
+    Y, _ = project_rows(X, P, bounds, M)
+    np.testing.assert_array_equal(got, Y)  # one batch of the same rows: the same bits
+    assert np.abs(got).max() <= M and np.abs(got[0]).max() < 10
+
+
+@pytest.mark.parametrize("noise,delta", [("laplace", 0.0), ("gaussian", 1e-6)])
+def test_huge_value_does_not_fail_the_release(spark, tmp_path, noise, delta):
+    df = spark.createDataFrame([(1.0, 2.0), (1e300, -1.0), (0.5, 0.25)], "a double, b double")
+    rel = release_projection(df, columns=["a", "b"], k=1, epsilon=1.0, delta=delta, noise=noise,
+                             neighbors="element", element_bound=1.0)
+    rel.write(str(tmp_path / "out"))
+    z = np.array([r["z0"] for r in spark.read.parquet(str(tmp_path / "out")).collect()])
+    assert z.size == 3 and np.isfinite(z).all()
+    rng = rel.public["projected_value_range"]
+    assert np.abs(z).max() <= rng["bound"] * 1.01
+
+
+def test_dp_row_bound_with_a_large_epsilon_does_not_fail_on_the_counts(spark, tmp_path):
+    # eps 5e5 for the histogram: its default grid held counts up to 32 only, so a
+    # bucket of 200 rows made the release fail after the budget was reserved
+    X = np.zeros((200, 2))
+    X[:, 0] = 3.0
+    df = spark.createDataFrame([tuple(map(float, r)) for r in X], "a double, b double")
+    rel = release_projection(df, columns=["a", "b"], k=1, epsilon=1e6, row_bound_quantile=0.5,
+                             bound_epsilon_share=0.5)
+    assert rel.public["row_bound_estimation"]["chosen_row_bound"] == 4.0
+    assert rel.epsilon <= 1e6 * (1 + 1e-12)
