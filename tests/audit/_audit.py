@@ -141,6 +141,7 @@ class AuditResult:
     control: bool = False
     notes: str = ""
     extra: dict = field(default_factory=dict)
+    control_kind: str = "noise x0.7"
 
     @property
     def ratio(self) -> float:
@@ -148,9 +149,11 @@ class AuditResult:
 
     def row(self) -> str:
         mu = "" if self.mu_claim is None else f"{self.mu_lb:.3f} / {self.mu_claim:.3f}"
-        kind = "control x0.7" if self.control else "mechanism"
-        return (f"| {self.name} | {kind} | {self.trials} | {self.eps_lb:.3f} | {self.eps_claim:.3f} | "
-                f"{self.ratio:.2f} | {self.delta:g} | {mu} |")
+        kind = f"control ({self.control_kind})" if self.control else "mechanism"
+        lb = f"{self.eps_lb:.3f}" if self.eps_lb > 0 else "<= 0"
+        ratio = f"{self.ratio:.2f}" if self.eps_lb > 0 else "0"
+        return (f"| {self.name} | {kind} | {self.trials} | {lb} | {self.eps_claim:.3f} | "
+                f"{ratio} | {self.delta:g} | {mu} |")
 
 
 def record(res: AuditResult) -> AuditResult:
