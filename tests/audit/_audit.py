@@ -37,8 +37,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-ALPHA = 0.05  # the pair of Clopper-Pearson bounds holds with probability >= 1 - ALPHA
+ALPHA = 1e-3  # the pair of Clopper-Pearson bounds holds with probability >= 1 - ALPHA (README: why not 0.05)
 CONTROL_FACTOR = 0.7  # positive controls: the noise scale deliberately cut by 30 %
+N_LAPLACE = 400_000  # trials per side of a pure-epsilon (discrete Laplace) game
+N_GAUSS = 1_000_000  # trials per side of an (epsilon, delta) / Gaussian-DP game
 
 # every audit result of the session, printed as a table at the end (conftest.py)
 RESULTS: list["AuditResult"] = []

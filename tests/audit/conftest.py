@@ -10,7 +10,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not RESULTS:
         return
     tr = terminalreporter
-    tr.section("privacy audit: empirical lower bounds (95 % Clopper-Pearson)")
+    tr.section("privacy audit: empirical lower bounds (Clopper-Pearson, confidence 1 - alpha = 99.9 %)")
     tr.write_line("| audit | kind | trials per side | eps_lb | eps claim | eps_lb / claim | delta | mu_lb / mu claim |")
     tr.write_line("|---|---|---|---|---|---|---|---|")
     for r in RESULTS:

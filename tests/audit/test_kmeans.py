@@ -34,13 +34,13 @@ from sparkpriv.privacy.bounds import Bounds
 from sparkpriv.privacy.calibration import gdp_epsilon_delta
 from sparkpriv.privacy.random import stream
 
-from ._audit import check, gaussian_game, grid_integers, trials_of, weaken_noise
+from ._audit import N_GAUSS, check, gaussian_game, grid_integers, trials_of, weaken_noise
 
 pytestmark = pytest.mark.audit
 
 DELTA = 1e-3
 EPS = {"linear": 1.0, "kernel": 1.5}  # each audited step then has mu about 0.39 (about (1, 1e-3))
-N = 400_000
+N = N_GAUSS
 C_LIN = 1.0  # linear: L2 row bound
 C_X = 3.0  # kernel: L2 row bound of the inputs
 W_SEED = 0x5EED

@@ -32,6 +32,8 @@ from sparkpriv.privacy.calibration import gdp_mu_for
 from sparkpriv.privacy.random import stream
 
 from ._audit import (
+    N_GAUSS,
+    N_LAPLACE,
     check,
     gaussian_game,
     grid_integers,
@@ -46,8 +48,6 @@ D, K = 4, 3
 KEY = b"sparkpriv-audit: projection key 01"
 EPS_LAPLACE = 1.0
 EPS_GAUSS, DELTA = 1.0, 1e-3
-N_LAPLACE = 150_000  # saturation has probability about 2^-K under D
-N_GAUSS = 400_000
 LO = np.array([-1.0, -2.0, 0.0, -0.5])
 HI = np.array([1.0, 1.0, 2.0, 0.5])
 R = 1.5

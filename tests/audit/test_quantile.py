@@ -17,12 +17,12 @@ from sparkpriv.privacy import noise as nz
 from sparkpriv.privacy.quantile import candidate_bounds, histogram_noise, norm_bucket_counts
 from sparkpriv.privacy.random import stream
 
-from ._audit import check, grid_integers, laplace_game, trials_of, weaken_noise
+from ._audit import N_LAPLACE, check, grid_integers, laplace_game, trials_of, weaken_noise
 
 pytestmark = pytest.mark.audit
 
 EPS = 1.0
-N = 150_000
+N = N_LAPLACE
 REST_NORMS = np.array([0.3, 0.3, 2.0, 5.0, 5.5, 100.0, 1e4])
 
 
