@@ -56,10 +56,10 @@ def test_spark_kmeans_noise_is_the_audited_noise(spark):
     from sparkpriv.mechanisms import kmeans as km
 
     df, _ = _df(spark, n=25)
-    rel = release_kmeans(df, columns=COLS, k=2, epsilon=1.0, delta=1e-3, iterations=2, variant="linear",
+    rel = release_kmeans(df, columns=COLS, k=2, epsilon=1.0, delta=1e-3, iterations=1, variant="linear",
                          row_bound=1.0)
     fmap = km.make_feature_map("linear", Bounds(D, row_bound=1.0))
-    plan = km.plan_kmeans(fmap, k=2, epsilon=1.0, delta=1e-3, iterations=2)
+    plan = km.plan_kmeans(fmap, k=2, epsilon=1.0, delta=1e-3, iterations=1)
     assert rel.public["iteration_noise"] == plan.iter_noise.to_public_dict()
     assert rel.public["gdp"]["mu_per_iteration"] == plan.mu_iter
     assert rel.epsilon == plan.epsilon_spent()
