@@ -101,6 +101,7 @@ def offered_projection() -> set:
 
 def offered_projection_events() -> set:
     from sparkpriv.mechanisms.projection import NOISE_KINDS
+    from sparkpriv._validation import refuse_row_level_add_remove
     from sparkpriv.mechanisms.sparse import WEIGHTS, ItemCap, plan_sparse_projection
 
     P = np.random.default_rng(1).standard_normal((20, 2))
@@ -110,8 +111,11 @@ def offered_projection_events() -> set:
         for w in WEIGHTS:
             cap = ItemCap(2, w, None if w == "binary" else 3)
             for rel in NEIGHBORS:
-                if _accepts(lambda: plan_sparse_projection(P, cap, epsilon=1.0, delta=delta, noise=noise,
-                                                           neighbors=rel)):
+                # the release entry point (release_sparse_projection) refuses add-remove
+                # first; plan_sparse_projection alone is a sensitivity calculator
+                if _accepts(lambda: refuse_row_level_add_remove(rel, release="event records", caller="audit")) \
+                        and _accepts(lambda: plan_sparse_projection(P, cap, epsilon=1.0, delta=delta, noise=noise,
+                                                                    neighbors=rel)):
                     out.add(("projection-events", noise, rel, w))
     return out
 
@@ -215,9 +219,8 @@ REFUSED = [
     ("projection element + element_bound + row_bound",
      lambda: __import__("sparkpriv.mechanisms.projection", fromlist=["x"])
      .release_projection_array(X, k=2, epsilon=1.0, neighbors="element", row_bound=1.0, element_bound=0.5)),
-    ("event-records projection add-remove", lambda: __import__("sparkpriv.mechanisms.sparse", fromlist=["x"])
-     .plan_sparse_projection(np.ones((20, 2)), __import__("sparkpriv.mechanisms.sparse", fromlist=["x"])
-                             .ItemCap(2), epsilon=1.0, neighbors="add-remove")),
+    ("event-records projection add-remove", lambda: __import__("sparkpriv.spark.sparse_projection", fromlist=["x"])
+     .release_sparse_projection(None, k=2, epsilon=1.0, neighbors="add-remove")),
     ("dprp add-remove", lambda: __import__("sparkpriv.mechanisms.dprp", fromlist=["x"])
      .release_dprp_array(X, epsilon=1.0, delta=1e-6, lower=[-1.0] * 3, upper=[1.0] * 3,
                          neighbors="add-remove")),
