@@ -17,6 +17,7 @@ or a fresh schema of the PostgreSQL database (through the URL's
 from __future__ import annotations
 
 import glob
+import multiprocessing
 import os
 import pwd
 import re
@@ -186,3 +187,19 @@ def ledger_url(request, tmp_path) -> str:
 
     request.addfinalizer(drop)
     return _with_search_path(base, schema)
+
+
+#: Processes of the session's racing pool (the races of test_ledger.py and test_stress.py).
+RACERS = 16
+
+
+@pytest.fixture(scope="session")
+def racers():
+    """16 processes (multiprocessing, spawn), started once for every race, and a barrier maker.
+
+    Spawned processes share nothing with this one (no inherited connection or
+    lock); starting them once saves importing dp_accounting 16 times per race.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Manager() as manager, ctx.Pool(RACERS) as pool:
+        yield pool, manager
