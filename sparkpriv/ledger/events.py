@@ -31,8 +31,9 @@ import importlib.metadata
 import json
 import math
 import numbers
+import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import dp_accounting
@@ -141,38 +142,40 @@ def event_to_checked_dict(event: Any) -> dict:
 # -- the spend of a checked dict ---------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
 class Spend:
     """What a set of events spends, reduced exactly (see the module docstring).
 
     ``mu2`` is ``sum count / z**2`` over Gaussian leaves (``gaussians`` of them),
-    ``laplace`` maps a Laplace noise multiplier to its total count,
-    ``discrete`` maps ``(noise_parameter, sensitivity)`` to its total count.
+    ``laplace`` holds ``(noise multiplier, total count)`` pairs of Laplace leaves,
+    ``discrete`` holds ``((noise_parameter, sensitivity), total count)`` pairs.
     """
 
     mu2: float = 0.0
     gaussians: int = 0
-    laplace: Counter = field(default_factory=Counter)
-    discrete: Counter = field(default_factory=Counter)
+    laplace: tuple = ()
+    discrete: tuple = ()
     nonprivate: bool = False
 
     def __add__(self, other: "Spend") -> "Spend":
-        return Spend(math.fsum((self.mu2, other.mu2)), self.gaussians + other.gaussians,
-                     self.laplace + other.laplace, self.discrete + other.discrete,
-                     self.nonprivate or other.nonprivate)
+        return Spend.total((self, other))
 
     @classmethod
     def total(cls, spends) -> "Spend":
-        out = cls()
-        mu2 = []
+        mu2, gaussians, nonprivate = [], 0, False
+        laplace: Counter = Counter()
+        discrete: Counter = Counter()
         for s in spends:
-            mu2.append(s.mu2)
-            out.gaussians += s.gaussians
-            out.laplace.update(s.laplace)
-            out.discrete.update(s.discrete)
-            out.nonprivate = out.nonprivate or s.nonprivate
-        out.mu2 = math.fsum(mu2)
-        return out
+            if s.gaussians:
+                mu2.append(s.mu2)
+                gaussians += s.gaussians
+            for k, n in s.laplace:
+                laplace[k] += n
+            for k, n in s.discrete:
+                discrete[k] += n
+            nonprivate = nonprivate or s.nonprivate
+        return cls(math.fsum(mu2), gaussians, tuple(sorted(laplace.items())), tuple(sorted(discrete.items())),
+                   nonprivate)
 
     @property
     def empty(self) -> bool:
@@ -194,14 +197,21 @@ class Spend:
             return math.inf
         if self.empty:
             return 0.0
+        if not math.isfinite(self.mu2):
+            return math.inf
         z = _equivalent_multiplier(self.mu2) if self.gaussians else None
         if not (self.laplace or self.discrete):
             return gaussian_epsilon(z, delta)
+        if z is not None and gaussian_epsilon(z, delta) > 50.0:
+            # Far beyond any budget, where PLD grids get huge: basic composition (the Gaussian
+            # part at delta, the Laplace parts pure) is a cheap upper bound.
+            pure = math.fsum([n / b for b, n in self.laplace] + [n * a * s for (a, s), n in self.discrete])
+            return gaussian_epsilon(z, delta) + pure
         parts: list = [] if z is None else [_ev.GaussianDpEvent(z)]
-        for b, n in sorted(self.laplace.items()):
+        for b, n in self.laplace:
             leaf = _ev.LaplaceDpEvent(b)
             parts.append(leaf if n == 1 else _ev.SelfComposedDpEvent(leaf, n))
-        for (a, s), n in sorted(self.discrete.items()):
+        for (a, s), n in self.discrete:
             leaf = _ev.DiscreteLaplaceDpEvent(a, s)
             parts.append(leaf if n == 1 else _ev.SelfComposedDpEvent(leaf, n))
         try:
@@ -249,8 +259,14 @@ def gaussian_epsilon(z: float, delta: float) -> float:
 
 def spend_of_dict(d: Any) -> Spend:
     """Validate a stored-form dict and reduce it; :class:`InvalidEvent` says what is wrong."""
-    spend = Spend()
+    if type(d) is dict and len(d) == 2 and d.get("class_name") == "GaussianDpEvent" and "noise_multiplier" in d:
+        z = _number(d["noise_multiplier"], "GaussianDpEvent.noise_multiplier")  # the common case, fast
+        return Spend((1.0 / z) ** 2 if z > 1e-150 else math.inf, 1)
     mu2: list[float] = []
+    gaussians = [0]
+    nonprivate = [False]
+    laplace: Counter = Counter()
+    discrete: Counter = Counter()
     nodes = [0]
 
     def walk(x: Any, mult: int, depth: int) -> None:
@@ -279,20 +295,20 @@ def spend_of_dict(d: Any) -> Spend:
             walk(x["event"], mult * n, depth + 1)
         elif name == "GaussianDpEvent":
             z = _number(x["noise_multiplier"], "GaussianDpEvent.noise_multiplier")
-            mu2.append(mult / (z * z))
-            spend.gaussians += mult
+            mu2.append(mult * ((1.0 / z) ** 2 if z > 1e-150 else math.inf))
+            gaussians[0] += mult
         elif name == "LaplaceDpEvent":
-            spend.laplace[_number(x["noise_multiplier"], "LaplaceDpEvent.noise_multiplier")] += mult
+            laplace[_number(x["noise_multiplier"], "LaplaceDpEvent.noise_multiplier")] += mult
         elif name == "DiscreteLaplaceDpEvent":
             key = (_number(x["noise_parameter"], "DiscreteLaplaceDpEvent.noise_parameter"),
                    _count(x["sensitivity"], "DiscreteLaplaceDpEvent.sensitivity"))
-            spend.discrete[key] += mult
+            discrete[key] += mult
         elif name == "NonPrivateDpEvent":
-            spend.nonprivate = True
+            nonprivate[0] = True
 
     walk(d, 1, 0)
-    spend.mu2 = math.fsum(mu2)
-    return spend
+    return Spend(math.fsum(mu2), gaussians[0], tuple(sorted(laplace.items())), tuple(sorted(discrete.items())),
+                 nonprivate[0])
 
 
 def event_from_checked_dict(d: Mapping) -> _ev.DpEvent:
@@ -340,8 +356,36 @@ class UnknownFormat(InvalidEvent):
     """The stored event has a format this sparkpriv does not read."""
 
 
+_NUM = r"(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)"
+_LEAF = r'\{"class_name": "(GaussianDpEvent|LaplaceDpEvent)", "noise_multiplier": ' + _NUM + r"\}"
+#: The two texts a single Gaussian or Laplace release is stored as (formats 2 and 1), exactly as
+#: ``json.dumps(..., sort_keys=True)`` writes them; anything else takes the general path.
+_FAST_2 = re.compile(r'\{"dp_accounting": "([0-9A-Za-z.+_-]{1,40})", "event": ' + _LEAF + r', "event_format": 2\}')
+_FAST_1 = re.compile(_LEAF)
+
+
+def _fast(text: str) -> Stored | None:
+    m = _FAST_2.fullmatch(text)
+    if m is not None:
+        version, name, number = m.groups()
+        fmt = 2
+    else:
+        m = _FAST_1.fullmatch(text)
+        if m is None:
+            return None
+        (name, number), version, fmt = m.groups(), None, 1
+    x = _number(float(number), f"{name}.noise_multiplier")  # the same check as the general path
+    event = {"class_name": name, "noise_multiplier": x}
+    spend = Spend((1.0 / x) ** 2 if x > 1e-150 else math.inf, 1) if name == "GaussianDpEvent" else Spend(laplace=((x, 1),))
+    return Stored(event, fmt, version, spend)
+
+
 def decode_stored(text: Any) -> Stored:
     """Parse and validate one stored event; :class:`InvalidEvent` (or :class:`UnknownFormat`) if it cannot be used."""
+    if isinstance(text, str) and len(text) < 200:
+        fast = _fast(text)
+        if fast is not None:
+            return fast
     if not isinstance(text, str):
         raise InvalidEvent(f"the stored events are a {type(text).__name__}, not JSON text")
     try:
