@@ -2,14 +2,15 @@
 
 A ledger holds, per logical table id, a budget ``(epsilon, delta)`` and one
 entry per release with the release's dp_accounting events. What a table has
-spent is dp_accounting's PLD epsilon, at the budget's delta, of the composition
-of the events of every counted entry (states ``reserved`` and ``committed``);
-epsilons are never added up (except for pure Laplace events at ``delta = 0``,
-where the sum is the exact answer).
+spent is the epsilon, at the budget's delta, of the composition of the events
+of every counted entry (states ``reserved`` and ``committed``), computed by
+:mod:`sparkpriv.ledger.events` (exact for Gaussian events, dp_accounting's PLD
+otherwise); epsilons are never added up (except for pure Laplace events at
+``delta = 0``, where the sum is the exact answer).
 
 This module holds everything the backends share: the schema, the SQL (written
-with ``?`` placeholders; a backend translates them), the budget arithmetic and
-the messages. A backend only supplies a connection and a transaction that
+with ``?`` placeholders; a backend translates them), the budget check and the
+messages. A backend only supplies a connection and a transaction that
 serializes check-and-spend per table (:meth:`Ledger._transaction`).
 """
 
@@ -124,7 +125,7 @@ class Reservation:
 class TableStatus:
     """Budget, spend and entries of one table, as :meth:`Ledger.status` found them.
 
-    ``spent_epsilon`` is the PLD epsilon at ``budget_delta`` of every counted
+    ``spent_epsilon`` is the composed epsilon at ``budget_delta`` of every counted
     entry (``reserved`` or ``committed``); ``entries`` are dicts in creation
     order, see :meth:`Ledger.status`.
     """

@@ -49,8 +49,9 @@ def add_ledger_subparsers(commands) -> None:
     s = commands.add_parser(
         "show",
         help="budget, spent, remaining and releases of one or every table",
-        description="Show each table's budget, the epsilon spent by its counted releases (composed by "
-        "dp_accounting's PLD accountant at the budget's delta), what remains, and every release.",
+        description="Show each table's budget, the epsilon spent by its counted releases (composed at the "
+        "budget's delta: exactly for Gaussian releases, by dp_accounting's PLD accountant otherwise), what "
+        "remains, and every release. Opens the ledger read-only.",
     )
     _add_ledger_option(s)
     s.add_argument("--table-id", help="only this table (default: every table)")
