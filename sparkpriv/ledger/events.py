@@ -62,6 +62,8 @@ DP_ACCOUNTING_VERSION = _dp_accounting_version()
 MAX_DEPTH = 32
 MAX_NODES = 10_000
 MAX_COUNT = 10**9
+#: Above this epsilon (of the Gaussian part, or the pure sum of the Laplace part) no PLD is built.
+_PLD_LIMIT = 50.0
 
 _LEAVES = {
     "GaussianDpEvent": ("noise_multiplier",),
@@ -202,11 +204,12 @@ class Spend:
         z = _equivalent_multiplier(self.mu2) if self.gaussians else None
         if not (self.laplace or self.discrete):
             return gaussian_epsilon(z, delta)
-        if z is not None and gaussian_epsilon(z, delta) > 50.0:
+        pure = math.fsum([n / b for b, n in self.laplace] + [n * a * s for (a, s), n in self.discrete])
+        gauss = 0.0 if z is None else gaussian_epsilon(z, delta)
+        if gauss > _PLD_LIMIT or pure > _PLD_LIMIT:
             # Far beyond any budget, where PLD grids get huge: basic composition (the Gaussian
             # part at delta, the Laplace parts pure) is a cheap upper bound.
-            pure = math.fsum([n / b for b, n in self.laplace] + [n * a * s for (a, s), n in self.discrete])
-            return gaussian_epsilon(z, delta) + pure
+            return gauss + pure
         parts: list = [] if z is None else [_ev.GaussianDpEvent(z)]
         for b, n in self.laplace:
             leaf = _ev.LaplaceDpEvent(b)
