@@ -290,12 +290,12 @@ class Ledger(abc.ABC):
                 verdict = self._verdict(table_id, seen, own_spend)
 
             def write(tx: _Tx):
-                now = self._history(tx, table_id, lock=True)
                 if under_lock:
-                    v = self._verdict(table_id, now, own_spend)
-                elif now[:2] != seen[:2] or [r[:2] for r in now[2]] != [r[:2] for r in seen[2]]:
-                    return None  # the budget or the counted entries changed since the snapshot
+                    v = self._verdict(table_id, self._history(tx, table_id, lock=True), own_spend)
                 else:
+                    now = self._history(tx, table_id, lock=True, ids_only=True)
+                    if now[:2] != seen[:2] or now[2] != [r[0] for r in seen[2]]:
+                        return None  # the budget or the set of counted entries changed since the snapshot
                     v = verdict
                 tx.execute(insert, (entry_id, table_id, mechanism, params_json, events_json, v[1], v[4],
                                     output_path, summary_json, _now(), socket.gethostname(), os.getpid()))
@@ -459,17 +459,21 @@ class Ledger(abc.ABC):
         rows = tx.execute(sql + (self._FOR_UPDATE if lock else ""), (table_id,))
         return (float(rows[0][0]), float(rows[0][1]), rows[0][2]) if rows else None
 
-    def _history(self, tx: _Tx, table_id: str, *, lock: bool):
+    def _history(self, tx: _Tx, table_id: str, *, lock: bool, ids_only: bool = False):
         """``(budget epsilon, budget delta, [(id, events, state), ...] by id)`` of the counted entries.
 
         With ``lock``, the budget row is locked first (``FOR UPDATE`` on
         PostgreSQL; SQLite's write transaction already holds the database lock).
+        With ``ids_only`` the list holds the entry ids only (the check under the
+        lock: the ledger never changes a stored entry's events, only its state).
         """
         budget = self._budget(tx, table_id, lock=lock)
         if budget is None:
             raise BudgetExceededError(_no_budget_message(self.url, table_id))
-        rows = tx.execute("SELECT id, events, state FROM sparkpriv_releases "
-                          "WHERE table_id = ? AND state IN ('reserved', 'committed') ORDER BY id", (table_id,))
+        where = "FROM sparkpriv_releases WHERE table_id = ? AND state IN ('reserved', 'committed') ORDER BY id"
+        if ids_only:
+            return budget[0], budget[1], [r[0] for r in tx.execute("SELECT id " + where, (table_id,))]
+        rows = tx.execute("SELECT id, events, state " + where, (table_id,))
         return budget[0], budget[1], [tuple(r) for r in rows]
 
     def _verdict(self, table_id: str, history, own_spend: Spend):
