@@ -1,6 +1,6 @@
 """Racing 16 processes on each backend and, for PostgreSQL, each isolation level as the server default.
 
-Every racer (the session's spawn pool, tests/ledger/conftest.py) opens the
+Every racer (the session's pool of 16, tests/ledger/conftest.py) opens the
 ledger, waits on a barrier, and then makes a few reservations on two tables:
 
 * ``pure``: Laplace epsilon 1 at ``delta = 0`` on a budget of 10: exactly 10
