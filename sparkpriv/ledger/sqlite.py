@@ -48,7 +48,10 @@ class SQLiteLedger(Ledger):
         try:
             if read_only:
                 if not os.path.isfile(path):
-                    raise LedgerError(f"There is no SQLite ledger at {path} to open read-only. Check the path.")
+                    raise LedgerError(
+                        f"There is no SQLite ledger at {path} to open read-only. Check the path; a new ledger is "
+                        "created by its first `sparkpriv ledger set-budget`."
+                    )
                 uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
                 self._conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
                 self._conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
