@@ -30,9 +30,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
-import dp_accounting
 from dp_accounting import dp_event as _ev
 
 from sparkpriv._validation import Interval, check_param

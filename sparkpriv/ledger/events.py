@@ -379,7 +379,10 @@ def _fast(text: str) -> Stored | None:
         (name, number), version, fmt = m.groups(), None, 1
     x = _number(float(number), f"{name}.noise_multiplier")  # the same check as the general path
     event = {"class_name": name, "noise_multiplier": x}
-    spend = Spend((1.0 / x) ** 2 if x > 1e-150 else math.inf, 1) if name == "GaussianDpEvent" else Spend(laplace=((x, 1),))
+    if name == "GaussianDpEvent":
+        spend = Spend((1.0 / x) ** 2 if x > 1e-150 else math.inf, 1)
+    else:
+        spend = Spend(laplace=((x, 1),))
     return Stored(event, fmt, version, spend)
 
 
