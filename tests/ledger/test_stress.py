@@ -18,6 +18,8 @@ serialization errors; both cases are here.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import os
 import uuid
@@ -143,3 +145,66 @@ def test_stress_races_never_overspend(stress_url, racers):
     assert exact <= gauss_status.spent_epsilon <= exact * (1 + 1e-8) + 1e-12
     assert gauss_status.spent_epsilon <= reference + 1e-12 and reference - exact < 5e-3
     assert math.isfinite(reference) and reference <= GAUSS_BUDGET + 5e-3
+
+
+KILL_BUDGET = 5.0  # large enough that the jobs are still reserving when they are killed
+
+
+def _killed_reserver(url: str, worker: int, ready) -> None:
+    """Reserve, then commit or abort, in a loop until refused; the parent kills it with SIGKILL meanwhile."""
+    rng = np.random.default_rng([7, worker])
+    with open_ledger(url) as ledger:
+        ready.put(worker)
+        for i in range(200):
+            try:
+                r = ledger.reserve(GAUSS, event=ev.GaussianDpEvent(float(rng.uniform(12.0, 30.0))), mechanism="kill",
+                                   parameters={}, output_path=f"/o/{worker}/{i}")
+            except BudgetExceededError:
+                return
+            if i % 2:
+                ledger.abort(r.id, reason="kill storm")
+            else:
+                ledger.commit(r.id)
+
+
+def test_kill_storm_leaves_a_consistent_ledger(ledger_url, racers):
+    """8 jobs reserve, commit and abort in a loop and are killed with SIGKILL at seeded random moments.
+
+    The jobs are forked from the race pool's forkserver (fresh processes, no
+    inherited connection). Afterwards the ledger is intact (SQLite's
+    integrity_check), every entry is readable, the counted spend is within the
+    budget by the exact composition, and no lock was left behind.
+    """
+    import multiprocessing
+    import time
+
+    _, manager = racers
+    with open_ledger(ledger_url) as ledger:
+        ledger.set_budget(GAUSS, epsilon=KILL_BUDGET, delta=GAUSS_DELTA)
+    ctx = multiprocessing.get_context("forkserver")
+    ready = manager.Queue()
+    jobs = [ctx.Process(target=_killed_reserver, args=(ledger_url, w, ready)) for w in range(8)]
+    try:
+        for job in jobs:
+            job.start()
+        for _ in jobs:
+            ready.get(timeout=120)
+        for job, delay in zip(jobs, np.random.default_rng(11).uniform(0.0, 0.2, size=len(jobs))):
+            time.sleep(delay)
+            job.kill()  # SIGKILL
+    finally:
+        for job in jobs:
+            job.kill()
+            job.join(timeout=60)
+    with open_ledger(ledger_url) as ledger:
+        if ledger_url.startswith("sqlite"):
+            assert ledger._conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        status = ledger.status(GAUSS)  # every stored entry is readable
+        zs = [json.loads(e["events"])["noise_multiplier"] for e in status.entries
+              if e["state"] in ("reserved", "committed")]
+        if zs:
+            assert exact_gaussian_epsilon(zs, GAUSS_DELTA) <= KILL_BUDGET * (1 + 1e-9)
+            assert status.spent_epsilon <= KILL_BUDGET * (1 + 1e-9)
+        with contextlib.suppress(BudgetExceededError):  # the lock was not left behind
+            ledger.reserve(GAUSS, event=ev.GaussianDpEvent(1e6), mechanism="after", parameters={}, output_path="/o")
+
