@@ -12,8 +12,9 @@ A release reserves its spend before it reads data, commits it when the output
 is published and aborts it if the job fails first. See docs/ledger.md.
 
 Ledger URLs: ``sqlite:///relative/path.sqlite``, ``sqlite:////absolute/path.sqlite``
-(``~`` is expanded), ``postgresql://user@host:5432/db`` (or ``postgres://``).
-Without a URL, ``$SPARKPRIV_LEDGER`` or ``sqlite:///~/.sparkpriv/ledger.sqlite``.
+(``~`` is expanded; ``?mode=ro`` opens it read-only), ``postgresql://user@host:5432/db``
+(or ``postgres://``). Without a URL, ``$SPARKPRIV_LEDGER`` or
+``sqlite:///~/.sparkpriv/ledger.sqlite``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from sparkpriv.errors import LedgerError
 from sparkpriv.ledger.base import (
     DEFAULT_LEDGER_ENV,
     DEFAULT_LEDGER_URL,
+    EVENT_FORMAT,
     SCHEMA_VERSION,
     Ledger,
     Reservation,
@@ -35,6 +37,7 @@ from sparkpriv.ledger.base import (
 __all__ = [
     "DEFAULT_LEDGER_ENV",
     "DEFAULT_LEDGER_URL",
+    "EVENT_FORMAT",
     "SCHEMA_VERSION",
     "Ledger",
     "Reservation",
@@ -44,14 +47,21 @@ __all__ = [
 ]
 
 
-def open_ledger(url: str | None = None) -> Ledger:
+def open_ledger(url: str | None = None, *, read_only: bool = False, add_to_existing: bool = False) -> Ledger:
     """Open (creating its schema if needed) the ledger at ``url``.
 
     Parameters
     ----------
     url : str or None
-        ``sqlite:///<path>`` or ``postgresql://...``; None means
-        ``$SPARKPRIV_LEDGER``, else ``sqlite:///~/.sparkpriv/ledger.sqlite``.
+        ``sqlite:///<path>`` (``sqlite:///<path>?mode=ro`` opens it read-only)
+        or ``postgresql://...``; None means ``$SPARKPRIV_LEDGER``, else
+        ``sqlite:///~/.sparkpriv/ledger.sqlite``.
+    read_only : bool, default False
+        Open an existing ledger for reading only (``ledger show``, reports):
+        nothing is created or changed, and every write raises ``LedgerError``.
+    add_to_existing : bool, default False
+        Let a new ledger be created inside an SQLite database that already
+        holds other tables (refused by default: it is usually a wrong URL).
 
     Returns
     -------
@@ -61,18 +71,25 @@ def open_ledger(url: str | None = None) -> Ledger:
     if url is None:
         url = default_ledger_url()
     if not isinstance(url, str) or not url:
-        raise LedgerError(f"A ledger URL must be a non-empty string. Got {url!r} instead.")
+        raise LedgerError(f"A ledger URL must be a non-empty string. Got a {type(url).__name__} instead.")
     if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///"):]
+        path, _, query = url[len("sqlite:///"):].partition("?")
+        if query:
+            if query != "mode=ro":
+                raise LedgerError(
+                    f"Unsupported query {redact_url(query)!r} in the SQLite ledger URL {redact_url(url)!r}: the "
+                    "only one understood is '?mode=ro' (open read-only). A path cannot contain '?'."
+                )
+            read_only = True
         if not path:
             raise LedgerError(f"The SQLite ledger URL {url!r} names no file; use sqlite:///path/to/ledger.sqlite.")
         from sparkpriv.ledger.sqlite import SQLiteLedger
 
-        return SQLiteLedger(url, os.path.expanduser(path))
+        return SQLiteLedger(url, os.path.expanduser(path), read_only=read_only, add_to_existing=add_to_existing)
     if url.startswith(("postgresql://", "postgres://")):
         from sparkpriv.ledger.postgres import PostgresLedger
 
-        return PostgresLedger(url)
+        return PostgresLedger(url, read_only=read_only)
     raise LedgerError(
         f"Unsupported ledger URL {redact_url(url)!r}: use sqlite:///path/to/ledger.sqlite "
         "(sqlite:////abs/path for an absolute path) or postgresql://user@host:port/database."

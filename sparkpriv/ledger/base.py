@@ -2,14 +2,15 @@
 
 A ledger holds, per logical table id, a budget ``(epsilon, delta)`` and one
 entry per release with the release's dp_accounting events. What a table has
-spent is dp_accounting's PLD epsilon, at the budget's delta, of the composition
-of the events of every counted entry (states ``reserved`` and ``committed``);
-epsilons are never added up (except for pure Laplace events at ``delta = 0``,
-where the sum is the exact answer).
+spent is the epsilon, at the budget's delta, of the composition of the events
+of every counted entry (states ``reserved`` and ``committed``), computed by
+:mod:`sparkpriv.ledger.events` (exact for Gaussian events, dp_accounting's PLD
+otherwise); epsilons are never added up (except for pure Laplace events at
+``delta = 0``, where the sum is the exact answer).
 
 This module holds everything the backends share: the schema, the SQL (written
-with ``?`` placeholders; a backend translates them), the budget arithmetic and
-the messages. A backend only supplies a connection and a transaction that
+with ``?`` placeholders; a backend translates them), the budget check and the
+messages. A backend only supplies a connection and a transaction that
 serializes check-and-spend per table (:meth:`Ledger._transaction`).
 """
 
@@ -22,23 +23,24 @@ import logging
 import math
 import numbers
 import os
+import random
 import re
 import socket
+import time
 import uuid
-from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
-import dp_accounting
 from dp_accounting import dp_event as _ev
 
 from sparkpriv._validation import Interval, check_param
 from sparkpriv.errors import BudgetExceededError, LedgerError, ParameterError
-from sparkpriv.privacy.accounting import compose, epsilon_of, events_from_json, events_to_json, pure_epsilon_of
+from sparkpriv.ledger.events import (EVENT_FORMAT, InvalidEvent, Spend, UnknownFormat, encode_event,
+                                     spend_of_stored)
 
-__all__ = ["DEFAULT_LEDGER_ENV", "DEFAULT_LEDGER_URL", "SCHEMA_VERSION", "Ledger", "Reservation", "TableStatus",
-           "default_ledger_url", "composed_epsilon", "event_epsilon", "redact_url"]
+__all__ = ["DEFAULT_LEDGER_ENV", "DEFAULT_LEDGER_URL", "EVENT_FORMAT", "SCHEMA_VERSION", "Ledger", "Reservation",
+           "TableStatus", "default_ledger_url", "composed_epsilon", "event_epsilon", "redact_url"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,12 @@ _SECRET_WORDS = ("seed", "secret", "key", "matrix")
 COUNTED_STATES = ("reserved", "committed")
 _POS_FINITE = Interval("real", 0, None, closed="neither")  # rejects inf
 _DELTA = Interval("real", 0, 1, closed="left")
+#: Optimistic rounds of reserve (compose without a lock, then lock and check the
+#: history did not change) before the last round composes under the lock.
+_OPTIMISTIC_ROUNDS = 6
+#: Attempts of one transaction that the server aborted as a serialization failure or deadlock.
+_TRANSIENT_ATTEMPTS = 10
+_MAX_DEPTH = 64  # of recorded parameters
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS sparkpriv_meta (
@@ -85,7 +93,8 @@ SCHEMA = (
 )
 
 _ENTRY_KEYS = ("id", "table_id", "state", "label", "mechanism", "epsilon", "created_at", "published_at",
-               "aborted_at", "abort_reason", "output_path", "parameters", "receipt_summary", "events", "host", "pid")
+               "aborted_at", "abort_reason", "output_path", "parameters", "receipt_summary", "events",
+               "event_format", "dp_accounting_version", "host", "pid")
 _ENTRY_FIELDS = ("id", "state", "mechanism", "parameters", "events", "epsilon", "epsilon_delta", "output_path",
                  "receipt_summary", "created_at", "published_at", "aborted_at", "abort_reason", "host", "pid")
 
@@ -115,7 +124,7 @@ class Reservation:
 class TableStatus:
     """Budget, spend and entries of one table, as :meth:`Ledger.status` found them.
 
-    ``spent_epsilon`` is the PLD epsilon at ``budget_delta`` of every counted
+    ``spent_epsilon`` is the composed epsilon at ``budget_delta`` of every counted
     entry (``reserved`` or ``committed``); ``entries`` are dicts in creation
     order, see :meth:`Ledger.status`.
     """
@@ -158,25 +167,36 @@ class _Tx(Protocol):
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]: ...
 
 
+class TransientLedgerError(LedgerError):
+    """The server aborted a transaction that may succeed if run again (serialization failure, deadlock)."""
+
+
 class Ledger(abc.ABC):
     """A privacy budget ledger. Open one with :func:`sparkpriv.ledger.open_ledger`.
 
     One object per process and thread; use it as a context manager or call
-    :meth:`close`. Every method is one database transaction.
+    :meth:`close`. Every method is one database transaction, except
+    :meth:`reserve`, which composes outside the lock (docs/ledger.md).
     """
 
     #: Suffix of a SELECT that must lock the rows it reads until commit.
     _FOR_UPDATE = ""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, *, read_only: bool = False):
         #: The URL without its password, for messages, receipts and ``ledger show``.
         self.public_url = self.url = redact_url(url)
+        #: Opened for reading only (``ledger show``, reports): every write is refused.
+        self.read_only = bool(read_only)
 
     # -- what a backend provides ------------------------------------------------
 
     @abc.abstractmethod
     def _transaction(self, *, write: bool) -> contextlib.AbstractContextManager[_Tx]:
-        """A transaction; ``write=True`` ones serialize check-and-spend."""
+        """A transaction; ``write=True`` ones serialize check-and-spend.
+
+        A backend raises :class:`TransientLedgerError` for a failure that a
+        retry of the whole transaction may not meet again.
+        """
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -184,6 +204,10 @@ class Ledger(abc.ABC):
 
     def _lock_schema(self, tx: _Tx) -> None:
         """Serialize concurrent schema creation (when the write lock does not)."""
+
+    @abc.abstractmethod
+    def _has_table(self, tx: _Tx, name: str) -> bool:
+        """Whether the ledger's database (schema) holds a table ``name``."""
 
     # -- public API ------------------------------------------------------------
 
@@ -206,56 +230,81 @@ class Ledger(abc.ABC):
         _check_table_id(table_id, caller)
         check_param("epsilon", epsilon, [_POS_FINITE], caller)
         check_param("delta", delta, [_DELTA], caller)
-        with self._transaction(write=True) as tx:
+        self._check_writable(caller)
+
+        def run(tx: _Tx) -> None:
             tx.execute("INSERT INTO sparkpriv_budgets (table_id, epsilon, delta, updated_at) VALUES (?, ?, ?, ?) "
                        "ON CONFLICT (table_id) DO UPDATE SET epsilon = excluded.epsilon, delta = excluded.delta, "
                        "updated_at = excluded.updated_at", (table_id, float(epsilon), float(delta), _now()))
+
+        self._atomic(run, write=True)
         log.info("ledger %s: budget of %r set to epsilon=%g, delta=%g", self.url, table_id, epsilon, delta)
 
     def reserve(self, table_id: str, *, event: _ev.DpEvent, mechanism: str, parameters: Mapping[str, Any],
                 output_path: str, receipt_summary: Mapping[str, Any] | None = None) -> Reservation:
         """Check the budget and reserve this release's spend, atomically.
 
-        Call it before reading any data. The composed PLD epsilon (at the
-        budget's delta) of every counted entry plus ``event`` must not exceed
-        the budget's epsilon; otherwise :class:`BudgetExceededError` (exit
-        code 3) says what was spent, requested and remains.
+        Call it before reading any data. The composed epsilon (at the budget's
+        delta) of every counted entry plus ``event`` must not exceed the
+        budget's epsilon; otherwise :class:`BudgetExceededError` (exit code 3)
+        says what was spent, requested and remains. ``event`` is validated
+        first (known classes, finite positive parameters, positive integer
+        counts; :class:`ParameterError` otherwise).
+
+        The composition runs outside the write lock on a snapshot of the
+        table's history; under the lock the history is read again and, if it
+        changed, the round starts over (the last round composes under the lock).
         """
         caller = "Ledger.reserve"
         _check_table_id(table_id, caller)
         if not isinstance(event, _ev.DpEvent):
             raise ParameterError(
-                f"The 'event' parameter of {caller} must be a dp_accounting DpEvent. Got {event!r} instead."
+                f"The 'event' parameter of {caller} must be a dp_accounting DpEvent. "
+                f"Got a {type(event).__name__} instead."
             )
-        check_param("mechanism", mechanism, [str], caller)
-        check_param("output_path", output_path, [str], caller)
+        _check_text(mechanism, "mechanism", caller, 256)
+        _check_text(output_path, "output_path", caller, 4096)
         params_json = _json_without_secrets(parameters, "parameters", caller)
         summary_json = _json_without_secrets(receipt_summary, "receipt_summary", caller)
-        events_json = events_to_json(event)
-        events_from_json(events_json)  # what is stored must be readable back (allow-list)
+        try:
+            events_json, own_spend = encode_event(event)
+        except InvalidEvent as exc:
+            raise ParameterError(
+                f"The 'event' parameter of {caller} cannot be accounted: {exc}. The ledger accounts "
+                "Gaussian, Laplace and discrete Laplace events with finite positive parameters, composed "
+                "with ComposedDpEvent and SelfComposedDpEvent (positive integer counts)."
+            ) from None
+        self._check_writable(caller)
         entry_id = str(uuid.uuid4())
-        with self._transaction(write=True) as tx:
-            budget = self._budget(tx, table_id, lock=True)
-            if budget is None:
-                raise BudgetExceededError(_no_budget_message(self.url, table_id))
-            budget_eps, budget_delta, _ = budget
-            rows = tx.execute("SELECT events, state FROM sparkpriv_releases "
-                              "WHERE table_id = ? AND state IN ('reserved', 'committed')", (table_id,))
-            counted = [r[0] for r in rows]
-            before = composed_epsilon(counted, budget_delta)
-            own = event_epsilon(events_from_json(events_json), budget_delta)
-            after = composed_epsilon(counted + [events_json], budget_delta) if counted else own
-            if not after <= budget_eps * (1.0 + _TOLERANCE):
-                pending = sum(1 for r in rows if r[1] == "reserved")
-                raise BudgetExceededError(_refusal_message(
-                    self.url, table_id, budget_eps, budget_delta, before, own, after, len(rows), pending))
-            tx.execute(
-                "INSERT INTO sparkpriv_releases (id, table_id, state, mechanism, parameters, events, "
-                "epsilon, epsilon_delta, output_path, receipt_summary, created_at, host, pid) "
-                "VALUES (?, ?, 'reserved', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (entry_id, table_id, mechanism, params_json, events_json, own, budget_delta,
-                 output_path, summary_json, _now(), socket.gethostname(), os.getpid()),
-            )
+        insert = (
+            "INSERT INTO sparkpriv_releases (id, table_id, state, mechanism, parameters, events, "
+            "epsilon, epsilon_delta, output_path, receipt_summary, created_at, host, pid) "
+            "VALUES (?, ?, 'reserved', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+
+        for round_ in range(_OPTIMISTIC_ROUNDS + 1):
+            under_lock = round_ == _OPTIMISTIC_ROUNDS
+            if not under_lock:  # compose on a snapshot, holding no lock
+                seen = self._atomic(lambda tx: self._history(tx, table_id, lock=False), write=False)
+                verdict = self._verdict(table_id, seen, own_spend)
+
+            def write(tx: _Tx):
+                if under_lock:
+                    v = self._verdict(table_id, self._history(tx, table_id, lock=True), own_spend)
+                else:
+                    now = self._history(tx, table_id, lock=True, ids_only=True)
+                    if now[:2] != seen[:2] or now[2] != [r[0] for r in seen[2]]:
+                        return None  # the budget or the set of counted entries changed since the snapshot
+                    v = verdict
+                tx.execute(insert, (entry_id, table_id, mechanism, params_json, events_json, v[1], v[4],
+                                    output_path, summary_json, _now(), socket.gethostname(), os.getpid()))
+                return v
+
+            result = self._atomic(write, write=True)
+            if result is not None:
+                break
+            time.sleep(random.uniform(0.0, 0.005 * (round_ + 1)))
+        before, own, after, budget_eps, budget_delta = result
         log.info("ledger %s: reserved %s on %r: epsilon %.6g requested, spent %.6g -> %.6g of %.6g (delta=%g)",
                  self.url, entry_id, table_id, own, before, after, budget_eps, budget_delta)
         return Reservation(entry_id, table_id, own, before, after, budget_eps, budget_delta)
@@ -264,16 +313,20 @@ class Ledger(abc.ABC):
                receipt_summary: Mapping[str, Any] | None = None) -> None:
         """Mark a reservation published (``committed``); idempotent."""
         caller = "Ledger.commit"
-        check_param("output_path", output_path, [str, None], caller)
+        _check_text(reservation_id, "reservation_id", caller, 256)
+        if output_path is not None:
+            _check_text(output_path, "output_path", caller, 4096)
         summary_json = _json_without_secrets(receipt_summary, "receipt_summary", caller)
-        with self._transaction(write=True) as tx:
+        self._check_writable(caller)
+
+        def run(tx: _Tx) -> bool:
             state, reason = self._entry_state(tx, reservation_id, caller)
             if state == "committed":
-                return
+                return False
             if state == "aborted":
                 raise LedgerError(
-                    f"Reservation {reservation_id} in ledger {self.url} was aborted ({reason}) and its "
-                    "budget released, so its output must not be published. Reserve again."
+                    f"Reservation {reservation_id} in ledger {self.url} was aborted ({_printable(reason)}) and "
+                    "its budget released, so its output must not be published. Reserve again."
                 )
             tx.execute(
                 "UPDATE sparkpriv_releases SET state = 'committed', published_at = ?, "
@@ -281,15 +334,22 @@ class Ledger(abc.ABC):
                 "WHERE id = ?",
                 (_now(), output_path, summary_json, reservation_id),
             )
-        log.info("ledger %s: committed %s", self.url, reservation_id)
+            return True
+
+        if self._atomic(run, write=True):
+            log.info("ledger %s: committed %s", self.url, reservation_id)
 
     def abort(self, reservation_id: str, *, reason: str) -> None:
         """Release a reservation whose output was not published; idempotent."""
-        check_param("reason", reason, [str], "Ledger.abort")
-        with self._transaction(write=True) as tx:
-            state, _ = self._entry_state(tx, reservation_id, "Ledger.abort")
+        caller = "Ledger.abort"
+        _check_text(reservation_id, "reservation_id", caller, 256)
+        _check_text(reason, "reason", caller, 4096)
+        self._check_writable(caller)
+
+        def run(tx: _Tx) -> bool:
+            state, _ = self._entry_state(tx, reservation_id, caller)
             if state == "aborted":
-                return
+                return False
             if state == "committed":
                 raise LedgerError(
                     f"Reservation {reservation_id} in ledger {self.url} is committed: its output was "
@@ -299,7 +359,10 @@ class Ledger(abc.ABC):
                 "UPDATE sparkpriv_releases SET state = 'aborted', aborted_at = ?, abort_reason = ? WHERE id = ?",
                 (_now(), reason, reservation_id),
             )
-        log.info("ledger %s: aborted %s (%s)", self.url, reservation_id, reason)
+            return True
+
+        if self._atomic(run, write=True):
+            log.info("ledger %s: aborted %s (%s)", self.url, reservation_id, reason)
 
     def status(self, table_id: str) -> TableStatus:
         """Budget, spend and every entry of ``table_id``.
@@ -311,50 +374,152 @@ class Ledger(abc.ABC):
         ``mechanism, epsilon`` (its own, at the budget's delta), ``created_at,
         published_at, aborted_at, abort_reason, output_path, parameters,
         receipt_summary, events`` (JSON text for ``events_from_json``),
-        ``host, pid``.
+        ``event_format`` (1 for entries stored before the format stamp),
+        ``dp_accounting_version`` (None for format 1), ``host, pid``.
+
+        A stored entry that fails validation raises :class:`LedgerError`
+        naming it (the table is blocked until it is repaired).
         """
         _check_table_id(table_id, "Ledger.status")
-        with self._transaction(write=False) as tx:
+
+        def run(tx: _Tx):
             budget = self._budget(tx, table_id, lock=False)
             if budget is None:
                 raise LedgerError(_no_budget_message(self.url, table_id))
             rows = tx.execute(f"SELECT {', '.join(_ENTRY_FIELDS)} FROM sparkpriv_releases WHERE table_id = ? "
                               "ORDER BY created_at, id", (table_id,))
-        budget_eps, budget_delta, updated_at = budget
-        entries = [_entry(table_id, row, budget_delta) for row in rows]
-        spent = composed_epsilon([e["events"] for e in entries if e["state"] in COUNTED_STATES], budget_delta)
+            return budget, rows
+
+        (budget_eps, budget_delta, updated_at), rows = self._atomic(run, write=False)
+        entries, spends = [], []
+        for row in rows:
+            entry, stored = self._entry(table_id, row, budget_delta)
+            entries.append(entry)
+            if entry["state"] in COUNTED_STATES:
+                spends.append(stored.spend)
+        spent = Spend.total(spends).epsilon(budget_delta)
         return TableStatus(table_id, budget_eps, budget_delta, updated_at, spent, max(0.0, budget_eps - spent),
                            entries)
 
     def tables(self) -> list[str]:
         """Table ids that have a budget, sorted."""
-        with self._transaction(write=False) as tx:
-            return [r[0] for r in tx.execute("SELECT table_id FROM sparkpriv_budgets ORDER BY table_id")]
+        return self._atomic(
+            lambda tx: [r[0] for r in tx.execute("SELECT table_id FROM sparkpriv_budgets ORDER BY table_id")],
+            write=False)
 
     # -- shared helpers (validated input) --------------------------------------
 
+    def _atomic(self, fn, *, write: bool):
+        """``fn(tx)`` in one transaction, run again (a bounded number of times) after a transient failure."""
+        for attempt in range(_TRANSIENT_ATTEMPTS):
+            try:
+                with self._transaction(write=write) as tx:
+                    return fn(tx)
+            except TransientLedgerError as exc:
+                last = exc
+                time.sleep(random.uniform(0.0, min(0.2, 0.01 * 2 ** attempt)))
+        raise LedgerError(f"{last} It failed {_TRANSIENT_ATTEMPTS} times in a row; try again later.") from last
+
+    def _check_writable(self, caller: str) -> None:
+        if self.read_only:
+            raise LedgerError(f"{caller}: the ledger {self.url} was opened read-only; open it without "
+                              "'?mode=ro' / read_only=True to change it.")
+
     def _ensure_schema(self) -> None:
-        with self._transaction(write=True) as tx:
+        if self.read_only:
+            self._atomic(self._check_schema, write=False)
+            return
+
+        def run(tx: _Tx) -> None:
             self._lock_schema(tx)
             for statement in SCHEMA:
                 tx.execute(statement)
-            rows = tx.execute("SELECT value FROM sparkpriv_meta WHERE key = 'schema_version'")
-            if not rows:
-                tx.execute("INSERT INTO sparkpriv_meta (key, value) VALUES ('schema_version', ?)",
-                           (str(SCHEMA_VERSION),))
-            elif rows[0][0] != str(SCHEMA_VERSION):
-                raise LedgerError(
-                    f"The ledger {self.url} has schema version {rows[0][0]}; this sparkpriv reads version "
-                    f"{SCHEMA_VERSION}. Use the sparkpriv version that wrote it (or newer)."
-                )
+            self._check_schema(tx, create=True)
+
+        self._atomic(run, write=True)
+
+    def _check_schema(self, tx: _Tx, create: bool = False) -> None:
+        if not create and not self._has_table(tx, "sparkpriv_meta"):
+            raise LedgerError(f"{self.url} is not a sparkpriv ledger (it has no sparkpriv_meta table); "
+                              "check the URL. A read-only ledger must have been created before.")
+        rows = tx.execute("SELECT value FROM sparkpriv_meta WHERE key = 'schema_version'")
+        if not rows and create:
+            tx.execute("INSERT INTO sparkpriv_meta (key, value) VALUES ('schema_version', ?)",
+                       (str(SCHEMA_VERSION),))
+        elif not rows or rows[0][0] != str(SCHEMA_VERSION):
+            found = rows[0][0] if rows else "(none)"
+            raise LedgerError(
+                f"The ledger {self.url} has schema version {_printable(str(found))[:40]}; this sparkpriv reads "
+                f"version {SCHEMA_VERSION}. Use the sparkpriv version that wrote it (or newer)."
+            )
 
     def _budget(self, tx: _Tx, table_id: str, *, lock: bool) -> tuple[float, float, str] | None:
         sql = "SELECT epsilon, delta, updated_at FROM sparkpriv_budgets WHERE table_id = ?"
         rows = tx.execute(sql + (self._FOR_UPDATE if lock else ""), (table_id,))
         return (float(rows[0][0]), float(rows[0][1]), rows[0][2]) if rows else None
 
+    def _history(self, tx: _Tx, table_id: str, *, lock: bool, ids_only: bool = False):
+        """``(budget epsilon, budget delta, [(id, events, state), ...] by id)`` of the counted entries.
+
+        With ``lock``, the budget row is locked first (``FOR UPDATE`` on
+        PostgreSQL; SQLite's write transaction already holds the database lock).
+        With ``ids_only`` the list holds the entry ids only (the check under the
+        lock: the ledger never changes a stored entry's events, only its state).
+        """
+        budget = self._budget(tx, table_id, lock=lock)
+        if budget is None:
+            raise BudgetExceededError(_no_budget_message(self.url, table_id))
+        where = "FROM sparkpriv_releases WHERE table_id = ? AND state IN ('reserved', 'committed') ORDER BY id"
+        if ids_only:
+            return budget[0], budget[1], [r[0] for r in tx.execute("SELECT id " + where, (table_id,))]
+        rows = tx.execute("SELECT id, events, state " + where, (table_id,))
+        return budget[0], budget[1], [tuple(r) for r in rows]
+
+    def _verdict(self, table_id: str, history, own_spend: Spend):
+        """``(before, own, after, budget epsilon, budget delta)``, or BudgetExceededError."""
+        budget_eps, budget_delta, rows = history
+        spent = Spend.total(self._stored(table_id, r[0], r[1]).spend for r in rows)
+        before = spent.epsilon(budget_delta)
+        own = own_spend.epsilon(budget_delta)
+        after = (spent + own_spend).epsilon(budget_delta) if rows else own
+        if not after <= budget_eps * (1.0 + _TOLERANCE):
+            pending = sum(1 for r in rows if r[2] == "reserved")
+            raise BudgetExceededError(_refusal_message(
+                self.url, table_id, budget_eps, budget_delta, before, own, after, len(rows), pending))
+        return before, own, after, budget_eps, budget_delta
+
+    def _stored(self, table_id: str, entry_id: Any, text: Any):
+        try:
+            return spend_of_stored(text)
+        except UnknownFormat as exc:
+            raise LedgerError(
+                f"Entry {_printable(str(entry_id))[:64]} of table '{table_id}' in ledger {self.url} cannot be "
+                f"read: {exc}. No release of '{table_id}' is admitted until it can be accounted."
+            ) from None
+        except InvalidEvent as exc:
+            raise LedgerError(_corrupt_message(self.url, table_id, entry_id, f"its events are invalid: {exc}")) \
+                from None
+
+    def _entry(self, table_id: str, row: tuple, budget_delta: float):
+        e = dict(zip(_ENTRY_FIELDS, row), table_id=table_id)
+        stored = self._stored(table_id, e["id"], e["events"])
+        try:
+            e["pid"] = int(e["pid"])
+            e["parameters"] = json.loads(e["parameters"])
+            if e["receipt_summary"] is not None:
+                e["receipt_summary"] = json.loads(e["receipt_summary"])
+            own = float(e["epsilon"])
+            own_delta = float(e["epsilon_delta"])
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise LedgerError(_corrupt_message(self.url, table_id, e["id"], f"a field is unreadable "
+                                               f"({type(exc).__name__})")) from None
+        if own_delta != budget_delta or math.isnan(own) or own < 0:  # e.g. the budget's delta changed since
+            own = stored.spend.epsilon(budget_delta)
+        e.update(epsilon=own, label=_label(e["state"], e["host"], e["pid"]), events=stored.event_json,
+                 event_format=stored.event_format, dp_accounting_version=stored.dp_accounting)
+        return {k: e[k] for k in _ENTRY_KEYS}, stored
+
     def _entry_state(self, tx: _Tx, reservation_id: str, caller: str) -> tuple[str, str | None]:
-        check_param("reservation_id", reservation_id, [str], caller)
         sql = "SELECT state, abort_reason FROM sparkpriv_releases WHERE id = ?" + self._FOR_UPDATE
         rows = tx.execute(sql, (reservation_id,))
         if not rows:
@@ -366,28 +531,23 @@ class Ledger(abc.ABC):
 
 
 def event_epsilon(event: _ev.DpEvent, delta: float) -> float:
-    """PLD epsilon of ``event`` at ``delta``; ``inf`` for approximate-DP events at delta 0."""
-    if delta == 0.0 and pure_epsilon_of(event) is None:
-        return math.inf
+    """Epsilon of ``event`` at ``delta`` as the ledger counts it; ``inf`` for approximate-DP events at delta 0."""
     try:
-        return epsilon_of(event, delta)
-    except dp_accounting.UnsupportedEventError as exc:
-        raise ParameterError(f"dp_accounting's PLD accountant cannot account this event: {exc}") from exc
+        return encode_event(event)[1].epsilon(delta)
+    except InvalidEvent as exc:
+        raise ParameterError(f"This event cannot be accounted by the ledger: {exc}.") from None
 
 
 def composed_epsilon(events_json: Sequence[str], delta: float) -> float:
-    """PLD epsilon at ``delta`` of the composition of the stored events.
+    """Epsilon at ``delta`` of the composition of stored events (each as the ledger stores it).
 
-    Identical events (the same nightly job) are grouped into one
-    ``SelfComposedDpEvent``, which PLD composes by FFT in one step.
+    Gaussian leaves collapse exactly into one equivalent Gaussian and Laplace
+    leaves are grouped by parameter (:mod:`sparkpriv.ledger.events`).
     """
-    if not events_json:
-        return 0.0
-    parts = []
-    for text, count in sorted(Counter(events_json).items()):
-        event = events_from_json(text)
-        parts.append(event if count == 1 else _ev.SelfComposedDpEvent(event, count))
-    return event_epsilon(compose(parts), delta)
+    try:
+        return Spend.total(spend_of_stored(t).spend for t in events_json).epsilon(delta)
+    except InvalidEvent as exc:
+        raise LedgerError(f"A stored event cannot be accounted: {exc}.") from None
 
 
 # -- helpers -----------------------------------------------------------------------
@@ -416,16 +576,52 @@ def _check_table_id(table_id: Any, caller: str) -> None:
         )
 
 
-def _secret_keys(value: Any, prefix: str) -> Iterator[str]:
-    if isinstance(value, Mapping):
-        for k, v in value.items():
-            name = f"{prefix}.{k}"
-            if any(word in str(k).lower() for word in _SECRET_WORDS):
-                yield name
-            yield from _secret_keys(v, name)
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            yield from _secret_keys(v, f"{prefix}[{i}]")
+def _check_text(value: Any, name: str, caller: str, max_len: int) -> None:
+    """A str that any database can store: valid Unicode (no lone surrogates), no NUL, at most ``max_len``."""
+    problem = None
+    if not isinstance(value, str):
+        problem = f"Got a {type(value).__name__} instead."
+    elif len(value) > max_len:
+        problem = f"Got {len(value)} characters instead."
+    elif "\x00" in value:
+        problem = "Got a string with a NUL character instead."
+    else:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            problem = "Got a string with an unpaired surrogate character (not valid Unicode) instead."
+    if problem:
+        raise ParameterError(
+            f"The {name!r} parameter of {caller} must be a string of valid Unicode without NUL characters, "
+            f"at most {max_len} characters long. {problem}"
+        )
+
+
+def _walk_plain(value: Any, name: str, caller: str) -> list[str]:
+    """Check a parameters value (depth, strings) and list the keys that look like secrets."""
+    secret: list[str] = []
+    stack = [(value, name, 0)]
+    while stack:
+        v, where, depth = stack.pop()
+        if depth > _MAX_DEPTH:
+            raise ParameterError(f"The {name!r} parameter of {caller} is nested more than {_MAX_DEPTH} levels "
+                                 "deep; record a flat summary of the parameters.")
+        if isinstance(v, str):
+            _check_text(v, where, caller, 1 << 20)
+        elif isinstance(v, Mapping):
+            for k, x in v.items():
+                if not isinstance(k, str):
+                    raise ParameterError(f"The {name!r} parameter of {caller} must have string keys; "
+                                         f"{where} has a {type(k).__name__} key.")
+                _check_text(k, f"{where} key", caller, 1024)
+                sub = f"{where}.{k}"
+                if any(word in k.lower() for word in _SECRET_WORDS):
+                    secret.append(sub)
+                stack.append((x, sub, depth + 1))
+        elif isinstance(v, (list, tuple)):
+            for i, x in enumerate(v):
+                stack.append((x, f"{where}[{i}]", depth + 1))
+    return sorted(secret)
 
 
 def _json_without_secrets(value: Any, name: str, caller: str) -> str | None:
@@ -433,8 +629,9 @@ def _json_without_secrets(value: Any, name: str, caller: str) -> str | None:
     if value is None and name != "parameters":
         return None
     if not isinstance(value, Mapping):
-        raise ParameterError(f"The {name!r} parameter of {caller} must be a dict. Got {value!r} instead.")
-    secret = list(_secret_keys(value, name))
+        raise ParameterError(f"The {name!r} parameter of {caller} must be a dict. Got a {type(value).__name__} "
+                             "instead.")
+    secret = _walk_plain(value, name, caller)
     if secret:
         raise LedgerError(
             f"{caller} refuses to store {', '.join(secret)}: keys containing "
@@ -450,7 +647,28 @@ def _json_without_secrets(value: Any, name: str, caller: str) -> str | None:
             "strings, lists and dicts."
         )
 
-    return json.dumps(value, sort_keys=True, default=scalar)
+    try:
+        return json.dumps(value, sort_keys=True, default=scalar)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ParameterError(f"The {name!r} parameter of {caller} cannot be stored as JSON "
+                             f"({type(exc).__name__}); record plain numbers, strings, lists and dicts.") from None
+
+
+def _printable(text: Any) -> str:
+    """``text`` with every non-printable character (newline, control, surrogate) escaped, for display."""
+    text = "" if text is None else str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode("ascii")
+                   for c in text)
+
+
+def _corrupt_message(url: str, table_id: str, entry_id: Any, why: str) -> str:
+    return (
+        f"Ledger entry {_printable(entry_id)[:64]} of table '{table_id}' in ledger {url} is corrupt: {why}. "
+        f"No release of '{table_id}' is admitted until the entry is repaired (restore it from a backup, or "
+        "ask whoever edited the ledger by hand); other tables are not affected."
+    )
 
 
 def _pid_alive(pid: int) -> bool:
@@ -473,16 +691,6 @@ def _label(state: str, host: str, pid: int) -> str:
     if host != socket.gethostname():
         return "reserved (unfinished?)"  # no reliable liveness check across hosts
     return "reserved" if _pid_alive(pid) else "unfinished"
-
-
-def _entry(table_id: str, row: tuple, budget_delta: float) -> dict:
-    e = dict(zip(_ENTRY_FIELDS, row), table_id=table_id, pid=int(row[-1]))
-    if float(e["epsilon_delta"]) != budget_delta:  # the budget's delta changed since the reservation
-        e["epsilon"] = event_epsilon(events_from_json(e["events"]), budget_delta)
-    e.update(epsilon=float(e["epsilon"]), label=_label(e["state"], e["host"], e["pid"]),
-             parameters=json.loads(e["parameters"]),
-             receipt_summary=None if e["receipt_summary"] is None else json.loads(e["receipt_summary"]))
-    return {k: e[k] for k in _ENTRY_KEYS}
 
 
 def _json_float(x: float) -> float | str:

@@ -21,6 +21,7 @@ from typing import Callable, TextIO
 
 from sparkpriv.errors import EXIT_OK, SparkPrivError
 from sparkpriv.ledger import DEFAULT_LEDGER_ENV, DEFAULT_LEDGER_URL, TableStatus, open_ledger
+from sparkpriv.ledger.base import _printable
 
 __all__ = ["add_ledger_subparsers", "cmd_set_budget", "cmd_show", "format_status"]
 
@@ -48,8 +49,9 @@ def add_ledger_subparsers(commands) -> None:
     s = commands.add_parser(
         "show",
         help="budget, spent, remaining and releases of one or every table",
-        description="Show each table's budget, the epsilon spent by its counted releases (composed by "
-        "dp_accounting's PLD accountant at the budget's delta), what remains, and every release.",
+        description="Show each table's budget, the epsilon spent by its counted releases (composed at the "
+        "budget's delta: exactly for Gaussian releases, by dp_accounting's PLD accountant otherwise), what "
+        "remains, and every release. Opens the ledger read-only.",
     )
     _add_ledger_option(s)
     s.add_argument("--table-id", help="only this table (default: every table)")
@@ -75,13 +77,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     return _run(_show, args)
 
 
-def _run(command: Callable[[argparse.Namespace, TextIO], None], args: argparse.Namespace) -> int:
+def _run(command: Callable[[argparse.Namespace, TextIO], int | None], args: argparse.Namespace) -> int:
     try:
-        command(args, sys.stdout)
+        return command(args, sys.stdout) or EXIT_OK
     except SparkPrivError as exc:
         print(f"sparkpriv ledger: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    return EXIT_OK
 
 
 def _set_budget(args: argparse.Namespace, out: TextIO) -> None:
@@ -94,31 +95,42 @@ def _set_budget(args: argparse.Namespace, out: TextIO) -> None:
         out.write("\n")
         return
     out.write(
-        f"Budget of table {status.table_id} in {url} set to epsilon = {_g(status.budget_epsilon)}, "
+        f"Budget of table {status.table_id} in {_printable(url)} set to epsilon = {_g(status.budget_epsilon)}, "
         f"delta = {_g(status.budget_delta)}; spent so far: epsilon = {_g(status.spent_epsilon)}.\n"
     )
     if status.spent_epsilon > status.budget_epsilon:
         out.write("Warning: the table has already spent more than this budget; every release will be refused.\n")
 
 
-def _show(args: argparse.Namespace, out: TextIO) -> None:
-    with open_ledger(args.ledger) as ledger:
+def _show(args: argparse.Namespace, out: TextIO) -> int:
+    """Every table that can be read is shown; one that cannot (a corrupt entry) is reported on stderr."""
+    statuses, failures = [], []
+    with open_ledger(args.ledger, read_only=True) as ledger:
         table_ids = [args.table_id] if args.table_id else ledger.tables()
-        statuses = [ledger.status(t) for t in table_ids]
+        for table_id in table_ids:
+            try:
+                statuses.append(ledger.status(table_id))
+            except SparkPrivError as exc:
+                if args.table_id:
+                    raise
+                failures.append(exc)
         url = ledger.url
+    for exc in failures:
+        print(f"sparkpriv ledger: error: {exc}", file=sys.stderr)
+    code = max((exc.exit_code for exc in failures), default=EXIT_OK)
     if args.json:
         json.dump({"ledger": url, "tables": [s.to_dict() for s in statuses]}, out, indent=2)
         out.write("\n")
-        return
-    out.write(f"Ledger {url}\n")
-    if not statuses:
+        return code
+    out.write(f"Ledger {_printable(url)}\n")
+    if not statuses and not failures:
         out.write(
             "No table has a budget yet. Set one with "
             "`sparkpriv ledger set-budget --table-id ID --epsilon E --delta D`.\n"
         )
     for status in statuses:
         out.write("\n" + format_status(status))
-
+    return code
 
 
 def format_status(status: TableStatus) -> str:
@@ -136,8 +148,9 @@ def format_status(status: TableStatus) -> str:
         lines.append("  no releases yet")
         return "\n".join(lines) + "\n"
     header = ("ID", "CREATED (UTC)", "MECHANISM", "STATE", "EPSILON", "OUTPUT")
-    rows = [
-        (e["id"], _time(e["created_at"]), e["mechanism"], e["label"], _g(e["epsilon"]), e["output_path"])
+    rows = [  # stored text is escaped: a newline in a path must not print a fake row
+        tuple(_printable(c) for c in (e["id"], _time(e["created_at"]), e["mechanism"], e["label"],
+                                      _g(e["epsilon"]), e["output_path"]))
         for e in status.entries
     ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
@@ -152,4 +165,4 @@ def _g(x: float) -> str:
 
 
 def _time(iso: str | None) -> str:
-    return "-" if iso is None else iso[:19].replace("T", " ")
+    return "-" if iso is None else str(iso)[:19].replace("T", " ")

@@ -3,9 +3,15 @@
 Check-and-spend is one transaction that first locks the table's budget row
 (``SELECT ... FOR UPDATE``) and only then reads the table's entries, so two
 reservations on the same table are serialized by the server, from any host;
-reservations on different tables do not wait for each other. Under READ
-COMMITTED each statement sees every transaction committed before it started,
-so the second reserver, once it holds the lock, sees the first one's entry.
+reservations on different tables do not wait for each other. Every write
+transaction sets READ COMMITTED itself, whatever the server's or the URL's
+``default_transaction_isolation``: each statement then sees every transaction
+committed before it started, so the second reserver, once it holds the lock,
+sees the first one's entry (under REPEATABLE READ it would keep the snapshot
+taken before it waited, and admit itself on a stale spend). Read transactions
+set REPEATABLE READ, READ ONLY (one snapshot for a budget and its entries).
+Serialization failures and deadlocks (SQLSTATE 40001, 40P01) are retried a
+bounded number of times (:meth:`Ledger._atomic`).
 
 psycopg 3 is imported only when a ``postgresql://`` ledger is opened
 (``pip install 'sparkpriv[postgres]'``).
@@ -17,7 +23,7 @@ import contextlib
 from typing import Any, Iterator, Sequence
 
 from sparkpriv.errors import LedgerError
-from sparkpriv.ledger.base import Ledger
+from sparkpriv.ledger.base import Ledger, TransientLedgerError
 
 __all__ = ["PostgresLedger"]
 
@@ -26,6 +32,8 @@ LOCK_TIMEOUT_S = 60
 CONNECT_TIMEOUT_S = 30
 #: pg_advisory_xact_lock key that serializes concurrent schema creation ("SPLG").
 _SCHEMA_LOCK_KEY = 0x53504C47
+#: SQLSTATEs after which running the whole transaction again may succeed.
+_TRANSIENT = ("40001", "40P01")
 
 
 def _import_psycopg():
@@ -54,8 +62,8 @@ class PostgresLedger(Ledger):
 
     _FOR_UPDATE = " FOR UPDATE"
 
-    def __init__(self, url: str):
-        super().__init__(url)
+    def __init__(self, url: str, *, read_only: bool = False):
+        super().__init__(url, read_only=read_only)
         self._psycopg = _import_psycopg()
         try:
             self._conn = self._psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
@@ -78,13 +86,21 @@ class PostgresLedger(Ledger):
         # CREATE TABLE IF NOT EXISTS is not safe against a concurrent one in PostgreSQL.
         tx.execute("SELECT pg_advisory_xact_lock(?)", (_SCHEMA_LOCK_KEY,))
 
+    def _has_table(self, tx: _PostgresTx, name: str) -> bool:
+        return tx.execute("SELECT to_regclass(?)", (name,))[0][0] is not None
+
     @contextlib.contextmanager
     def _transaction(self, *, write: bool) -> Iterator[_PostgresTx]:
         try:
             with self._conn.transaction():
                 cursor = self._conn.cursor()
-                if not write:  # one snapshot for the budget and its entries
-                    cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                # Never the server's default: see the module docstring.
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE" if write else
+                               "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 yield _PostgresTx(cursor)
         except self._psycopg.Error as exc:
+            if getattr(exc, "sqlstate", None) in _TRANSIENT:
+                raise TransientLedgerError(
+                    f"The PostgreSQL ledger {self.url} aborted a transaction: {str(exc).strip()}."
+                ) from exc
             raise LedgerError(f"The PostgreSQL ledger {self.url} failed: {str(exc).strip()}.") from exc

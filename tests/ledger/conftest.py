@@ -17,6 +17,7 @@ or a fresh schema of the PostgreSQL database (through the URL's
 from __future__ import annotations
 
 import glob
+import multiprocessing
 import os
 import pwd
 import re
@@ -186,3 +187,22 @@ def ledger_url(request, tmp_path) -> str:
 
     request.addfinalizer(drop)
     return _with_search_path(base, schema)
+
+
+#: Processes of the session's racing pool (the races of test_ledger.py and test_stress.py).
+RACERS = 16
+
+
+@pytest.fixture(scope="session")
+def racers():
+    """16 processes (multiprocessing, forkserver), started once for every race, and a barrier maker.
+
+    The workers are forked from a fresh server process, not from this one, so
+    they share no connection or lock with the tests; the server imports the
+    ledger and dp_accounting once, before forking, instead of 16 times.
+    """
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["sparkpriv.ledger", "sparkpriv.ledger.sqlite", "sparkpriv.ledger.events",
+                                "sparkpriv.ledger.postgres", "psycopg", "dp_accounting", "tests.ledger.test_stress"])
+    with ctx.Manager() as manager, ctx.Pool(RACERS) as pool:
+        yield pool, manager

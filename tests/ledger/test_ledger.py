@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from sparkpriv.ledger import DEFAULT_LEDGER_ENV, Reservation, TableStatus, open_
 from sparkpriv.ledger.cli import add_ledger_subparsers
 from sparkpriv.privacy.accounting import event_from_dict, events_from_json
 from sparkpriv.privacy.calibration import gaussian_delta
+from tests.ledger.conftest import RACERS
 
 ROOT = Path(sparkpriv.ledger.__file__).resolve().parents[2]
 TABLE = "cdr.daily_towers"
@@ -259,21 +259,6 @@ def test_reopening_from_another_process_sees_everything(ledger_url):
     }
 
 
-RACERS = 8
-
-
-@pytest.fixture(scope="module")
-def racers():
-    """8 processes (multiprocessing, spawn), started once for both backends, and a barrier maker.
-
-    Spawned processes share nothing with this one (no inherited connection or
-    lock); starting them once halves the cost of importing dp_accounting.
-    """
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Manager() as manager, ctx.Pool(RACERS) as pool:
-        yield pool, manager
-
-
 def _race_to_reserve(url: str, barrier) -> tuple:
     """One racing job: open the ledger, wait for all the others, reserve epsilon 1."""
     try:
@@ -295,8 +280,8 @@ def test_concurrent_reservations_never_exceed_budget(ledger_url, racers):
     barrier = manager.Barrier(RACERS)  # every racer holds its ledger open before anyone reserves
     jobs = [pool.apply_async(_race_to_reserve, (ledger_url, barrier)) for _ in range(RACERS)]
     outcomes = [job.get(timeout=300) for job in jobs]
-    assert len({pid for *_, pid in outcomes}) == RACERS  # 8 distinct processes raced
-    assert sorted(o[:2] for o in outcomes if o[0] != "ok") == [("refused", 3)] * 5, outcomes
+    assert len({pid for *_, pid in outcomes}) == RACERS  # 16 distinct processes raced
+    assert sorted(o[:2] for o in outcomes if o[0] != "ok") == [("refused", 3)] * (RACERS - 3), outcomes
     # serialized: the three winners saw 0, 1 and 2 already spent
     assert sorted(o[1] for o in outcomes if o[0] == "ok") == [0.0, 1.0, 2.0]
     with open_ledger(ledger_url) as ledger:
