@@ -28,17 +28,31 @@ Neighbour relation: replace-one (one record replaced; ``n`` public), the
 library default. Labels declared public (``labels="public"``) are public data:
 a neighbour changes one record's features and keeps its label.
 
-Sensitivities (``||x||_2 <= Z`` enforced by the clip above):
+Sensitivities (exact suprema over the prepared-row domain; proofs in
+docs/dprp.md, section "Sensitivity"). A prepared row ``x`` is non-negative,
+its features are at most 1, its label block (private labels) has one entry
+of value at most ``s = label_scale`` and ``||x||_2 <= Z``:
 
-* ``Delta_2(X R) = 2 Z s_max(R)`` for the realized ``R``: one record changes
-  one row ``x -> y`` of ``X R`` by ``(x - y) R``, and ``||x - y||_2 <= 2 Z``.
-  Exact and deterministic given ``R`` (the paper's Lemma 2 holds only with
+* Projection: one record changes one row of ``X R`` by ``(x - y) R``, so
+  ``Delta_2(X R) = D s_max(R)`` for the realized ``R``, with
+  ``D^2 = sup ||x - y||^2 = max_k min(k + s^2, Z^2) + min(d - k + s^2, Z^2)``
+  (:func:`difference_bound_sq`; ``s = 0`` without a label block): ``d`` at
+  the default ``Z`` (``d + 2 s^2`` with private labels; ``min(2 L, d)`` for
+  event records). Exact for ``D`` (attained by two rows on disjoint
+  supports); deterministic given ``R`` (the paper's Lemma 2 holds only with
   probability ``1 - delta`` for one fixed pair). ``R`` is independent of the
   data, so the guarantee holds conditional on every ``R``, hence
   unconditionally.
-* ``Delta_2(triu(X^T X)) = sqrt(2) Z^2``: the change is ``x x^T - y y^T``,
-  whose Frobenius norm is at most ``sqrt(2) Z^2`` (attained at ``x`` orthogonal
-  to ``y``); the upper triangle (with the diagonal) has at most that norm.
+* Gram: the code noises the ``d (d + 1) / 2`` unique entries of ``X^T X``
+  (upper triangle with the diagonal, each once, mirrored), which move by
+  ``triu(x x^T - y y^T)``. Its supremum is attained at vertices of the box
+  (features in {0, 1}): ``d (d + 1) / 2`` without labels, ``d (d + 1) / 2 +
+  d + 2`` with private labels of scale 1 (:func:`gram_bound_sq`). With a
+  norm clip below the box's largest norm the calibration is the smaller of
+  that and ``2 max ||triu(x x^T)||^2``, exact when two largest rows fit on
+  disjoint supports (event records with ``d >= 2 L``: ``L (L + 1)``).
+  The general bounds ``2 Z`` and ``sqrt(2) Z^2`` (any real rows) over-noise
+  by about 2x on the box and are not used.
 
 Calibration (MATH.md section 1): both steps are Gaussian mechanisms, split
 exactly in Gaussian DP. ``mu = gdp_mu_for(epsilon, delta)`` is the largest
@@ -68,7 +82,7 @@ steps, i.e. ``n`` up to about ``4e9 mu_gram``). The row noise passes
 ``Z s_max(R)``, the largest ``|x R|_j``.
 
 Public: ``d``, ``k1``, ``k2``, the bounds, ``Z``, the noise scales and
-sensitivities (``2 Z s_max(R)`` reveals ``s_max(R)``, as the projection
+sensitivities (``D s_max(R)`` reveals ``s_max(R)``, as the projection
 release reveals its sensitivity), the class values and, with public labels,
 the class sizes. Secret: ``R`` and the noise seeds (never written, logged or
 raised).
@@ -748,9 +762,10 @@ def release_dprp_array(
 
     Privacy
     -------
-    Module docstring: replace-one, exact sensitivities ``2 Z s_max(R)`` and
-    ``sqrt(2) Z^2`` enforced by clipping, Gaussian noise composed in Gaussian DP
-    to (epsilon, delta); public-label classes in parallel.
+    Module docstring: replace-one, exact sensitivities over the declared domain
+    (``sqrt(d) s_max(R)`` and ``sqrt(d (d + 1) / 2)`` at the default ``Z``
+    without labels) enforced by the box and norm clip, Gaussian noise composed
+    in Gaussian DP to (epsilon, delta); public-label classes in parallel.
     """
     caller = "release_dprp_array"
     X = np.array(X, dtype=np.float64, copy=True)
