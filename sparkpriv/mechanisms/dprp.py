@@ -78,7 +78,9 @@ sigma that the noise module's default grid holds. The Gram (and imputation)
 noise passes the public bound ``n Z^2`` (``n`` is public under replace-one) as
 ``max_abs`` to :func:`~sparkpriv.privacy.noise.gaussian_noise_from_multiplier`,
 which coarsens the power-of-two grid (sigma stays at least ``2^30`` grid
-steps, i.e. ``n`` up to about ``4e9 mu_gram``). The row noise passes
+steps, i.e. ``n Z^2 <= 2^32 sigma_gram``: ``n`` up to about ``3e9 / mu_gram``
+at the default ``Z``, where ``sigma_gram >= Z^2 / (sqrt(2) mu_gram)``; a larger
+``n`` is refused with a ParameterError). The row noise passes
 ``Z s_max(R)``, the largest ``|x R|_j``.
 
 Public: ``d``, ``k1``, ``k2``, the bounds, ``Z``, the noise scales and
