@@ -28,17 +28,31 @@ Neighbour relation: replace-one (one record replaced; ``n`` public), the
 library default. Labels declared public (``labels="public"``) are public data:
 a neighbour changes one record's features and keeps its label.
 
-Sensitivities (``||x||_2 <= Z`` enforced by the clip above):
+Sensitivities (exact suprema over the prepared-row domain; proofs in
+docs/dprp.md, section "Sensitivity"). A prepared row ``x`` is non-negative,
+its features are at most 1, its label block (private labels) has one entry
+of value at most ``s = label_scale`` and ``||x||_2 <= Z``:
 
-* ``Delta_2(X R) = 2 Z s_max(R)`` for the realized ``R``: one record changes
-  one row ``x -> y`` of ``X R`` by ``(x - y) R``, and ``||x - y||_2 <= 2 Z``.
-  Exact and deterministic given ``R`` (the paper's Lemma 2 holds only with
+* Projection: one record changes one row of ``X R`` by ``(x - y) R``, so
+  ``Delta_2(X R) = D s_max(R)`` for the realized ``R``, with
+  ``D^2 = sup ||x - y||^2 = max_k min(k + s^2, Z^2) + min(d - k + s^2, Z^2)``
+  (:func:`difference_bound_sq`; ``s = 0`` without a label block): ``d`` at
+  the default ``Z`` (``d + 2 s^2`` with private labels; ``min(2 L, d)`` for
+  event records). Exact for ``D`` (attained by two rows on disjoint
+  supports); deterministic given ``R`` (the paper's Lemma 2 holds only with
   probability ``1 - delta`` for one fixed pair). ``R`` is independent of the
   data, so the guarantee holds conditional on every ``R``, hence
   unconditionally.
-* ``Delta_2(triu(X^T X)) = sqrt(2) Z^2``: the change is ``x x^T - y y^T``,
-  whose Frobenius norm is at most ``sqrt(2) Z^2`` (attained at ``x`` orthogonal
-  to ``y``); the upper triangle (with the diagonal) has at most that norm.
+* Gram: the code noises the ``d (d + 1) / 2`` unique entries of ``X^T X``
+  (upper triangle with the diagonal, each once, mirrored), which move by
+  ``triu(x x^T - y y^T)``. Its supremum is attained at vertices of the box
+  (features in {0, 1}): ``d (d + 1) / 2`` without labels, ``d (d + 1) / 2 +
+  d + 2`` with private labels of scale 1 (:func:`gram_bound_sq`). With a
+  norm clip below the box's largest norm the calibration is the smaller of
+  that and ``2 max ||triu(x x^T)||^2``, exact when two largest rows fit on
+  disjoint supports (event records with ``d >= 2 L``: ``L (L + 1)``).
+  The general bounds ``2 Z`` and ``sqrt(2) Z^2`` (any real rows) over-noise
+  by about 2x on the box and are not used.
 
 Calibration (MATH.md section 1): both steps are Gaussian mechanisms, split
 exactly in Gaussian DP. ``mu = gdp_mu_for(epsilon, delta)`` is the largest
@@ -64,11 +78,13 @@ sigma that the noise module's default grid holds. The Gram (and imputation)
 noise passes the public bound ``n Z^2`` (``n`` is public under replace-one) as
 ``max_abs`` to :func:`~sparkpriv.privacy.noise.gaussian_noise_from_multiplier`,
 which coarsens the power-of-two grid (sigma stays at least ``2^30`` grid
-steps, i.e. ``n`` up to about ``4e9 mu_gram``). The row noise passes
+steps, i.e. ``n Z^2 <= 2^32 sigma_gram``: ``n`` up to about ``3e9 / mu_gram``
+at the default ``Z``, where ``sigma_gram >= Z^2 / (sqrt(2) mu_gram)``; a larger
+``n`` is refused with a ParameterError). The row noise passes
 ``Z s_max(R)``, the largest ``|x R|_j``.
 
 Public: ``d``, ``k1``, ``k2``, the bounds, ``Z``, the noise scales and
-sensitivities (``2 Z s_max(R)`` reveals ``s_max(R)``, as the projection
+sensitivities (``D s_max(R)`` reveals ``s_max(R)``, as the projection
 release reveals its sensitivity), the class values and, with public labels,
 the class sizes. Secret: ``R`` and the noise seeds (never written, logged or
 raised).
@@ -124,6 +140,8 @@ __all__ = [
     "default_k2",
     "projection_sensitivity",
     "gram_sensitivity",
+    "difference_bound_sq",
+    "gram_bound_sq",
     "split_budget",
     "plan_dprp",
     "draw_secrets",
@@ -167,15 +185,93 @@ def default_k1(k2: int) -> int:
 # ----------------------------------------------------------------------------- sensitivities
 
 
-def projection_sensitivity(R: np.ndarray, row_bound: float) -> float:
-    """``2 Z s_max(R)``: L2 sensitivity of ``x -> x R`` under replace-one, ``||x|| <= Z``."""
-    smax = float(np.linalg.norm(np.asarray(R, float), 2))
-    return 2.0 * float(row_bound) * smax * _SAFETY
+def _domain_sq(d: int, row_bound: float, n_label_columns: int, label_scale: float):
+    """``(d, Z^2, s^2 or None)`` of the prepared-row domain (``s^2`` only with a private label block)."""
+    s2 = float(label_scale) ** 2 if int(n_label_columns) > 0 else None
+    return int(d), float(row_bound) ** 2, s2
 
 
-def gram_sensitivity(row_bound: float) -> float:
-    """``sqrt(2) Z^2``: L2 sensitivity of the upper triangle of ``X^T X`` under replace-one."""
-    return math.sqrt(2.0) * float(row_bound) ** 2 * _SAFETY
+def difference_bound_sq(d: int, row_bound: float, n_label_columns: int = 0, label_scale: float = 1.0) -> float:
+    """``sup ||x - y||_2^2`` over two prepared rows ``x, y`` (replace-one); exact.
+
+    ``max_{k=0..d} min(k + s^2, Z^2) + min(d - k + s^2, Z^2)`` with a private
+    one-hot label block of value ``s`` (without one, ``s^2`` is dropped): ``d``
+    at the default ``Z`` without labels, ``d + 2 s^2`` with private labels,
+    ``min(2 L, d)`` for event records (``Z^2 = L``). Proof and the worst pair:
+    docs/dprp.md, section "Sensitivity".
+    """
+    d, z2, s2 = _domain_sq(d, row_bound, n_label_columns, label_scale)
+    a = 0.0 if s2 is None else s2
+    k = np.arange(d + 1, dtype=np.float64)
+    return float(np.max(np.minimum(k + a, z2) + np.minimum(d - k + a, z2)))
+
+
+def _gram_vertex_sq(d: int, s2: float | None) -> float:
+    """Largest ``||triu(x x^T - y y^T)||^2`` over the vertices of the box (features in
+    ``{0, 1}``, labels of two different classes with value ``s``); by the vertex
+    theorem of docs/dprp.md the supremum over the box (with any norm clip)."""
+    if s2 is None:
+        return d * (d + 1) / 2.0
+    q = np.arange(d + 1, dtype=np.float64)
+    best = 0.0
+    for p in range(d + 1):  # |S| = p, |T| = q features set to 1, i = |S & T| as small as possible
+        i = np.maximum(0.0, p + q - d)
+        v = p * (p + 1) / 2.0 + q * (q + 1) / 2.0 - i * (i + 1) + s2 * (p + q) + 2.0 * s2 * s2
+        best = max(best, float(v.max()))
+    return best
+
+
+def _gram_ball_sq(d: int, z2: float, s2: float | None) -> float:
+    """``2 max ||triu(x x^T)||^2`` over prepared rows of norm at most ``Z``:
+    ``T^2 + max sum z_i^2`` with ``z_i = x_i^2`` (caps 1, and ``s^2`` for the
+    label), ``sum z_i = T = min(Z^2, d [+ s^2])``, largest caps filled first."""
+    caps = [(1.0, d)] if s2 is None else sorted([(1.0, d), (s2, 1)], reverse=True)
+    total = min(z2, float(d) + (0.0 if s2 is None else s2))
+    left, sumsq = total, 0.0
+    for cap, count in caps:
+        full = min(count, int(math.floor(left / cap)))
+        sumsq += full * cap * cap
+        left -= full * cap
+        if full < count:
+            sumsq += left * left
+            left = 0.0
+        if left <= 0.0:
+            break
+    return total * total + sumsq
+
+
+def gram_bound_sq(d: int, row_bound: float, n_label_columns: int = 0, label_scale: float = 1.0) -> float:
+    """Upper bound on ``sup ||triu(x x^T - y y^T)||_2^2`` over two prepared rows (replace-one).
+
+    The smaller of the vertex bound (``d (d + 1) / 2`` without labels) and the
+    ball bound; exact when no row is norm-clipped (the default ``Z``) and
+    whenever two rows of largest ``||triu(x x^T)||`` fit on disjoint supports
+    (event records with ``d >= 2 L``: ``L (L + 1)``). Proof: docs/dprp.md,
+    section "Sensitivity".
+    """
+    d, z2, s2 = _domain_sq(d, row_bound, n_label_columns, label_scale)
+    return min(_gram_vertex_sq(d, s2), _gram_ball_sq(d, z2, s2))
+
+
+def projection_sensitivity(R: np.ndarray, row_bound: float, d: int | None = None,
+                           label_scale: float = 1.0) -> float:
+    """``sqrt(difference_bound_sq) * s_max(R)``: L2 sensitivity of ``x -> x R`` under replace-one.
+
+    ``R`` (d_aug, k1) is the realized secret matrix; ``d`` the feature columns
+    (default ``d_aug``: no label block), the other ``d_aug - d`` rows of ``R``
+    the private one-hot label block of value ``label_scale``.
+    """
+    R = np.asarray(R, float)
+    d_aug = R.shape[0]
+    d = d_aug if d is None else int(d)
+    smax = float(np.linalg.norm(R, 2))
+    return math.sqrt(difference_bound_sq(d, row_bound, d_aug - d, label_scale)) * smax * _SAFETY
+
+
+def gram_sensitivity(d: int, row_bound: float, n_label_columns: int = 0, label_scale: float = 1.0) -> float:
+    """``sqrt(gram_bound_sq)``: L2 sensitivity of the upper triangle of ``X^T X`` under replace-one
+    (``d (d + 1) / 2`` entries at ``Z`` the box's largest norm, without labels)."""
+    return math.sqrt(gram_bound_sq(d, row_bound, n_label_columns, label_scale)) * _SAFETY
 
 
 def split_budget(epsilon: float, delta: float, budget_split=DEFAULT_BUDGET_SPLIT,
@@ -293,9 +389,14 @@ class DPRPPlan:
             },
             "sensitivity": {
                 "projection_l2": self.projection_sensitivity,
-                "projection_formula": "2 * row_bound * s_max(R), R the realized secret matrix",
+                "projection_formula": "sup ||x - y||_2 over prepared rows (box [0, 1]^d, one-hot "
+                                      "label block, norm <= row_bound) * s_max(R), R the realized "
+                                      "secret matrix",
+                "projection_input_l2": math.sqrt(difference_bound_sq(self.d, self.row_bound, self.n_label_columns,
+                                                                       self.label_scale)),
                 "gram_l2": self.gram_sensitivity,
-                "gram_formula": "sqrt(2) * row_bound^2 over the upper triangle",
+                "gram_formula": "sup ||triu(x x^T - y y^T)||_2 over prepared rows (upper triangle "
+                                "with the diagonal, each entry once)",
             },
             "projection_noise": self.projection_noise.to_public_dict(),
         }
@@ -392,11 +493,12 @@ def plan_dprp(R: np.ndarray, *, d: int, epsilon: float, delta: float, lower, upp
     n_lab = d_aug - d
     imp = float(impute_share) if fill == "dp-mean" else None
     mu = split_budget(epsilon, delta, budget_split, imp)
-    ps = projection_sensitivity(R, row_bound)
-    gsens = gram_sensitivity(row_bound)
+    ps = projection_sensitivity(R, row_bound, d, label_scale)
+    gsens = gram_sensitivity(d, row_bound, n_lab, label_scale)
     # |x R|_j <= ||x|| ||R e_j|| <= Z s_max(R): the row noise grid must hold it
+    zs = float(row_bound) * float(np.linalg.norm(np.asarray(R, float), 2))
     pnoise = _grid_noise(sensitivity=ps, noise_multiplier=1.0 / mu["projection"], dim=k1,
-                         max_abs=ps * 0.51 + 1e-300)
+                         max_abs=zs * 1.02 + 1e-300)
     unit_hi = (1.0,) * d + (float(label_scale),) * n_lab
     unit = Bounds(d_aug, (0.0,) * d_aug, unit_hi, row_bound=float(row_bound))
     return DPRPPlan(
@@ -663,9 +765,10 @@ def release_dprp_array(
 
     Privacy
     -------
-    Module docstring: replace-one, exact sensitivities ``2 Z s_max(R)`` and
-    ``sqrt(2) Z^2`` enforced by clipping, Gaussian noise composed in Gaussian DP
-    to (epsilon, delta); public-label classes in parallel.
+    Module docstring: replace-one, exact sensitivities over the declared domain
+    (``sqrt(d) s_max(R)`` and ``sqrt(d (d + 1) / 2)`` at the default ``Z``
+    without labels) enforced by the box and norm clip, Gaussian noise composed
+    in Gaussian DP to (epsilon, delta); public-label classes in parallel.
     """
     caller = "release_dprp_array"
     refuse_row_level_add_remove(neighbors, release="a DPRP release (one output row per person)", caller=caller)

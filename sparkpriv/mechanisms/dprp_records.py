@@ -7,7 +7,10 @@ A person's bounded record is a sparse vector over a public vocabulary of
 ``[0, 1]`` and ``Z = sqrt(L)``, so the sensitivities of
 :mod:`sparkpriv.mechanisms.dprp` hold unchanged (the cap bounds the record; the Spark
 path still applies ``clip_sparse_rows``, which changes nothing on capped
-records). ``X^T X`` is a sparse product and ``X R`` the sum of the
+records). On that domain they are ``sqrt(min(2 L, d)) s_max(R)`` (two
+records on disjoint items) and, for ``d >= 2 L``, ``sqrt(L (L + 1))`` for
+the Gram's unique entries: exact, checked against every pair of binary
+records for small ``d`` (docs/dprp.md, "Sensitivity"). ``X^T X`` is a sparse product and ``X R`` the sum of the
 rows of ``R`` at a record's items. ``X' = P' M`` is dense (``d`` values per
 person), so it is released thresholded: the items with ``c X'_j >=
 threshold``, computed a chunk of rows at a time. DPRP's defaults

@@ -191,9 +191,12 @@ def release_dprp(
 
     Privacy
     -------
-    Replace-one neighbours; sensitivities ``2 Z s_max(R)`` (projection, for the
-    realized secret ``R``) and ``sqrt(2) Z^2`` (Gram), enforced by the [0, 1]
-    box and the ``Z`` clip; Gaussian noise composed exactly in Gaussian DP to
+    Replace-one neighbours; sensitivities are the exact suprema over the
+    declared domain (docs/dprp.md, "Sensitivity"): ``sqrt(d) s_max(R)``
+    (projection, for the realized secret ``R``; ``sqrt(d + 2) s_max(R)`` with
+    private labels) and ``sqrt(d (d + 1) / 2)`` (Gram's unique entries;
+    ``sqrt(d (d + 1) / 2 + d + 2)`` with private labels) at the default
+    ``Z``, enforced by the [0, 1] box and the ``Z`` clip; Gaussian noise composed exactly in Gaussian DP to
     (epsilon, delta). Public: bounds, d, k1, k2, noise scales, classes, class
     sizes with public labels, ``keep_columns``. Secret: ``R`` and the seeds.
     """

@@ -108,8 +108,10 @@ def release_dprp_records(
     Each bounded record divided by the public value cap ``c`` lies in
     ``[0, 1]^d`` with ``||x||_2 <= sqrt(L)`` (enforced by the item cap; a
     record that broke it would be clipped by ``clip_sparse_rows``), so with
-    ``Z = sqrt(L)`` the sensitivities are those of the table release:
-    ``2 Z s_max(R)`` for the realized ``R`` and ``sqrt(2) Z^2`` for the Gram;
+    ``Z = sqrt(L)`` the sensitivities are those of the table release on that
+    domain: ``sqrt(min(2 L, d)) s_max(R)`` for the realized ``R`` and
+    ``sqrt(L (L + 1))`` for the Gram when ``d >= 2 L`` (exact: two records on
+    disjoint items; docs/dprp.md, "Sensitivity");
     Gaussian noise composed in Gaussian DP to ``(epsilon, delta)``. The
     threshold is post-processing. Public: the vocabulary, the cap, k1, k2,
     threshold, the noise scales. Secret: ``R``, the noise seed and the key of

@@ -42,31 +42,121 @@ def test_core_does_not_import_pyspark():
 
 # ---- sensitivities ---------------------------------------------------------------------------
 
-def test_sensitivity_closed_forms_and_attained():
-    R = draw_projection_matrix(7, 20, 11)
-    Z = 1.7
-    smax = np.linalg.svd(R, compute_uv=False)[0]
-    assert core.projection_sensitivity(R, Z) == pytest.approx(2 * Z * smax, rel=1e-8)
-    assert core.projection_sensitivity(R, Z) >= 2 * Z * smax
-    assert core.gram_sensitivity(Z) == pytest.approx(math.sqrt(2) * Z**2, rel=1e-8)
-    # attained: x = Z u1 (top left singular vector of R), y = -x
-    u1 = np.linalg.svd(R)[0][:, 0]
-    assert np.linalg.norm((Z * u1 - (-Z * u1)) @ R) == pytest.approx(2 * Z * smax, rel=1e-12)
-    # Gram: orthogonal x, y of norm Z attain sqrt(2) Z^2 in Frobenius norm; upper triangle <= that
-    x = np.zeros(7); x[0] = Z
-    y = np.zeros(7); y[1] = Z
-    D = np.outer(x, x) - np.outer(y, y)
-    assert np.linalg.norm(D) == pytest.approx(math.sqrt(2) * Z**2)
-    rng = np.random.default_rng(0)
-    iu = np.triu_indices(7)
-    worst = 0.0
-    for _ in range(2000):
-        a, b = rng.standard_normal((2, 7))
-        a *= Z / np.linalg.norm(a)
-        b *= Z / np.linalg.norm(b)
-        worst = max(worst, np.linalg.norm((np.outer(a, a) - np.outer(b, b))[iu]))
-        assert np.linalg.norm((a - b) @ R) <= core.projection_sensitivity(R, Z)
-    assert worst <= core.gram_sensitivity(Z)
+def _domain_points(d, n_classes, row_bound, *, grid=(0.0, 0.5, 1.0), n_random=150, seed=0,
+                   label_scale=1.0):
+    """Prepared rows of a brute-force domain: every grid point of the box (all vertices
+    among them) and random interior points, each with every class (private labels),
+    through the code's own preparation (scaling from [-1, 3], one-hot, norm clip)."""
+    import itertools
+    rng = np.random.default_rng(seed)
+    U = np.array(list(itertools.product(grid, repeat=d)) + list(rng.uniform(0, 1, (n_random, d))))
+    X = -1.0 + 4.0 * U  # declared bounds [-1, 3]
+    classes = list(range(n_classes)) if n_classes else None
+    plan, R = _plan(d=d, row_bound=row_bound, lower=[-1.0] * d, upper=[3.0] * d,
+                    labels="private" if n_classes else None, classes=classes, label_scale=label_scale)
+    if n_classes:
+        Xs = np.repeat(X, n_classes, axis=0)
+        codes = np.tile(np.arange(n_classes), X.shape[0])
+        P, _ = core.prepare_rows(Xs, plan, codes)
+    else:
+        P, _ = core.prepare_rows(X, plan)
+    return P, plan, R
+
+
+def _brute_force_max(P):
+    """Largest ||x - y||_2 and ||triu(x x^T - y y^T)||_2 (each unique entry once) over all pairs."""
+    iu = np.triu_indices(P.shape[1])
+    T = P[:, iu[0]] * P[:, iu[1]]
+    best_x = best_g = 0.0
+    for i in range(P.shape[0]):
+        best_x = max(best_x, float(np.sqrt(((P[i] - P) ** 2).sum(1).max())))
+        best_g = max(best_g, float(np.sqrt(((T[i] - T) ** 2).sum(1).max())))
+    return best_x, best_g
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 4])
+@pytest.mark.parametrize("n_classes", [0, 2, 3])
+def test_sensitivities_equal_the_brute_force_maximum_at_the_default_row_bound(d, n_classes):
+    """Calibration >= the true worst change over the declared domain, and equal to it
+    (a future over-noising fails too). Default Z: no row is norm-clipped."""
+    P, plan, R = _domain_points(d, n_classes, None, grid=(0.0, 0.5, 1.0) if d <= 3 else (0.0, 1.0))
+    bx, bg = _brute_force_max(P)
+    smax = float(np.linalg.norm(R, 2))
+    # closed forms, independent of the code: sqrt(d) and sqrt(d (d + 1) / 2) without labels;
+    # sqrt(d + 2) and sqrt(d (d + 1) / 2 + d + 2) with a one-hot block of value 1
+    want_x = math.sqrt(d + 2) if n_classes else math.sqrt(d)
+    want_g = math.sqrt(d * (d + 1) / 2 + d + 2) if n_classes else math.sqrt(d * (d + 1) / 2)
+    assert bx == pytest.approx(want_x, rel=1e-12)
+    assert bg == pytest.approx(want_g, rel=1e-12)
+    assert plan.projection_sensitivity >= bx * smax
+    assert plan.projection_sensitivity == pytest.approx(bx * smax, rel=1e-8)
+    assert plan.gram_sensitivity >= bg
+    assert plan.gram_sensitivity == pytest.approx(bg, rel=1e-8)
+    # the released change itself: one row of X R moves by (x - y) R
+    i, j = np.unravel_index(np.argmax(((P[:, None] - P[None]) ** 2).sum(-1)), (P.shape[0],) * 2)
+    assert np.linalg.norm((P[i] - P[j]) @ R) <= plan.projection_sensitivity
+
+
+@pytest.mark.parametrize("d, n_classes, z2", [(4, 0, 2.0), (4, 0, 1.0), (3, 0, 2.0), (3, 0, 1.5),
+                                              (2, 2, 1.5), (3, 2, 2.0), (3, 2, 3.0), (2, 3, 0.5)])
+def test_sensitivities_cover_the_brute_force_maximum_with_a_norm_clip(d, n_classes, z2):
+    """A row_bound below the box's largest norm: the projection bound stays exact; the Gram
+    bound is >= the brute force and exact where two largest rows fit on disjoint supports."""
+    P, plan, R = _domain_points(d, n_classes, math.sqrt(z2), grid=(0.0, 0.25, 0.5, 0.75, 1.0),
+                                n_random=100 if d == 4 else 300)
+    bx, bg = _brute_force_max(P)
+    smax = float(np.linalg.norm(R, 2))
+    assert plan.projection_sensitivity >= bx * smax
+    assert plan.projection_sensitivity == pytest.approx(bx * smax, rel=1e-8)
+    assert plan.gram_sensitivity >= bg
+    if n_classes == 0 and z2 == int(z2) and 2 * z2 <= d:  # disjoint 0/1 rows of norm Z exist
+        assert plan.gram_sensitivity == pytest.approx(math.sqrt(z2 * z2 + z2), rel=1e-8)
+        assert plan.gram_sensitivity == pytest.approx(bg, rel=1e-8)
+    assert plan.gram_sensitivity <= math.sqrt(2) * z2 * (1 + 1e-8)  # never above the general bound
+
+
+@pytest.mark.parametrize("d, L", [(6, 2), (7, 3), (5, 1), (4, 3)])
+def test_sensitivities_of_binary_event_records_by_brute_force(d, L):
+    """Binary records with at most L ones (Z = sqrt(L)): every pair of records."""
+    import itertools
+    rows = [r for r in itertools.product((0.0, 1.0), repeat=d) if sum(r) <= L]
+    P = np.array(rows)
+    bx, bg = _brute_force_max(P)
+    assert bx**2 == pytest.approx(min(2 * L, d))
+    R = draw_projection_matrix(d, 8, 5)
+    smax = float(np.linalg.norm(R, 2))
+    ps = core.projection_sensitivity(R, math.sqrt(L))
+    gs = core.gram_sensitivity(d, math.sqrt(L))
+    assert ps >= bx * smax and ps == pytest.approx(bx * smax, rel=1e-8)
+    assert gs >= bg
+    if d >= 2 * L:
+        assert bg**2 == pytest.approx(L * (L + 1))
+        assert gs == pytest.approx(bg, rel=1e-8)
+
+
+def test_sensitivity_is_below_the_old_loose_bounds():
+    """2 Z and sqrt(2) Z^2 (any real rows) are the general bounds; the box gives about half."""
+    for d in (2, 10, 30):
+        z = math.sqrt(d)
+        assert core.difference_bound_sq(d, z) == pytest.approx(d)
+        assert core.gram_bound_sq(d, z) == pytest.approx(d * (d + 1) / 2)
+        assert math.sqrt(core.gram_bound_sq(d, z)) < math.sqrt(2) * z**2
+        z = math.sqrt(d + 1)
+        assert core.difference_bound_sq(d, z, 2, 1.0) == pytest.approx(d + 2)
+        assert core.gram_bound_sq(d, z, 2, 1.0) == pytest.approx(d * (d + 1) / 2 + d + 2)
+
+
+@pytest.mark.parametrize("d, scale", [(3, 2.0), (2, 0.5), (3, 1.5)])
+def test_gram_sensitivity_with_other_label_scales_by_brute_force(d, scale):
+    """label_scale != 1: the worst pair can share features (s = 2, d = 3: x and y all ones,
+    different classes: 2 s^2 d + 2 s^4 = 56)."""
+    P, plan, R = _domain_points(d, 2, None, label_scale=scale)
+    bx, bg = _brute_force_max(P)
+    assert plan.gram_sensitivity >= bg and plan.gram_sensitivity == pytest.approx(bg, rel=1e-8)
+    assert bx**2 == pytest.approx(d + 2 * scale**2)
+    assert plan.projection_sensitivity == pytest.approx(bx * np.linalg.norm(R, 2), rel=1e-8)
+    if (d, scale) == (3, 2.0):
+        assert bg**2 == pytest.approx(56.0)
 
 
 def test_clipping_enforces_sensitivities_on_neighbours():
@@ -113,9 +203,12 @@ def test_budget_split_is_exact_and_composes_to_epsilon(eps):
 def test_noise_scales_match_sensitivity_over_mu():
     plan, R = _plan(d=6, epsilon=3.0, delta=1e-6, row_bound=1.5)
     smax = np.linalg.norm(R, 2)
-    assert plan.projection_noise.std == pytest.approx(2 * 1.5 * smax / plan.mu["projection"], rel=1e-6)
+    # Z^2 = 2.25 <= d / 2: two disjoint rows of norm Z, ||x - y|| = sqrt(2) Z;
+    # Gram: 2 ||triu(x x^T)||^2 = Z^4 + (1 + 1 + 0.25^2) for x = (1, 1, 0.5, 0, ...)
+    assert plan.projection_noise.std == pytest.approx(math.sqrt(2) * 1.5 * smax / plan.mu["projection"],
+                                                      rel=1e-6)
     g = plan.gram_noise(1000)
-    assert g.std == pytest.approx(math.sqrt(2) * 1.5**2 / plan.mu["gram"], rel=1e-6)
+    assert g.std == pytest.approx(math.sqrt(1.5**4 + 2.0625) / plan.mu["gram"], rel=1e-6)
 
 
 def test_gram_noise_grid_holds_large_tables():

@@ -71,7 +71,7 @@ def test_spark_gram_of_records_equals_dense_numpy(spark, events, weights):
     if weights == "counts":  # the release's Z is sqrt(L) on the [0, 1] scale, not c sqrt(L)
         rel = release_dprp(recs, epsilon=1.0, delta=1e-5, k2=4, k1=16)
         assert rel.public["row_bound"] == pytest.approx(math.sqrt(L))
-        assert rel.public["sensitivity"]["gram_l2"] == pytest.approx(math.sqrt(2) * L, rel=1e-6)
+        assert rel.public["sensitivity"]["gram_l2"] == pytest.approx(math.sqrt(L * (L + 1)), rel=1e-6)
         assert rel.public["parameters"]["contribution_bound"]["max_events_per_item"] == 2
 
 
@@ -141,8 +141,9 @@ def test_release_dprp_of_event_records(spark, events, tmp_path, test_seed):
     assert md["parameters"]["contribution_bound"]["max_items"] == L
     assert md["parameters"]["threshold"] == 0.5
     R = draw_projection_matrix(D_VOC, 120, derive_seed(test_seed, "dprp-matrix#1"))
-    assert md["sensitivity"]["projection_l2"] == pytest.approx(2 * math.sqrt(L) * np.linalg.norm(R, 2), rel=1e-6)
-    assert md["sensitivity"]["gram_l2"] == pytest.approx(math.sqrt(2) * L, rel=1e-6)
+    # exact for records with at most L items (d >= 2 L): two people on disjoint items
+    assert md["sensitivity"]["projection_l2"] == pytest.approx(math.sqrt(2 * L) * np.linalg.norm(R, 2), rel=1e-6)
+    assert md["sensitivity"]["gram_l2"] == pytest.approx(math.sqrt(L * (L + 1)), rel=1e-6)
     assert receipt["input"]["source"] == "cdr/2026-11-22"
     text = json.dumps(receipt)
     assert "u000" not in text and "people_truncated" not in text

@@ -2,6 +2,7 @@
 receipts, secrets, errors, and the CLI in-process."""
 
 import json
+import math
 import os
 import struct
 
@@ -128,8 +129,9 @@ def test_public_labels_receipt_secrets(spark, table, tmp_path, test_seed, caplog
     # secrets: R (known here only through the test hook) and the noise seed appear nowhere
     R = draw_projection_matrix(D, md["k1"], derive_seed(test_seed, "dprp-matrix#1"))
     seed = derive_seed(test_seed, "dprp-noise#2")
-    assert np.linalg.norm(R, 2) * 2 * md["row_bound"] == pytest.approx(md["sensitivity"]["projection_l2"],
-                                                                       rel=1e-6)
+    # exact on the box (public labels: D features in [0, 1]): sqrt(D) s_max(R) and sqrt(D (D + 1) / 2)
+    assert np.linalg.norm(R, 2) * math.sqrt(D) == pytest.approx(md["sensitivity"]["projection_l2"], rel=1e-6)
+    assert md["sensitivity"]["gram_l2"] == pytest.approx(math.sqrt(D * (D + 1) / 2), rel=1e-6)
     blobs = []
     for root, _, names in os.walk(out):
         for n in names:
