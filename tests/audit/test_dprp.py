@@ -7,9 +7,9 @@ share ``mu_i`` (and the (epsilon, delta) of that share):
 
 * rows: ``P' = x R + noise`` through ``reconstruct_rows`` with ``M = I`` (the
   released table ``P' M`` is post-processing of ``P'``), ``R`` known (drawn
-  here, calibrated by ``plan_dprp``); worst-case pair ``x = Z v``, ``x' = -Z v``
-  with ``v`` the top left singular vector of ``R`` (the ball ``||x|| <= Z`` of
-  the sensitivity statement ``2 Z s_max(R)``);
+  here, calibrated by ``plan_dprp``); worst-case pair searched by the auditor
+  among prepared rows (non-negative, norm at most ``Z``; binary records):
+  the sensitivity statement is ``sup ||x - x'|| s_max(R)`` over that domain;
 * Gram: ``triu(X^T X) + noise`` of a table through ``prepare_rows`` and
   ``gram_partial`` (records: ``gram_partial_sparse``); the pair is two
   orthogonal rows of norm ``Z`` inside the domain, which attains the
@@ -63,10 +63,47 @@ def make_plan(source: str, relation: str = "replace-one"):
                              fill=None, impute_share=core.DEFAULT_IMPUTE_SHARE, neighbors=relation,
                              caller="audit")
     R = draw_projection_matrix(d, v["k1"], R_SEED)
+    # The guarantee holds for every R, so the auditor may pick one where the
+    # sensitivity sup||x - x'|| s_max(R) is attained inside the prepared domain:
+    # rows 0 and 1 opposite and dominant, so s_max's direction is (e0 - e1)/sqrt(2),
+    # the difference of two disjoint non-negative rows (x = e0, x' = e1).
+    u = np.random.default_rng(R_SEED).standard_normal(R.shape[1])
+    c = 4.0 * float(np.linalg.norm(R, axis=1).max())
+    R[0], R[1] = c * u / np.linalg.norm(u), -c * u / np.linalg.norm(u)
     plan = core.plan_dprp(R, d=d, epsilon=EPS, delta=DELTA, lower=v["lower"], upper=v["upper"], k2=v["k2"],
                           row_bound=v["row_bound"], budget_split=v["budget_split"], labels=None, classes=None,
                           label_scale=1.0, neighbors=relation)
     return plan, R
+
+
+def worst_prepared_pair(source: str, R: np.ndarray, Z: float) -> tuple[np.ndarray, np.ndarray]:
+    """Two prepared rows of the declared domain whose projections differ most.
+
+    Prepared rows are non-negative with norm at most ``Z`` (table) or binary
+    with at most ``L`` ones (records), so the pair has disjoint supports at
+    best; the auditor searches it itself (all ternary corner differences for
+    records, random non-negative unit directions on every split of the
+    coordinates for the table) instead of reading the library's sensitivity.
+    """
+    d = R.shape[0]
+    if source == "records":
+        eye = np.eye(d)
+        pairs = [(eye[i], eye[j]) for i in range(d) for j in range(d) if i != j]  # L = 1
+        return max(pairs, key=lambda p: float(np.linalg.norm((p[0] - p[1]) @ R)))
+    rng = np.random.default_rng(7)
+    best, best_val = None, -1.0
+    for mask in range(1, 2 ** d):
+        pos = np.array([(mask >> i) & 1 for i in range(d)], dtype=bool)
+        a = np.abs(rng.standard_normal((20_000, d))) * pos
+        b = np.abs(rng.standard_normal((20_000, d))) * ~pos
+        a /= np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-300)
+        nb = np.linalg.norm(b, axis=1, keepdims=True)
+        b = np.where(nb > 0, b / np.maximum(nb, 1e-300), 0.0)
+        vals = np.linalg.norm((a - b) @ R, axis=1)
+        i = int(np.argmax(vals))
+        if vals[i] > best_val:
+            best, best_val = (Z * a[i], Z * b[i]), float(vals[i])
+    return best
 
 
 @pytest.mark.parametrize("control", [False, True], ids=["mechanism", "control"])
@@ -75,9 +112,7 @@ def test_dprp_row_projection(source, control, monkeypatch):
     if control:
         weaken_noise(monkeypatch)
     plan, R = make_plan(source)
-    Z = plan.row_bound
-    v = np.linalg.svd(R)[0][:, 0]
-    x, xp = Z * v, -Z * v
+    x, xp = worst_prepared_pair(source, R, plan.row_bound)
     noise = plan.projection_noise
     k1 = R.shape[1]
 
