@@ -4,6 +4,10 @@ The config file names the mechanism (``mechanism = "projection"``) and holds
 the same options as ``sparkpriv release <mechanism>``; extra command-line
 options after ``--config`` override it. Exit codes as the CLI: 0 ok, 2 bad
 arguments or input, 3 budget refused, 1 other failure.
+
+The job refuses to run (exit 2, before Spark starts) while the environment
+variable ``SPARKPRIV_INSECURE_TEST_SEED`` is set: unset it. Fixed seeds are for
+tests only and make a release NOT private.
 """
 
 import sys

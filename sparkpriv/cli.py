@@ -3,6 +3,10 @@
 Exit codes: 0 ok, 2 bad arguments or input, 3 budget refused, 1 anything else.
 Every command takes ``--config FILE.toml`` holding the same options (the
 command line wins); unknown keys are errors.
+
+Fixed seeds are refused: no command runs (exit 2, before Spark starts) while
+the environment variable ``SPARKPRIV_INSECURE_TEST_SEED`` is set or inside
+:class:`sparkpriv.privacy.random.insecure_fixed_seed` (tests only).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Sequence
 
 from sparkpriv.config import Option, build_config, load_toml
 from sparkpriv.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, ParameterError, SparkPrivError
+from sparkpriv.privacy.random import refuse_fixed_seed
 
 __all__ = ["main", "build_parser"]
 
@@ -273,6 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
+        refuse_fixed_seed("sparkpriv")
         if getattr(args, "config", None):
             args = _apply_config(parser, argv, args)
         handler = args._handler
@@ -296,6 +302,7 @@ def main_job(argv: Sequence[str]) -> int:
     p.add_argument("--config", required=True, help="TOML file naming the mechanism and its options")
     known, rest = p.parse_known_args(argv)
     try:
+        refuse_fixed_seed("jobs/release.py")
         mech = load_toml(known.config).get("mechanism")
     except ParameterError as exc:
         print(f"sparkpriv: error: {exc}", file=sys.stderr)

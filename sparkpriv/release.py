@@ -22,11 +22,17 @@ from typing import Any, Callable
 from sparkpriv import __version__
 from sparkpriv.errors import InputError
 from sparkpriv.privacy.accounting import describe_event, epsilon_of, event_to_dict
-from sparkpriv.privacy.random import insecure_test_seed
+from sparkpriv.privacy.random import active_fixed_seed
 
 __all__ = ["Release", "BudgetHold", "reserve", "RECEIPT_FORMAT"]
 
 RECEIPT_FORMAT = "sparkpriv.receipt/1"
+NO_GUARANTEE = (
+    "NONE. The secrets and noise of this release were derived from a fixed seed set in code "
+    "(sparkpriv.privacy.random.insecure_fixed_seed, for tests only): anyone who knows or guesses "
+    "the seed can recompute the noise and remove it. epsilon and delta here describe the noise "
+    "calibration only; they are no privacy guarantee, and no budget ledger recorded this release."
+)
 _log = logging.getLogger(__name__)
 
 
@@ -38,6 +44,7 @@ class BudgetHold:
     reservation: Any = None
     table_id: str | None = None
     owns_ledger: bool = False
+    fixed_seed: bool = False  # reserved inside insecure_fixed_seed: NOT private, never in a ledger
 
     def to_public_dict(self) -> dict | None:
         if self.reservation is None:
@@ -84,7 +91,26 @@ def reserve(
 
     Without a ``table_id`` nothing is reserved and a warning says so: the
     release is then not protected by any cross-run budget.
+
+    Inside :class:`sparkpriv.privacy.random.insecure_fixed_seed` (tests only)
+    the release has no privacy guarantee, so it is never recorded as a spend:
+    a ``table_id`` or ``ledger`` is refused with :class:`ParameterError`
+    before the ledger is opened.
     """
+    fixed = active_fixed_seed() is not None
+    if fixed and (table_id is not None or ledger is not None):
+        from sparkpriv.errors import ParameterError
+
+        raise ParameterError(
+            f"This {mechanism} release is made inside sparkpriv.privacy.random.insecure_fixed_seed: its "
+            "secrets and noise come from a fixed seed, so it has NO privacy guarantee and a budget "
+            "ledger must not record it as a spend. Drop table_id and ledger (--table-id, --ledger), or "
+            "make the release outside the fixed-seed block."
+        )
+    if fixed:
+        _log.error("this %s release uses a fixed seed (insecure_fixed_seed): NOT private, not recorded "
+                   "in any budget ledger", mechanism)
+        return BudgetHold(fixed_seed=True)
     if table_id is None:
         if ledger is not None:
             from sparkpriv.errors import ParameterError
@@ -145,13 +171,15 @@ class Release:
 
     def receipt(self, output_path: str | None = None) -> dict:
         """The privacy receipt (JSON-ready dict). It never holds secrets or data statistics."""
-        test_seed = insecure_test_seed() is not None
+        # fixed when the secrets were drawn (reserve) or now: either way, no guarantee
+        test_seed = self.hold.fixed_seed or active_fixed_seed() is not None
         r = {
             "format": RECEIPT_FORMAT,
             "mechanism": self.mechanism,
             "library": {"name": "sparkpriv", "version": __version__, "python": platform.python_version()},
             "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "guarantee": {
+                "holds": not test_seed,
                 "epsilon": self.epsilon,
                 "delta": self.delta,
                 "neighbors": self.public.get("neighbors"),
@@ -174,7 +202,8 @@ class Release:
             "insecure_test_seed": test_seed,
         }
         if test_seed:
-            r["WARNING"] = "made with SPARKPRIV_INSECURE_TEST_SEED: NOT PRIVATE"
+            r["guarantee"]["statement"] = NO_GUARANTEE
+            r["WARNING"] = "made with a fixed test seed (insecure_fixed_seed): NOT PRIVATE, no privacy guarantee"
         return r
 
     def write(self, path: str, *, overwrite: bool = False, owner_report: str | None = None,

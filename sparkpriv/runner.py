@@ -266,11 +266,19 @@ class RunResult:
 
 
 def run_release(cfg: ReleaseConfig, spark=None) -> RunResult:
-    """Read the input, release it with the configured mechanism, publish it."""
+    """Read the input, release it with the configured mechanism, publish it.
+
+    Refused (:class:`ParameterError`, before Spark starts) while the
+    environment variable ``SPARKPRIV_INSECURE_TEST_SEED`` is set or inside
+    :class:`sparkpriv.privacy.random.insecure_fixed_seed`: the command line
+    and jobs never publish a release made with a fixed seed.
+    """
     from sparkpriv.io.inputs import read_table
     from sparkpriv.io.writer import RECEIPT_FILE, check_output_path
+    from sparkpriv.privacy.random import refuse_fixed_seed
     from sparkpriv.spark.session import get_spark
 
+    refuse_fixed_seed("sparkpriv release")
     spec = MECHANISMS[cfg.mechanism]
     spark = spark or get_spark(cfg.spark)
     check_output_path(spark, cfg.get("output"), bool(cfg.get("overwrite")))

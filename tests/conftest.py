@@ -34,11 +34,12 @@ def spark():
 
 
 @pytest.fixture
-def test_seed(monkeypatch):
-    """Make secrets deterministic (the insecure test hook) for one test."""
-    from sparkpriv.privacy import random as sprandom
+def test_seed():
+    """Make secrets deterministic for one test (insecure_fixed_seed: NOT private, tests only).
 
-    monkeypatch.setenv(sprandom.TEST_SEED_ENV, "12345")
-    sprandom.reset_test_counter()
-    yield 12345
-    sprandom.reset_test_counter()
+    The n-th secret drawn for ``purpose`` is ``derive_seed(12345, f"{purpose}#{n}")``.
+    """
+    from sparkpriv.privacy.random import insecure_fixed_seed
+
+    with insecure_fixed_seed(12345) as seed:
+        yield seed

@@ -91,6 +91,15 @@ def test_cli_generate_release_and_job_end_to_end(tmp_path):
     assert receipt["parameters" if "parameters" in receipt else "mechanism_details"]
     assert receipt["guarantee"]["epsilon"] == pytest.approx(0.5)
     assert receipt["ledger"] is None  # no table id in this config: not recorded
+    assert receipt["insecure_test_seed"] is False and receipt["guarantee"]["holds"] is True
+
+    # spark-submit of the job with the former test-seed variable set: refused, nothing replaced
+    before = (out / "_privacy_receipt.json").read_text()
+    r = subprocess.run(job + ["--overwrite"], env={**env, "SPARKPRIV_INSECURE_TEST_SEED": "1"},
+                       capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "unset SPARKPRIV_INSECURE_TEST_SEED" in r.stdout + r.stderr  # spark-submit: one stream
+    assert (out / "_privacy_receipt.json").read_text() == before
 
 
 @pytest.mark.spark
@@ -129,3 +138,62 @@ def test_help_says_which_options_events_lifts(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "(required without --events; refused with it)" in out
     assert out.count("(required without --events") == 3  # --columns, --lower, --upper
+
+
+# --------------------------------------------------------------------------- fixed seeds are refused
+
+SEED_ENV = "SPARKPRIV_INSECURE_TEST_SEED"
+
+
+def _release_args(tmp_path):
+    return ["release", "projection", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
+            "--columns", "a,b", "--k", "1", "--epsilon", "1", "--row-bound", "1"]
+
+
+def _job_config(tmp_path):
+    cfg = tmp_path / "job.toml"
+    cfg.write_text(f'mechanism = "projection"\ninput = "{tmp_path / "in"}"\noutput = "{tmp_path / "out"}"\n'
+                   'columns = ["a", "b"]\nk = 1\nepsilon = 1.0\nrow_bound = 1.0\n')
+    return cfg
+
+
+@pytest.mark.parametrize("value", ["20261122", ""])
+def test_cli_and_job_refuse_the_seed_variable_before_spark_starts(tmp_path, value):
+    env = _env(tmp_path)
+    env[SEED_ENV] = value
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    runs = [
+        [sys.executable, "-m", "sparkpriv.cli", *_release_args(tmp_path)],
+        [sys.executable, "-m", "sparkpriv.cli", "generate", "blobs", "--rows", "10", "--cols", "2",
+         "--output", str(tmp_path / "out")],  # every command, not only releases
+        [sys.executable, str(ROOT / "jobs" / "release.py"), "--config", str(_job_config(tmp_path))],
+    ]
+    for cmd in runs:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, (cmd, r.stdout, r.stderr)
+        assert f"the environment variable {SEED_ENV} is set" in r.stderr, r.stderr
+        assert f"unset {SEED_ENV}" in r.stderr and "NOT private" in r.stderr
+        assert "SparkContext" not in r.stderr and "Ivy" not in r.stderr  # Spark never started
+    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "default-ledger.sqlite").exists()
+
+
+def test_cli_and_job_refuse_inside_a_fixed_seed_block(tmp_path, capsys, monkeypatch):
+    from sparkpriv.cli import main_job
+    from sparkpriv.config import build_config
+    from sparkpriv.errors import ParameterError
+    from sparkpriv.privacy.random import insecure_fixed_seed
+    from sparkpriv.runner import options_for, run_release
+
+    monkeypatch.delenv(SEED_ENV, raising=False)
+    cfg = build_config("projection", options_for("projection"), None,
+                       {"input": "x", "output": str(tmp_path / "out"), "columns": "a", "k": "1",
+                        "epsilon": "1", "row_bound": "1"})
+    with insecure_fixed_seed(1):
+        assert main(_release_args(tmp_path)) == 2
+        assert "refuses to run inside sparkpriv.privacy.random.insecure_fixed_seed" in capsys.readouterr().err
+        assert main_job(["--config", str(_job_config(tmp_path))]) == 2
+        assert "refuses to run inside sparkpriv.privacy.random.insecure_fixed_seed" in capsys.readouterr().err
+        with pytest.raises(ParameterError, match="insecure_fixed_seed"):
+            run_release(cfg, spark=object())  # refused before the session is touched
+    assert not (tmp_path / "out").exists()

@@ -14,11 +14,32 @@ not a cryptographic one. Its outputs are unpredictable only as long as its
 logged, or put in a query plan). An attacker who learns the seed can remove the
 noise exactly, just as one who learns the projection matrix can invert it.
 
-Test hook: setting the environment variable ``SPARKPRIV_INSECURE_TEST_SEED`` to
-an integer makes every secret deterministic (derived from that integer), so
-tests can reproduce runs and scan outputs for known secrets. A release made
-that way is *not private*; it is logged as an error and flagged in its receipt
-(``"insecure_test_seed": true``).
+Fixed seeds (tests only, NOT PRIVATE): secrets can be made deterministic
+only by code that asks for it explicitly::
+
+    from sparkpriv.privacy.random import insecure_fixed_seed
+
+    with insecure_fixed_seed(12345):  # tests only: the release is NOT private
+        release = release_projection(df, ...)
+        release.write(path)
+
+Inside the block every secret is derived from the seed, the purpose and a
+per-process counter, so a test can reproduce a run and scan its outputs for
+known secrets. Such a release carries NO privacy guarantee: anyone who knows or
+guesses the seed recomputes the secret matrices and the noise and removes them.
+Its receipt says so (``"insecure_test_seed": true``, ``"guarantee": {"holds":
+false, ...}`` and a ``WARNING``), and the budget ledger refuses it
+(:func:`sparkpriv.release.reserve` raises instead of recording a spend). The
+state is per process (all threads; the Python workers of Spark executors are
+other processes and never draw secrets); leaving the block restores the
+previous state. The command line and ``jobs/release.py`` refuse to run inside
+such a block.
+
+The environment variable ``SPARKPRIV_INSECURE_TEST_SEED`` (the former test
+hook) is ignored for seeding: whatever it says, secrets come from the
+operating system's entropy. The command line and ``jobs/release.py`` refuse to
+run while it is set, so that a production job that inherits it fails instead
+of publishing noise anyone can recompute.
 """
 
 from __future__ import annotations
@@ -27,59 +48,134 @@ import hashlib
 import logging
 import os
 import secrets
+import threading
 
 import numpy as np
 
 __all__ = [
     "TEST_SEED_ENV",
-    "insecure_test_seed",
+    "insecure_fixed_seed",
+    "active_fixed_seed",
+    "refuse_fixed_seed",
     "new_secret_seed",
     "derive_seed",
     "stream",
 ]
 
-TEST_SEED_ENV = "SPARKPRIV_INSECURE_TEST_SEED"
+TEST_SEED_ENV = "SPARKPRIV_INSECURE_TEST_SEED"  # no longer read for seeding: its presence is refused
 _log = logging.getLogger(__name__)
-_counter = 0
+
+# The fixed-seed state of this process: a stack of the open insecure_fixed_seed
+# blocks, each [seed, counter]; the innermost is in force (empty: secrets from
+# OS entropy). One lock guards it, so the counter is exact across threads.
+_lock = threading.Lock()
+_blocks: list[list[int]] = []
+_env_warned = False
 
 
-def insecure_test_seed() -> int | None:
-    """The test seed if the insecure test hook is set, else None."""
-    raw = os.environ.get(TEST_SEED_ENV)
-    if raw is None or raw == "":
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        from sparkpriv.errors import ParameterError
+class insecure_fixed_seed:
+    """Context manager: derive every secret from ``seed`` (TESTS ONLY; NOT PRIVATE).
 
+    ``with insecure_fixed_seed(12345): ...`` makes :func:`new_secret_seed`
+    return ``derive_seed(seed, f"{purpose}#{n}")`` for the n-th secret drawn in
+    the block (n counts from 1). A release made in the block has no privacy
+    guarantee: its receipt says so and the budget ledger refuses it. Leaving
+    the block restores the previous state (an enclosing block's seed and
+    counter, or OS entropy), also when blocks of several threads end out of
+    order. The state is process-wide: while a block is open, every thread of
+    the process draws fixed secrets.
+    """
+
+    def __init__(self, seed: int):
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            from sparkpriv.errors import ParameterError
+
+            raise ParameterError(f"insecure_fixed_seed needs a non-negative integer seed, not {seed!r}.")
+        self.seed = seed
+        self._entries: list[list[int]] = []
+
+    def __enter__(self) -> int:
+        entry = [self.seed, 0]
+        with _lock:
+            _blocks.append(entry)
+        self._entries.append(entry)
+        _log.error("insecure_fixed_seed is active: secrets are derived from a fixed seed; "
+                   "releases made now are NOT private")
+        return self.seed
+
+    def __exit__(self, *exc) -> None:
+        entry = self._entries.pop()
+        with _lock:
+            for i in range(len(_blocks) - 1, -1, -1):
+                if _blocks[i] is entry:
+                    del _blocks[i]
+                    break
+
+
+def active_fixed_seed() -> int | None:
+    """The seed of the innermost open :class:`insecure_fixed_seed` block, else None."""
+    with _lock:
+        return _blocks[-1][0] if _blocks else None
+
+
+def refuse_fixed_seed(what: str) -> None:
+    """Raise :class:`ParameterError` if a fixed seed could be in play for ``what``.
+
+    Refused: the environment variable ``SPARKPRIV_INSECURE_TEST_SEED`` is set
+    (to anything, even empty), or an :class:`insecure_fixed_seed` block is open
+    in this process. The command line and ``jobs/release.py`` call this before
+    Spark starts.
+    """
+    from sparkpriv.errors import ParameterError
+
+    if TEST_SEED_ENV in os.environ:
         raise ParameterError(
-            f"The environment variable {TEST_SEED_ENV} must be an integer; unset it for real releases."
-        ) from None
+            f"{what} refuses to run while the environment variable {TEST_SEED_ENV} is set: it was the "
+            f"insecure test hook for fixed seeds, and a release made with a fixed seed is NOT private. "
+            f"Unset it (unset {TEST_SEED_ENV}) and run again."
+        )
+    if active_fixed_seed() is not None:
+        raise ParameterError(
+            f"{what} refuses to run inside sparkpriv.privacy.random.insecure_fixed_seed: a release made "
+            "with a fixed seed is NOT private. Call it outside that block."
+        )
 
 
 def new_secret_seed(purpose: str) -> int:
     """A fresh 128-bit secret seed from OS entropy.
 
-    With the test hook set, the seed is derived deterministically from the test
-    seed, ``purpose`` and a per-process counter instead.
+    Inside an :class:`insecure_fixed_seed` block (tests only) the seed is
+    derived from the fixed seed, ``purpose`` and the block's counter instead.
+    The environment variable ``SPARKPRIV_INSECURE_TEST_SEED`` is not read for
+    this. Call it on the driver only: an executor's Python worker is another
+    process, outside any fixed-seed block.
     """
-    global _counter
-    test = insecure_test_seed()
-    if test is None:
+    global _env_warned
+    with _lock:
+        if _blocks:
+            block = _blocks[-1]
+            block[1] += 1
+            fixed, n = block
+        else:
+            fixed = n = None
+        warn_env = fixed is None and not _env_warned and TEST_SEED_ENV in os.environ
+        if warn_env:
+            _env_warned = True
+    if warn_env:
+        _log.warning("%s is set and ignored: secrets come from OS entropy (fixed seeds need "
+                     "insecure_fixed_seed in code)", TEST_SEED_ENV)
+    if fixed is None:
         return secrets.randbits(128)
-    _log.error(
-        "%s is set: secrets are derived from a fixed test seed; this release is NOT private",
-        TEST_SEED_ENV,
-    )
-    _counter += 1
-    return derive_seed(test, f"{purpose}#{_counter}")
+    _log.error("a fixed seed (insecure_fixed_seed) is active: secrets are derived from it; "
+               "this release is NOT private")
+    return derive_seed(fixed, f"{purpose}#{n}")
 
 
 def reset_test_counter() -> None:
-    """Reset the per-process counter used by the test hook (tests only)."""
-    global _counter
-    _counter = 0
+    """Tests only: restart the counter of the innermost fixed-seed block, to draw the same secrets again."""
+    with _lock:
+        if _blocks:
+            _blocks[-1][1] = 0
 
 
 def derive_seed(key: int | bytes, label: str) -> int:

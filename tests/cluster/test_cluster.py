@@ -7,6 +7,11 @@ sparkpriv installed (see conftest.py). Fault tests kill a Python worker or an
 executor JVM in the middle of a release (the job must finish through task
 retry with output identical to an undisturbed run with the same test seed),
 kill the driver before publishing, and make a job fail before publishing.
+
+The retry tests need two runs that draw the same secrets: they submit the test
+app ``fixed_seed_app.py``, which sets a fixed seed explicitly in its own code
+(``jobs/release.py`` refuses fixed seeds, and refuses to run at all while the
+former test-seed environment variable is set: tested here too).
 """
 
 from __future__ import annotations
@@ -278,25 +283,37 @@ def big_table(tmp_path_factory):
                        seed=1)
 
 
-def _fault_config(path: Path, table: Path, out: Path, ledger: str) -> Path:
+def _fault_config(path: Path, table: Path, out: Path, ledger: str | None) -> Path:
+    budget = {"ledger": ledger, "table_id": TABLE_ID} if ledger else {}
     return write_config(path, "projection", {
         "input": str(table), "output": str(out), "columns": [f"f{j}" for j in range(8)], "k": 4,
-        "epsilon": 1.0, "row_bound": 10.0, "keep_columns": ["id"], "ledger": ledger, "table_id": TABLE_ID,
+        "epsilon": 1.0, "row_bound": 10.0, "keep_columns": ["id"], **budget,
     })
 
 
-SEED = {"SPARKPRIV_INSECURE_TEST_SEED": "20261122"}
+SEED = 20261122
+FIXED_SEED_APP = Path(__file__).resolve().parent / "fixed_seed_app.py"
+
+
+def start_fixed_seed_release(cluster, shipped, cfg: Path, log: Path) -> subprocess.Popen:
+    """The test app: the release ``cfg`` describes, under insecure_fixed_seed(SEED) (NOT private)."""
+    return start_submit(submit_cmd(cluster, shipped, FIXED_SEED_APP, str(cfg), str(SEED)), log)
+
+
+def assert_not_private(out: Path) -> None:
+    receipt = json.loads((out / "_privacy_receipt.json").read_text())
+    assert receipt["insecure_test_seed"] is True and receipt["guarantee"]["holds"] is False
+    assert receipt["ledger"] is None
 
 
 @pytest.fixture(scope="module")
 def undisturbed(cluster, shipped, big_table, tmp_path_factory):
     d = tmp_path_factory.mktemp("undisturbed")
-    ledger = f"sqlite:///{d / 'ledger.sqlite'}"
-    set_budget(ledger)
-    cfg = _fault_config(d / "cfg.toml", big_table, d / "release", ledger)
+    cfg = _fault_config(d / "cfg.toml", big_table, d / "release", None)
     log = d / "submit.log"
-    rc = run_release(cluster, shipped, cfg, log, env_extra=SEED)
+    rc = wait(start_fixed_seed_release(cluster, shipped, cfg, log), log)
     assert rc == 0, tail(log)
+    assert_not_private(d / "release")
     return read_sorted(d / "release")
 
 
@@ -304,13 +321,10 @@ def undisturbed(cluster, shipped, big_table, tmp_path_factory):
 def test_killed_worker_is_retried_with_identical_output(cluster, shipped, big_table, undisturbed, tmp_path,
                                                         victim):
     wait_for_idle_cluster(cluster)
-    ledger = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    set_budget(ledger)
     out = tmp_path / "release"
-    cfg = _fault_config(tmp_path / "cfg.toml", big_table, out, ledger)
+    cfg = _fault_config(tmp_path / "cfg.toml", big_table, out, None)
     log = tmp_path / "submit.log"
-    proc = start_submit(submit_cmd(cluster, shipped, REPO / "jobs" / "release.py", "--config", str(cfg)),
-                        log, SEED)
+    proc = start_fixed_seed_release(cluster, shipped, cfg, log)
     killed = []
     marker = "Lost task" if victim == "python-worker" else "Lost executor"
     deadline = time.monotonic() + SUBMIT_TIMEOUT
@@ -339,8 +353,27 @@ def test_killed_worker_is_retried_with_identical_output(cluster, shipped, big_ta
     got = read_sorted(out)
     assert got.shape == undisturbed.shape
     assert got.equals(undisturbed), "a retried task must redraw exactly the same noise"
-    (entry,) = ledger_entries(ledger)
-    assert entry["state"] == "committed"
+    assert_not_private(out)
+
+
+def test_job_refuses_the_test_seed_variable(cluster, shipped, small_table, tmp_path):
+    """A job that inherits SPARKPRIV_INSECURE_TEST_SEED fails before Spark starts; nothing is spent."""
+    ledger = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    set_budget(ledger)
+    out = tmp_path / "release"
+    cfg = write_config(tmp_path / "nightly.toml", "projection", {
+        "input": str(small_table), "output": str(out), "columns": COLS, "ledger": ledger,
+        "table_id": TABLE_ID, **MECHANISM_OPTIONS["projection"]["options"],
+    })
+    log = tmp_path / "submit.log"
+    rc = run_release(cluster, shipped, cfg, log, env_extra={"SPARKPRIV_INSECURE_TEST_SEED": str(SEED)})
+    text = log.read_text(errors="replace")
+    assert rc == 2, tail(log)
+    assert "the environment variable SPARKPRIV_INSECURE_TEST_SEED is set" in text
+    assert "unset SPARKPRIV_INSECURE_TEST_SEED" in text
+    assert "SparkContext" not in text  # refused before a session started
+    assert not out.exists()
+    assert ledger_entries(ledger) == []
 
 
 def test_driver_killed_before_publishing(cluster, shipped, big_table, tmp_path):
