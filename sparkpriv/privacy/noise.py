@@ -88,9 +88,12 @@ floating point touches the distribution; no scale within the limits is refused.
 
 Randomness and limits
 ---------------------
-``rng`` comes from ``sparkpriv.privacy.random.stream`` (PCG64 seeded from OS
-entropy). PCG64 is not a cryptographic generator: the noise is only as secret as
-the seed. The lattice output removes the float side channel (Mironov 2012); it
+``rng`` comes from ``sparkpriv.privacy.random.stream``: AES-128 in counter
+mode (randomgen's ``AESCounter``), keyed through HMAC-SHA256 by a secret seed
+from OS entropy and a public path, so the noise of rows an attacker knows does
+not predict the noise of other rows (a statistical generator such as PCG64
+could be reconstructed from such outputs). The noise is only as secret as the
+seed. The lattice output removes the float side channel (Mironov 2012); it
 does not protect against a leaked seed, timing, or a caller who releases the
 unrounded value too. Values must satisfy ``|a / g| <= 2^62`` (see
 ``max_abs_value``): about ``2^22`` Laplace scales but only about ``90 sigma``
@@ -150,6 +153,9 @@ GAUSSIAN_GRID_BITS = 57
 MAX_LAPLACE_SCALE = 2.0**56
 MAX_GAUSSIAN_SIGMA = 2.0**57
 MAX_GRID_INTEGER = 2**62  # |values / g| must not exceed this
+# The receipts' description of where the noise bits come from (sparkpriv.privacy.random)
+GENERATOR = ("AES-128-CTR (randomgen AESCounter) keyed by HMAC-SHA256(secret seed, public "
+             "stream path); one stream per (seed, stage, partition)")
 _POS = Interval("real", 0, None, closed="neither")
 _DELTA = Interval("real", 0, 1, closed="neither")
 _DIM = Interval("integer", 1, None, closed="left")
@@ -254,7 +260,8 @@ class LaplaceNoise:
             "grid_sensitivity": self.grid_sensitivity,
             "epsilon": _jsonable(self.epsilon),
             "dim": self.dim,
-            "sampler": "discrete Laplace on a power-of-two grid (CKS 2020), PCG64",
+            "sampler": "discrete Laplace on a power-of-two grid (CKS 2020)",
+            "generator": GENERATOR,
         }
 
 
@@ -317,7 +324,8 @@ class GaussianNoise:
             "epsilon": _jsonable(self.epsilon),
             "delta": _jsonable(self.delta),
             "dim": self.dim,
-            "sampler": "discrete Gaussian on a power-of-two grid (CKS 2020 Alg. 3), PCG64",
+            "sampler": "discrete Gaussian on a power-of-two grid (128-bit table sampler; CKS 2020 Alg. 3 below sigma 1)",
+            "generator": GENERATOR,
         }
 
 
