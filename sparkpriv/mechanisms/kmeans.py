@@ -56,8 +56,11 @@ of iteration T are the input-space release; no extra step (all of
 (:func:`~sparkpriv.privacy.calibration.split_mu`). Each noise addition is a
 discrete Gaussian on a power-of-two grid and is recorded as a
 ``GaussianDpEvent`` whose multiplier is at least ``1 / mu`` (the grid rounding
-is in its sensitivity); the release's event is
-``Composed[SelfComposed(iteration, T), final]``.
+is in its sensitivity, and the noise samplers' slack, docs/noise.md, in its
+``mu``); the release's event is ``Composed[SelfComposed(iteration, T), final]``.
+``mu_total`` is then lowered, if need be, until dp_accounting's epsilon of that
+event is at most the requested epsilon (``fit_to_epsilon``: its PLD can state a
+little more than the analytic value, e.g. 1.000000015 for epsilon 1).
 
 **Grid.** :func:`~sparkpriv.privacy.noise.gaussian_noise_from_multiplier`
 picks a grid about ``2^-56`` of sigma, which only admits values up to about
