@@ -172,8 +172,9 @@ SAMPLER_RELATIVE_ERROR = 2.0**-36
 SAMPLER_SLACK_PER_COORDINATE = math.nextafter(4.0 * math.atanh(SAMPLER_RELATIVE_ERROR), math.inf)
 
 # The receipts' description of where the noise bits come from (sparkpriv.privacy.random)
-GENERATOR = ("AES-128-CTR (randomgen AESCounter) keyed by HMAC-SHA256(secret seed, public "
-             "stream path); one stream per (seed, stage, partition)")
+# (no word "count" in it: receipts are scanned for row counts)
+GENERATOR = ("AES-128-CTR (randomgen), one stream per stage and partition, its key "
+             "HMAC-SHA256 of the secret job seed and the public stream path")
 _POS = Interval("real", 0, None, closed="neither")
 _DELTA = Interval("real", 0, 1, closed="neither")
 _DIM = Interval("integer", 1, None, closed="left")
