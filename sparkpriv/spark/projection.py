@@ -27,6 +27,7 @@ from sparkpriv.mechanisms.projection import (
 )
 from sparkpriv.privacy import noise as _noise
 from sparkpriv.privacy.accounting import compose, epsilon_of
+from sparkpriv.privacy.calibration import split_epsilon
 from sparkpriv.privacy.bounds import Bounds, ClipCounts, clip_rows, row_norms
 from sparkpriv.privacy.quantile import (
     DEFAULT_EXPONENTS,
@@ -188,9 +189,8 @@ def release_projection(
                 "declared row_bound or with the element-wise relation. Give one or the other."
             )
         candidates = candidate_bounds(tuple(bound_search))
-        hist_noise = histogram_noise(epsilon=epsilon * bound_epsilon_share, neighbors=neighbors,
-                                     buckets=candidates.size + 1)
-        eps_release = epsilon * (1.0 - bound_epsilon_share)
+        eps_bound, eps_release = split_epsilon(epsilon, bound_epsilon_share)  # sum <= epsilon
+        hist_noise = histogram_noise(epsilon=eps_bound, neighbors=neighbors, buckets=candidates.size + 1)
         bounds = Bounds(d, _tup(lower), _tup(upper), float(candidates[-1]), norm, None, _caller=caller)
     else:
         eps_release = epsilon
