@@ -61,7 +61,8 @@ exactly in Gaussian DP. ``mu = gdp_mu_for(epsilon, delta)`` is the largest
 (rounded down), ``sum mu_i^2 <= mu^2``, and each step's noise multiplier is
 ``1 / mu_i`` (``sigma_i = Delta_i / mu_i``). The events are
 ``GaussianDpEvent(1 / mu_i)``; dp_accounting's PLD gives the composed
-epsilon at ``delta`` (at most the target, tested). The noise objects of
+epsilon at ``delta``, which can exceed the analytic value slightly, so
+``mu`` is lowered until it is at most the target (``fit_to_epsilon``; tested). The noise objects of
 :mod:`sparkpriv.privacy.noise` (discrete Gaussian on a power-of-two grid) have
 multipliers at least ``1 / mu_i`` (checked at run time), so the recorded
 nominal events are conservative. With ``fill="dp-mean"`` a third Gaussian
@@ -126,7 +127,7 @@ from sparkpriv._validation import Interval, Options, check_param, refuse_row_lev
 from sparkpriv.errors import ParameterError
 from sparkpriv.mechanisms.projection import draw_projection_matrix
 from sparkpriv.privacy import noise as _noise
-from sparkpriv.privacy.accounting import compose, epsilon_of
+from sparkpriv.privacy.accounting import compose, epsilon_of, fit_to_epsilon
 from sparkpriv.privacy.bounds import NEIGHBOR_MEANING, Bounds, ClipCounts, clip_rows
 from sparkpriv.privacy.calibration import gdp_mu_for, split_mu
 from sparkpriv.privacy.random import new_secret_seed, stream
@@ -282,15 +283,25 @@ def split_budget(epsilon: float, delta: float, budget_split=DEFAULT_BUDGET_SPLIT
     imputation step gets that share of ``mu_total^2`` and the rest is split by
     ``budget_split`` (exact: ``sum mu_i^2 <= mu_total^2``).
     """
-    mu = gdp_mu_for(epsilon, delta)
     p, g = (float(x) for x in budget_split)
-    if impute_share is None:
-        mp, mg = split_mu(mu, [p, g])
-        mi = None
-    else:
-        s = float(impute_share)
-        mi, mp, mg = split_mu(mu, [s, (1.0 - s) * p, (1.0 - s) * g])
-    return {"total": mu, "projection": mp, "gram": mg, "impute": mi}
+
+    def split(mu: float) -> dict:
+        if impute_share is None:
+            mp, mg = split_mu(mu, [p, g])
+            mi = None
+        else:
+            s = float(impute_share)
+            mi, mp, mg = split_mu(mu, [s, (1.0 - s) * p, (1.0 - s) * g])
+        return {"total": mu, "projection": mp, "gram": mg, "impute": mi}
+
+    def events(mu: dict):
+        return compose([_ev.GaussianDpEvent(1.0 / m) for m in (mu["impute"], mu["projection"], mu["gram"])
+                        if m is not None])
+
+    # the accountant's epsilon of the composed events must not exceed the request
+    mu = gdp_mu_for(epsilon, delta)
+    r = fit_to_epsilon(lambda r: events(split(r * mu)), epsilon=epsilon, delta=delta, caller="split_budget")
+    return split(r * mu)
 
 
 def _grid_noise(*, sensitivity: float, noise_multiplier: float, dim: int,

@@ -56,8 +56,11 @@ of iteration T are the input-space release; no extra step (all of
 (:func:`~sparkpriv.privacy.calibration.split_mu`). Each noise addition is a
 discrete Gaussian on a power-of-two grid and is recorded as a
 ``GaussianDpEvent`` whose multiplier is at least ``1 / mu`` (the grid rounding
-is in its sensitivity); the release's event is
-``Composed[SelfComposed(iteration, T), final]``.
+is in its sensitivity, and the noise samplers' slack, docs/noise.md, in its
+``mu``); the release's event is ``Composed[SelfComposed(iteration, T), final]``.
+``mu_total`` is then lowered, if need be, until dp_accounting's epsilon of that
+event is at most the requested epsilon (``fit_to_epsilon``: its PLD can state a
+little more than the analytic value, e.g. 1.000000015 for epsilon 1).
 
 **Grid.** :func:`~sparkpriv.privacy.noise.gaussian_noise_from_multiplier`
 picks a grid about ``2^-56`` of sigma, which only admits values up to about
@@ -82,7 +85,7 @@ from dp_accounting import dp_event
 from sparkpriv._validation import Interval, Options, check_param
 from sparkpriv.errors import ParameterError
 from sparkpriv.privacy import noise as _noise
-from sparkpriv.privacy.accounting import compose, epsilon_of
+from sparkpriv.privacy.accounting import compose, epsilon_of, fit_to_epsilon
 from sparkpriv.privacy.bounds import Bounds, ClipCounts, clip_rows
 from sparkpriv.privacy.calibration import gdp_mu_for, split_mu
 from sparkpriv.privacy.random import new_secret_seed, stream
@@ -237,7 +240,8 @@ def calibrate_stats_noise(*, sensitivity: float, mu: float, dim: int) -> _noise.
     """Discrete Gaussian noise of multiplier ``>= 1/mu`` for a vector of ``dim`` stats.
 
     Same construction as :func:`~sparkpriv.privacy.noise.gaussian_noise_from_multiplier`
-    (grid sensitivity ``sensitivity/g + sqrt(dim)``, sigma rounded up) but on
+    (grid sensitivity ``sensitivity/g + sqrt(dim)``, sigma rounded up so that the
+    recorded event, with the samplers' slack, has multiplier ``>= 1/mu``) but on
     the grid ``g = 2^ceil(log2(MAX_ROWS * sensitivity / 2^62))``, which admits
     values up to ``MAX_ROWS * sensitivity / 2`` (>= ``n C``). It depends only on
     public quantities.
@@ -249,7 +253,7 @@ def calibrate_stats_noise(*, sensitivity: float, mu: float, dim: int) -> _noise.
     g = max(_noise.gaussian_grid(m * sensitivity),
             _noise._pow2_ceil(math.ldexp(float(MAX_ROWS) * float(sensitivity), -62)))
     gs = _noise._round_up(Fraction(float(sensitivity)) / Fraction(g) + _noise._sqrt_up(int(dim)))
-    sigma = _noise._round_up(Fraction(m) * Fraction(gs))
+    sigma = _noise._sigma_for_multiplier(m, gs, int(dim), caller)  # the samplers' slack included
     _noise._check_sigma(sigma, caller)
     return _noise.GaussianNoise(g, sigma, float(sensitivity), gs, math.nan, math.nan, int(dim))
 
@@ -349,25 +353,30 @@ def plan_kmeans(
             f"{caller} needs an L2 bound on the rows: give row_bound (--row-bound) or per-column "
             "lower/upper bounds (the final centres are noisy means of clipped inputs)."
         )
-    mu_total = gdp_mu_for(epsilon, delta)
     T = int(iterations)
-    if final_share > 0:
-        parts = split_mu(mu_total, [(1.0 - final_share) / T, final_share])
-        mu_iter = parts[0]
-        mu_final = parts[1]
-    else:
-        mu_iter = split_mu(mu_total, [1.0 / T])[0]
-        mu_final = None
     C = fmap.feature_bound
     dim = fmap.dim
-    iter_noise = calibrate_stats_noise(sensitivity=2.0 * C, mu=mu_iter, dim=k * (dim + 1))
-    final_noise = None
-    if mu_final is not None:
-        final_noise = calibrate_stats_noise(sensitivity=2.0 * cx, mu=mu_final, dim=k * (fmap.d + 1))
-    return KMeansPlan(fmap.variant, int(k), fmap.d, dim, T, float(epsilon), float(delta),
-                      float(final_share), float(mu_total), float(mu_iter),
-                      None if mu_final is None else float(mu_final), float(C), float(cx),
-                      iter_noise, final_noise)
+
+    def plan(mu_total: float) -> KMeansPlan:
+        if final_share > 0:
+            mu_iter, mu_final = split_mu(mu_total, [(1.0 - final_share) / T, final_share])
+        else:
+            mu_iter, mu_final = split_mu(mu_total, [1.0 / T])[0], None
+        iter_noise = calibrate_stats_noise(sensitivity=2.0 * C, mu=mu_iter, dim=k * (dim + 1))
+        final_noise = None
+        if mu_final is not None:
+            final_noise = calibrate_stats_noise(sensitivity=2.0 * cx, mu=mu_final, dim=k * (fmap.d + 1))
+        return KMeansPlan(fmap.variant, int(k), fmap.d, dim, T, float(epsilon), float(delta),
+                          float(final_share), float(mu_total), float(mu_iter),
+                          None if mu_final is None else float(mu_final), float(C), float(cx),
+                          iter_noise, final_noise)
+
+    # the accountant's epsilon of the recorded events (grid rounding and the samplers'
+    # slack included) must not exceed the request: lower mu_total until it does not
+    mu_total = gdp_mu_for(epsilon, delta)
+    r = fit_to_epsilon(lambda r: plan(r * mu_total).dp_event(), epsilon=float(epsilon), delta=float(delta),
+                       caller=caller)
+    return plan(r * mu_total)
 
 
 # ----------------------------------------------------------------------------- Lloyd step

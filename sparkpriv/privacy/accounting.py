@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import dp_accounting
 from dp_accounting import dp_event as _ev
@@ -34,6 +34,7 @@ from sparkpriv.errors import ParameterError
 __all__ = [
     "compose",
     "epsilon_of",
+    "fit_to_epsilon",
     "pure_epsilon_of",
     "event_to_dict",
     "event_from_dict",
@@ -128,6 +129,33 @@ def epsilon_of(event: _ev.DpEvent | Sequence[_ev.DpEvent], delta: float) -> floa
     if pure is not None:
         eps = min(eps, pure)
     return eps
+
+
+def fit_to_epsilon(event_for: Callable[[float], _ev.DpEvent], *, epsilon: float, delta: float,
+                   caller: str = "fit_to_epsilon", max_steps: int = 12) -> float:
+    """A factor ``r`` in (0, 1] with ``epsilon_of(event_for(r), delta) <= epsilon``.
+
+    For calibrations whose privacy parameter (a Gaussian-DP ``mu``, say) is
+    computed analytically: ``event_for(r)`` builds the event with that parameter
+    scaled by ``r``. The accountant (PLD, pessimistic discretisation) can state a
+    little more than the analytic value; receipts and the ledger state the
+    accountant's epsilon, so that is what must meet the request. ``r = 1`` is
+    kept when it does; otherwise ``r`` is shrunk by the ratio ``epsilon / stated``
+    and a margin that doubles at every step, until the accountant agrees
+    (epsilon grows at least linearly with ``mu``, so one step is usually enough).
+    """
+    r = 1.0
+    margin = 2.0**-40
+    for _ in range(max_steps):
+        stated = epsilon_of(event_for(r), delta)
+        if stated <= epsilon:
+            return r
+        r *= min(epsilon / stated, 1.0) * (1.0 - margin)
+        margin *= 4.0
+    raise ParameterError(
+        f"{caller} could not calibrate its noise so that the accounted epsilon is at most "
+        f"{epsilon!r} at delta={delta!r}; try a larger epsilon or delta."
+    )
 
 
 def event_to_dict(event: _ev.DpEvent) -> dict:

@@ -29,6 +29,7 @@ __all__ = [
     "gdp_mu_for",
     "gdp_epsilon_delta",
     "split_mu",
+    "split_epsilon",
 ]
 
 _POS = Interval("real", 0, None, closed="neither")
@@ -110,6 +111,20 @@ def gdp_epsilon_delta(mu: float, delta: float) -> float:
     while f(hi) > 0:
         hi *= 2.0
     return float(optimize.brentq(f, 0.0, hi, xtol=1e-12))
+
+
+def split_epsilon(epsilon: float, share: float) -> tuple[float, float]:
+    """Split a pure epsilon into ``(share * epsilon, rest)`` whose float sum is at most ``epsilon``.
+
+    ``epsilon * share + epsilon * (1 - share)`` can round one ulp above
+    ``epsilon``; the rest is lowered until the sum (as the accountant adds it)
+    does not exceed the whole.
+    """
+    first = float(epsilon) * float(share)
+    rest = float(epsilon) - first
+    while first + rest > epsilon:
+        rest = math.nextafter(rest, 0.0)
+    return first, rest
 
 
 def split_mu(mu_total: float, shares: "list[float] | tuple[float, ...]") -> list[float]:

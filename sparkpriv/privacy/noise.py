@@ -31,12 +31,14 @@ Guarantees and accounting
 -------------------------
 * Discrete Laplace, scale ``t``: integer vectors at L1 distance at most
   ``D = grid_sensitivity`` have product-pmf log-ratios at most ``D / t``, so
-  pure ``epsilon = D / t`` holds exactly. The event is ``LaplaceDpEvent(t / D)``;
-  with delta > 0 the PLD accountant uses the continuous Laplace curve, never
+  pure ``epsilon = D / t`` holds exactly for the ideal pmf. The event is
+  ``LaplaceDpEvent(m)`` with ``1/m = D/t + sampler_slack(dim)`` (rounded up; the
+  fast samplers' error, below); with delta > 0 the PLD accountant uses the continuous Laplace curve, never
   better than the discrete one beyond PLD discretisation (tested against
   dp_accounting's discrete-Laplace PLD).
 * Discrete Gaussian, ``sigma``: the event is the continuous
-  ``GaussianDpEvent(sigma / D)``, ``D = Delta_2/g + sqrt(dim)``. (a) Same
+  ``GaussianDpEvent(m)``, ``1/m = D/sigma + sampler_slack(dim)`` (rounded up),
+  ``D = Delta_2/g + sqrt(dim)``; for ``D/sigma``: (a) Same
   Renyi/zCDP bound: by Poisson summation ``E exp(lam X) <= exp(lam^2 sigma^2 / 2)``
   for ``X ~ N_Z(0, sigma^2)`` (CKS Sec. 2, concentrated DP, incl. multivariate),
   so each Renyi divergence is at most the continuous one. (b) Same privacy
@@ -75,8 +77,13 @@ Fast (default, vectorized numpy; docs/noise.md has the error analysis):
   CKS acceptances (relative ``2^-47 + z 2^-51``); the Gaussian branch
   probabilities are exact to 2^-128. Sampled pmfs are within a relative 2^-36
   (1.5e-11) of the ideal on the whole support: a release that changes ``k``
-  coordinates may lose ``3e-11 k`` more epsilon than stated. ``exact=True``
-  removes that.
+  coordinates may lose about ``2.9e-11 k`` more than the ideal mechanism. Every
+  recorded event is charged ``sampler_slack(k) = 5.82e-11 k`` for it (on a
+  Laplace event's epsilon and a Gaussian event's ``mu``; docs/noise.md,
+  "Accounting for the samplers' error", has the proof obligation and its
+  check), and the calibrations leave room for it, so the accountant's epsilon
+  of the recorded events covers the samplers. (``exact=True`` would not need
+  the charge; it is made anyway.)
 * Support: ``|x| < 2^62`` (int64 headroom); this conditioning moves the
   distribution by total variation at most ``2 exp(-2^62 / t)`` (< 1e-27 for
   ``t <= 2^56``, nil at the calibrated ``t ~ 2^40``).
@@ -88,9 +95,12 @@ floating point touches the distribution; no scale within the limits is refused.
 
 Randomness and limits
 ---------------------
-``rng`` comes from ``sparkpriv.privacy.random.stream`` (PCG64 seeded from OS
-entropy). PCG64 is not a cryptographic generator: the noise is only as secret as
-the seed. The lattice output removes the float side channel (Mironov 2012); it
+``rng`` comes from ``sparkpriv.privacy.random.stream``: AES-128 in counter
+mode (randomgen's ``AESCounter``), keyed through HMAC-SHA256 by a secret seed
+from OS entropy and a public path, so the noise of rows an attacker knows does
+not predict the noise of other rows (a statistical generator such as PCG64
+could be reconstructed from such outputs). The noise is only as secret as the
+seed. The lattice output removes the float side channel (Mironov 2012); it
 does not protect against a leaked seed, timing, or a caller who releases the
 unrounded value too. Values must satisfy ``|a / g| <= 2^62`` (see
 ``max_abs_value``): about ``2^22`` Laplace scales but only about ``90 sigma``
@@ -123,6 +133,7 @@ from sparkpriv.privacy._fast_samplers import (
     _dgauss_fill,
     _dlap_fill,
 )
+from sparkpriv.privacy.accounting import fit_to_epsilon
 from sparkpriv.privacy.calibration import calibrate_analytic_gaussian
 
 __all__ = [
@@ -131,6 +142,9 @@ __all__ = [
     "MAX_LAPLACE_SCALE",
     "MAX_GAUSSIAN_SIGMA",
     "MAX_GRID_INTEGER",
+    "SAMPLER_RELATIVE_ERROR",
+    "SAMPLER_SLACK_PER_COORDINATE",
+    "sampler_slack",
     "laplace_grid",
     "gaussian_grid",
     "LaplaceNoise",
@@ -150,6 +164,17 @@ GAUSSIAN_GRID_BITS = 57
 MAX_LAPLACE_SCALE = 2.0**56
 MAX_GAUSSIAN_SIGMA = 2.0**57
 MAX_GRID_INTEGER = 2**62  # |values / g| must not exceed this
+# The fast samplers' pmfs are within a relative 2^-36 of the ideal ones (module doc):
+# per changed coordinate the log-ratio of output probabilities can exceed the ideal
+# one by ln((1 + 2^-36) / (1 - 2^-36)); every recorded event charges twice that
+# (docs/noise.md, "Accounting for the samplers' error").
+SAMPLER_RELATIVE_ERROR = 2.0**-36
+SAMPLER_SLACK_PER_COORDINATE = math.nextafter(4.0 * math.atanh(SAMPLER_RELATIVE_ERROR), math.inf)
+
+# The receipts' description of where the noise bits come from (sparkpriv.privacy.random)
+# (no word "count" in it: receipts are scanned for row counts)
+GENERATOR = ("AES-128-CTR (randomgen), one stream per stage and partition, its key "
+             "HMAC-SHA256 of the secret job seed and the public stream path")
 _POS = Interval("real", 0, None, closed="neither")
 _DELTA = Interval("real", 0, 1, closed="neither")
 _DIM = Interval("integer", 1, None, closed="left")
@@ -194,6 +219,30 @@ def _sqrt_up(n: int) -> Fraction:
     return Fraction(r) if r * r == n else Fraction(math.nextafter(math.sqrt(n), math.inf))
 
 
+def sampler_slack(dim: int) -> float:
+    """The extra privacy loss charged for the fast samplers' error: ``dim`` times
+    ``SAMPLER_SLACK_PER_COORDINATE`` (about 5.8e-11), rounded up.
+
+    A Laplace event's epsilon and a Gaussian event's ``mu = 1 / multiplier`` are
+    increased by this much (docs/noise.md).
+    """
+    return math.nextafter(SAMPLER_SLACK_PER_COORDINATE * int(dim), math.inf)
+
+
+def _laplace_event_multiplier(scale: float, grid_sensitivity: float, dim: int) -> float:
+    """``m`` with ``1 / m >= grid_sensitivity / scale + sampler_slack(dim)`` in floating point."""
+    eps = _round_up(Fraction(grid_sensitivity) / Fraction(scale) + Fraction(sampler_slack(dim)))
+    m = _div_down(1.0, eps)
+    while 1.0 / m < eps:
+        m = math.nextafter(m, 0.0)
+    return m
+
+
+def _gaussian_event_multiplier(sigma: float, grid_sensitivity: float, dim: int) -> float:
+    """``m`` with ``1 / m >= grid_sensitivity / sigma + sampler_slack(dim)`` (Gaussian-DP mu)."""
+    return _laplace_event_multiplier(sigma, grid_sensitivity, dim)  # the same arithmetic on 1/m
+
+
 def _jsonable(x: float) -> float | None:
     return None if math.isnan(x) else float(x)
 
@@ -211,7 +260,8 @@ class LaplaceNoise:
 
     ``scale`` is ``t`` in grid units (pmf ``prop. to exp(-|x|/t)``);
     ``grid_sensitivity = sensitivity/grid + dim`` bounds the L1 distance of
-    neighbouring rounded integer vectors, and ``epsilon = grid_sensitivity / scale``.
+    neighbouring rounded integer vectors. ``epsilon`` is the calibration target:
+    ``grid_sensitivity / scale + sampler_slack(dim) <= epsilon`` (the recorded event).
     """
 
     grid: float
@@ -238,8 +288,12 @@ class LaplaceNoise:
         return _max_abs(self.grid)
 
     def dp_event(self) -> dp_event.DpEvent:
-        """``LaplaceDpEvent(scale / grid_sensitivity)`` (multiplier rounded down)."""
-        return dp_event.LaplaceDpEvent(_div_down(self.scale, self.grid_sensitivity))
+        """``LaplaceDpEvent(m)`` with ``1/m >= grid_sensitivity / scale + sampler_slack(dim)``.
+
+        The nominal pure epsilon of the discrete Laplace plus the fast samplers'
+        slack (:func:`sampler_slack`), rounded up.
+        """
+        return dp_event.LaplaceDpEvent(_laplace_event_multiplier(self.scale, self.grid_sensitivity, self.dim))
 
     def to_public_dict(self) -> dict:
         """JSON-safe public description (no secrets: the seed is not part of it)."""
@@ -254,7 +308,8 @@ class LaplaceNoise:
             "grid_sensitivity": self.grid_sensitivity,
             "epsilon": _jsonable(self.epsilon),
             "dim": self.dim,
-            "sampler": "discrete Laplace on a power-of-two grid (CKS 2020), PCG64",
+            "sampler": "discrete Laplace on a power-of-two grid (CKS 2020)",
+            "generator": GENERATOR,
         }
 
 
@@ -299,8 +354,12 @@ class GaussianNoise:
         return _max_abs(self.grid)
 
     def dp_event(self) -> dp_event.DpEvent:
-        """``GaussianDpEvent(sigma / grid_sensitivity)`` (multiplier rounded down)."""
-        return dp_event.GaussianDpEvent(_div_down(self.sigma, self.grid_sensitivity))
+        """``GaussianDpEvent(m)`` with ``1/m >= grid_sensitivity / sigma + sampler_slack(dim)``.
+
+        The nominal Gaussian-DP ``mu`` of the discrete Gaussian plus the fast
+        samplers' slack (:func:`sampler_slack`), rounded up.
+        """
+        return dp_event.GaussianDpEvent(_gaussian_event_multiplier(self.sigma, self.grid_sensitivity, self.dim))
 
     def to_public_dict(self) -> dict:
         """JSON-safe public description (NaN epsilon/delta become None)."""
@@ -317,7 +376,8 @@ class GaussianNoise:
             "epsilon": _jsonable(self.epsilon),
             "delta": _jsonable(self.delta),
             "dim": self.dim,
-            "sampler": "discrete Gaussian on a power-of-two grid (CKS 2020 Alg. 3), PCG64",
+            "sampler": "discrete Gaussian on a power-of-two grid (128-bit table sampler; CKS 2020 Alg. 3 below sigma 1)",
+            "generator": GENERATOR,
         }
 
 
@@ -352,8 +412,14 @@ def calibrate_laplace_noise(
     eps = float(epsilon)
     g = _grid_for(laplace_grid(sensitivity, eps), max_abs, caller)
     gs = _round_up(Fraction(float(sensitivity)) / Fraction(g) + int(dim))
-    t = _round_up(Fraction(gs) / Fraction(eps))
-    while 1.0 / _div_down(t, gs) > eps:  # the accountant computes 1 / multiplier
+    slack = sampler_slack(dim)
+    if not eps > 2.0 * slack:
+        raise ParameterError(
+            f"The 'epsilon' parameter of {caller} is too small for dim={dim!r}: the samplers' "
+            f"error alone is charged {slack:.3g} (docs/noise.md). Got {epsilon!r}; split the release."
+        )
+    t = _round_up(Fraction(gs) / (Fraction(eps) - Fraction(slack)))
+    while 1.0 / _laplace_event_multiplier(t, gs, dim) > eps:  # the accountant computes 1 / multiplier
         t = math.nextafter(t, math.inf)
     _check_min_sigma(t, max_abs, caller)
     if t > MAX_LAPLACE_SCALE:
@@ -384,7 +450,24 @@ def calibrate_gaussian_noise(
     sigma_data = calibrate_analytic_gaussian(sensitivity=sensitivity, epsilon=epsilon, delta=delta)
     g = _grid_for(gaussian_grid(sigma_data), max_abs, caller)
     gs = _round_up(Fraction(float(sensitivity)) / Fraction(g) + _sqrt_up(int(dim)))
-    sigma = calibrate_analytic_gaussian(sensitivity=gs, epsilon=epsilon, delta=delta)
+    # mu of the recorded event = gs / sigma + slack: start from the analytic mu, then
+    # shrink until the accountant's epsilon of the recorded event is within epsilon
+    mu = 1.0 / calibrate_analytic_gaussian(sensitivity=1.0, epsilon=epsilon, delta=delta)
+    slack = sampler_slack(dim)
+    if not mu > 2.0 * slack:
+        raise ParameterError(
+            f"The 'epsilon' parameter of {caller} is too small for dim={dim!r}: the samplers' "
+            f"error alone is charged {slack:.3g} in mu (docs/noise.md). Got {epsilon!r}; split the release."
+        )
+
+    def sigma_for(r: float) -> float:
+        return _round_up(Fraction(gs) / (Fraction(r * mu) - Fraction(slack)))
+
+    def event_for(r: float):
+        return dp_event.GaussianDpEvent(_gaussian_event_multiplier(sigma_for(r), gs, dim))
+
+    r = fit_to_epsilon(event_for, epsilon=float(epsilon), delta=float(delta), caller=caller)
+    sigma = sigma_for(r)
     _check_sigma(sigma, caller)
     _check_min_sigma(sigma, max_abs, caller)
     return GaussianNoise(g, sigma, float(sensitivity), gs, float(epsilon), float(delta), int(dim))
@@ -406,10 +489,25 @@ def gaussian_noise_from_multiplier(
     check_param("dim", dim, [_DIM], caller)
     g = _grid_for(gaussian_grid(float(noise_multiplier) * float(sensitivity)), max_abs, caller)
     gs = _round_up(Fraction(float(sensitivity)) / Fraction(g) + _sqrt_up(int(dim)))
-    sigma = _round_up(Fraction(float(noise_multiplier)) * Fraction(gs))
+    sigma = _sigma_for_multiplier(float(noise_multiplier), gs, int(dim), caller)
     _check_sigma(sigma, caller)
     _check_min_sigma(sigma, max_abs, caller)
     return GaussianNoise(g, sigma, float(sensitivity), gs, math.nan, math.nan, int(dim))
+
+
+def _sigma_for_multiplier(noise_multiplier: float, gs: float, dim: int, caller: str) -> float:
+    """Sigma (grid units) whose recorded event (slack included) has multiplier >= ``noise_multiplier``."""
+    mu, slack = 1.0 / noise_multiplier, sampler_slack(dim)
+    if not mu > 2.0 * slack:
+        raise ParameterError(
+            f"The 'noise_multiplier' parameter of {caller} is too large for dim={dim!r}: the "
+            f"samplers' error alone is charged {slack:.3g} in mu = 1/multiplier (docs/noise.md). "
+            f"Got {noise_multiplier!r}."
+        )
+    sigma = _round_up(Fraction(gs) / (Fraction(mu) - Fraction(slack)))
+    while _gaussian_event_multiplier(sigma, gs, dim) < noise_multiplier:
+        sigma = math.nextafter(sigma, math.inf)
+    return sigma
 
 
 def _grid_for(grid: float, max_abs: float | None, caller: str) -> float:

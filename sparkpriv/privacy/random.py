@@ -2,17 +2,28 @@
 
 * Secrets (projection matrices, job seeds) are drawn from the operating
   system's entropy (:func:`secrets.randbits`, i.e. ``os.urandom``).
-* Noise streams are numpy ``PCG64`` generators seeded through
-  ``numpy.random.SeedSequence``. Row-level noise in Spark uses one stream per
-  (secret job seed, stage, partition id): a retried or recomputed task redraws
-  the *same* noise, so recomputation never releases a second, independent draw.
-  Aggregate noise is drawn once, on the driver.
+* Noise streams are AES-128 in counter mode (randomgen's ``AESCounter``
+  behind numpy's ``Generator`` interface), keyed by a 128-bit key derived
+  with HMAC-SHA256 from the secret seed and a public integer path. Row-level
+  noise in Spark uses one stream per (secret job seed, stage, partition id): a
+  retried or recomputed task redraws the *same* noise, so recomputation never
+  releases a second, independent draw. Aggregate noise is drawn once, on the
+  driver.
 
-What this does and does not protect against: PCG64 is a statistical generator,
-not a cryptographic one. Its outputs are unpredictable only as long as its
-128-bit seed is secret; the seed never leaves the job (it is not written,
-logged, or put in a query plan). An attacker who learns the seed can remove the
-noise exactly, just as one who learns the projection matrix can invert it.
+Why a cryptographic generator: in a row-level release an attacker who knows
+some released people's true rows (their own, say) learns the exact noise
+integers of those rows, i.e. outputs of the stream. A statistical generator
+such as numpy's PCG64 can have its state recovered from its outputs (this has
+been done for PCG64 in the literature), which would give every other row's
+noise. AES-CTR outputs reveal nothing about the key or other blocks unless AES
+is broken, and the HMAC key derivation makes the streams of different paths
+(partitions) independent. The stream is still only as secret as the seed: the
+seed never leaves the job (it is not written, logged, or put in a query plan);
+an attacker who learns it can remove the noise exactly, just as one who learns
+the projection matrix can invert it. With AES-NI (``use_aesni``, nearly every
+x86-64 CPU since 2010) a 64-bit word costs about as much as a PCG64 word;
+without it randomgen falls back to a portable software AES: the same words,
+several times slower. docs/noise.md has the figures.
 
 Fixed seeds (tests only, NOT PRIVATE): secrets can be made deterministic
 only by code that asks for it explicitly::
@@ -45,12 +56,15 @@ of publishing noise anyone can recompute.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
+import operator
 import os
 import secrets
 import threading
 
 import numpy as np
+from randomgen import AESCounter
 
 __all__ = [
     "TEST_SEED_ENV",
@@ -186,12 +200,52 @@ def derive_seed(key: int | bytes, label: str) -> int:
     return int.from_bytes(digest[:16], "little")
 
 
+_STREAM_DOMAIN = b"sparkpriv/stream/aes128-ctr/v1"
+
+
+def _int_field(x: int) -> bytes:
+    """An unambiguous encoding of an integer: 4-byte length, then two's complement big-endian."""
+    b = int(x).to_bytes(int(x).bit_length() // 8 + 1, "big", signed=True)
+    return len(b).to_bytes(4, "big") + b
+
+
+def _stream_key(seed: int, *key: int) -> int:
+    """The 128-bit AES key of :func:`stream` (HMAC-SHA256 of the path, keyed by the seed).
+
+    ``HMAC-SHA256(seed, domain || n || field(key_1) || ... || field(key_n))``,
+    first 16 bytes, where each integer is length-prefixed: distinct paths (or
+    seeds) are distinct messages, so their keys are independent pseudorandom
+    values. A secret; never log or store it.
+    """
+    msg = [_STREAM_DOMAIN, len(key).to_bytes(4, "big")]
+    msg += [_int_field(operator.index(k)) for k in key]
+    digest = hmac.new(_int_field(operator.index(seed)), b"".join(msg), hashlib.sha256).digest()
+    return int.from_bytes(digest[:16], "little")
+
+
 def stream(seed: int, *key: int) -> np.random.Generator:
-    """A PCG64 generator for ``seed`` and the public integer path ``key``.
+    """An AES-128-CTR generator for ``seed`` and the public integer path ``key``.
 
     ``stream(job_seed, stage, partition_id)`` is the per-partition noise stream
-    of a Spark task: the same arguments always give the same sequence, and
-    different paths give independent streams (SeedSequence spawn keys).
+    of a Spark task: the same arguments always give the same sequence (a
+    retried task redraws the same noise), and different paths give independent
+    streams (keys from ``_stream_key``). The generator is numpy's
+    ``Generator`` over randomgen's ``AESCounter(key=K, counter=0)``: block ``i``
+    of the stream is ``AES_K(i)``, a cryptographically secure pseudorandom
+    sequence (module docstring).
     """
-    ss = np.random.SeedSequence(entropy=seed, spawn_key=tuple(int(k) for k in key))
-    return np.random.Generator(np.random.PCG64(ss))
+    bg = AESCounter(key=_stream_key(seed, *key), counter=0)
+    if not bg.use_aesni:
+        _warn_software_aes()
+    return np.random.Generator(bg)
+
+
+_warned_software_aes = False
+
+
+def _warn_software_aes() -> None:
+    global _warned_software_aes
+    if not _warned_software_aes:
+        _warned_software_aes = True
+        _log.warning("this CPU has no AES-NI: noise streams use randomgen's software AES "
+                     "(the same numbers, many times slower; docs/noise.md)")

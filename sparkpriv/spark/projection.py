@@ -28,6 +28,7 @@ from sparkpriv.mechanisms.projection import (
 from sparkpriv.privacy import noise as _noise
 from sparkpriv.privacy.accounting import compose, epsilon_of
 from sparkpriv.privacy.bounds import Bounds, ClipCounts, broadcast_box, clip_rows, row_norms
+from sparkpriv.privacy.calibration import split_epsilon
 from sparkpriv.privacy.quantile import (
     DEFAULT_EXPONENTS,
     candidate_bounds,
@@ -203,9 +204,9 @@ def release_projection(
                 "element_bound instead, or use neighbors='replace-one'."
             )
         candidates = candidate_bounds(tuple(bound_search))
-        hist_noise = _wide_grid(histogram_noise(epsilon=epsilon * bound_epsilon_share, neighbors=neighbors,
+        eps_bound, eps_release = split_epsilon(epsilon, bound_epsilon_share)  # sum <= epsilon
+        hist_noise = _wide_grid(histogram_noise(epsilon=eps_bound, neighbors=neighbors,
                                                 buckets=candidates.size + 1))
-        eps_release = epsilon * (1.0 - bound_epsilon_share)
         bounds = Bounds(d, _tup(lower), _tup(upper), float(candidates[-1]), norm, None, _caller=caller)
     else:
         eps_release = epsilon
