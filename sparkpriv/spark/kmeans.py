@@ -529,8 +529,9 @@ def assign_clusters(df, model: KMeansModel, *, columns: Sequence[str], keep_colu
     """``keep_columns`` of ``df`` plus the nearest cluster of each row under ``model``.
 
     Only the model's reliable clusters are candidates unless
-    ``include_unreliable`` (as :meth:`KMeansModel.predict`). The assignment is a function of the public model and the row; it is NOT
-    private output: use it inside a job, never publish it as part of a release.
+    ``include_unreliable`` (as :meth:`KMeansModel.predict`). The assignment
+    is a function of the public model and the row; it is NOT private output:
+    use it inside a job, never publish it as part of a release.
     """
     from pyspark.sql.types import IntegerType, StructField, StructType
 
