@@ -81,7 +81,7 @@ SETTINGS = {
 }
 
 
-def run(dataset: str, epsilons, repeats: int, methods) -> list[dict]:
+def run(dataset: str, epsilons, repeats: int, methods, first_repeat: int = 0) -> list[dict]:
     from sklearn.cluster import KMeans as SkKMeans
 
     from sparkpriv.mechanisms.kmeans import clustering_accuracy, release_kmeans_array
@@ -92,19 +92,20 @@ def run(dataset: str, epsilons, repeats: int, methods) -> list[dict]:
     lo, hi = np.full(d, s["lower"]), np.full(d, s["upper"])
     records = []
 
-    def rec(method, eps, rep, acc, secs):
+    def rec(method, eps, rep, acc, secs, **extra):
         records.append({"dataset": dataset, "method": method, "epsilon": eps, "repeat": rep,
-                        "acc": acc, "seconds": round(secs, 2)})
-        print(f"{dataset} {method:<12} eps={eps} rep={rep}: ACC {acc:.3f} ({secs:.1f} s)", flush=True)
+                        "acc": acc, "seconds": round(secs, 2), **extra})
+        more = "".join(f", {k} {v}" for k, v in extra.items())
+        print(f"{dataset} {method:<12} eps={eps} rep={rep}: ACC {acc:.3f} ({secs:.1f} s{more})", flush=True)
 
     if "sklearn" in methods:
-        for rep in range(repeats):
+        for rep in range(first_repeat, first_repeat + repeats):
             t = time.perf_counter()
             m = SkKMeans(n_clusters=s["k"], n_init=1, random_state=rep).fit(X)
             rec("sklearn", None, rep, clustering_accuracy(y, m.labels_), time.perf_counter() - t)
     DPKMeans = diffprivlib_kmeans() if "diffprivlib" in methods else None
     for eps in epsilons:
-        for rep in range(repeats):
+        for rep in range(first_repeat, first_repeat + repeats):
             for variant in ("kernel", "linear"):
                 if variant not in methods:
                     continue
@@ -113,7 +114,11 @@ def run(dataset: str, epsilons, repeats: int, methods) -> list[dict]:
                     X, k=s["k"], epsilon=eps, delta=DELTA, iterations=s["iterations"], variant=variant,
                     lower=lo, upper=hi, row_bound=s["row_bound"], kernel_width=s["kernel_width"],
                     frequencies=s["frequencies"])
-                rec(variant, eps, rep, clustering_accuracy(y, r.model.predict(X)), time.perf_counter() - t)
+                m = r.model
+                # predict leaves out the unreliable clusters (noisy size < 3 noise stds)
+                rec(variant, eps, rep, clustering_accuracy(y, m.predict(X)), time.perf_counter() - t,
+                    unreliable=len(m.unreliable),
+                    raw_negative_sizes=int(np.sum(np.asarray(r.history[-1]) < 0)))
             if DPKMeans is not None:
                 t = time.perf_counter()
                 m = DPKMeans(n_clusters=s["k"], epsilon=eps, bounds=(lo, hi), random_state=rep).fit(X)
@@ -133,6 +138,15 @@ def table(records, dataset) -> str:
             a = np.array([r["acc"] for r in rows if r["method"] == m and r["epsilon"] == e])
             cells.append(f"{a.mean():.3f} +- {a.std():.3f} (n={a.size})")
         out.append(f"| {e:g} | " + " | ".join(cells) + " |")
+    flagged = []
+    for e in eps:
+        parts = [f"{m} {np.mean([r['unreliable'] for r in rows if r['method'] == m and r['epsilon'] == e]):.1f}"
+                 for m in ("kernel", "linear")
+                 if any(r["method"] == m and r["epsilon"] == e and "unreliable" in r for r in rows)]
+        if parts:
+            flagged.append(f"{e:g}: " + ", ".join(parts))
+    if flagged:
+        out.append("\nmean number of unreliable clusters per run, by epsilon: " + "; ".join(flagged))
     sk = np.array([r["acc"] for r in rows if r["method"] == "sklearn"])
     if sk.size:
         out.append(f"\nnon-private scikit-learn KMeans: {sk.mean():.3f} +- {sk.std():.3f} (n={sk.size})")
@@ -144,6 +158,8 @@ def main(argv=None) -> int:
     p.add_argument("--datasets", default="blobs,mnist")
     p.add_argument("--epsilons", default=",".join(str(e) for e in EPSILONS))
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--first-repeat", type=int, default=0,
+                   help="index of the first repeat (diffprivlib/scikit-learn random_state)")
     p.add_argument("--methods", default="sklearn,kernel,linear,diffprivlib")
     p.add_argument("--json", default=None, help="write every run to this JSON file")
     a = p.parse_args(argv)
@@ -151,7 +167,7 @@ def main(argv=None) -> int:
     methods = set(a.methods.split(","))
     records = []
     for ds in a.datasets.split(","):
-        records += run(ds, eps, a.repeats, methods)
+        records += run(ds, eps, a.repeats, methods, a.first_repeat)
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(records, f, indent=1)

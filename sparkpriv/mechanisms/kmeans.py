@@ -71,6 +71,27 @@ before any data is read), and ``n <= MAX_ROWS`` is checked.
 Initial centres are data-independent: ``k`` uniform points of the declared
 domain (box, else L2 ball), clipped and mapped through the feature map, or a
 public sample given by the user. Assignments are never released.
+
+**Post-processing** (free under DP: a function of the noisy outputs and public
+bounds only; docs/kmeans.md, "Post-processing"). A cluster with (almost) no
+rows has a centre ``noise / max(noisy n, 1)``: pure noise, far outside the
+domain (norms of 10^3 to 3 x 10^4 were seen for MNIST rows in ``[0, 1]^784``).
+So, after every noise addition:
+
+* each centre is projected onto the declared domain: input-space centres (and
+  the ``linear`` iteration centres) through the same clip as the rows (box
+  clip, then scaling onto the row-bound ball), since a mean of clipped rows
+  lies in their convex hull; ``kernel`` feature centres are scaled onto the
+  unit ball (a mean of unit vectors). The next iteration uses the projected
+  centres;
+* released sizes are clamped at 0;
+* a cluster is **unreliable** when a noisy size its released centres depend
+  on is below ``reliability_stds`` (default 3) standard deviations of that
+  size's noise: for ``linear`` the last iteration's size, for ``kernel`` the
+  last iteration's (the feature centre ``predict`` uses) or the final step's
+  (the input-space centre). The model and the receipt list them, and
+  :meth:`~sparkpriv.mechanisms.kmeans_model.KMeansModel.predict` does not
+  assign points to them unless asked.
 """
 
 from __future__ import annotations
@@ -106,6 +127,9 @@ __all__ = [
     "assign_nearest",
     "cluster_stats",
     "noisy_update",
+    "project_to_ball",
+    "reliability_flags",
+    "DEFAULT_RELIABILITY_STDS",
     "initial_centres",
     "release_kmeans_array",
     "clustering_accuracy",
@@ -116,6 +140,7 @@ MAX_ROWS = 2**34  # public cap on n that fixes the noise grid (see module docstr
 ITER_STAGE = 11  # public label of the driver noise stream of iteration t: (seed, ITER_STAGE, t)
 FINAL_STAGE = 12
 C_ROUNDING = 1.0 + 1e-12  # RFF norm bound covering float rounding of cos^2 + sin^2
+DEFAULT_RELIABILITY_STDS = 3.0  # a cluster whose noisy size is below 3 noise stds is "unreliable"
 _POS = Interval("real", 0, None, "neither")
 
 
@@ -188,6 +213,17 @@ class FeatureMap:
 
     def from_clipped(self, Xc: np.ndarray) -> np.ndarray:
         return Xc if self.W is None else rff_features(Xc, self.W)
+
+    def project(self, centres: np.ndarray) -> np.ndarray:
+        """Feature-space centres (k, D') projected onto the feature domain (post-processing).
+
+        ``linear``: the rows' own clip (box, then row-bound ball), so a centre
+        lies where a clipped row can; ``kernel``: scaled onto the ball of
+        radius 1 that holds every mean of unit feature vectors.
+        """
+        if self.W is None:
+            return self.clip(centres)[0]
+        return project_to_ball(centres, 1.0)
 
     def features(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, ClipCounts]:
         """``(Z, Xc, counts)``: features, clipped inputs and clipping counts of ``X`` (n, d)."""
@@ -441,6 +477,24 @@ def noisy_update(stats: np.ndarray, noise: _noise.GaussianNoise, bound: float, k
     return centres, counts
 
 
+def project_to_ball(centres: np.ndarray, radius: float) -> np.ndarray:
+    """Rows of ``centres`` whose L2 norm exceeds ``radius`` scaled onto the ball (a copy)."""
+    P = np.array(centres, dtype=np.float64, copy=True)
+    norms = np.linalg.norm(P, axis=1)
+    over = norms > radius
+    P[over] *= (radius / norms[over])[:, None]
+    return P
+
+
+def reliability_flags(counts: np.ndarray, count_std: float, reliability_stds: float) -> np.ndarray:
+    """``True`` where a noisy size is below ``reliability_stds`` standard deviations of its noise.
+
+    Such a cluster may be empty: its centre is (mostly) noise. A function of
+    the noisy sizes and the public noise scale only (post-processing).
+    """
+    return np.asarray(counts, dtype=np.float64) < float(reliability_stds) * float(count_std)
+
+
 def initial_centres(fmap: FeatureMap, k: int, rng: np.random.Generator,
                     init: np.ndarray | None = None, caller: str = "release_kmeans") -> np.ndarray:
     """Data-independent initial centres in feature space, shape (k, D').
@@ -534,6 +588,7 @@ def release_kmeans_array(
     init=None,
     final_share: float | None = None,
     feature_seed: int | None = None,
+    reliability_stds: float = DEFAULT_RELIABILITY_STDS,
 ):
     """Private k-means of an in-memory array (the single-machine library).
 
@@ -559,6 +614,10 @@ def release_kmeans_array(
         (default 0.1).
     feature_seed : int, optional
         Seed of the public ``W`` (default: fresh entropy).
+    reliability_stds : float >= 0
+        A cluster whose noisy size is below this many standard deviations of
+        the size noise is marked unreliable (its centre may be pure noise) and
+        ``model.predict`` leaves it out by default (default 3).
 
     Returns
     -------
@@ -572,6 +631,7 @@ def release_kmeans_array(
     final step compose exactly (Gaussian DP) to ``(epsilon, delta)``.
     """
     caller = "release_kmeans_array"
+    check_reliability_stds(reliability_stds, caller)
     X = _check_array(X, caller)
     n, d = X.shape
     bounds = Bounds(d, _tuple(lower), _tuple(upper), row_bound, "l2", None, _caller=caller)
@@ -590,18 +650,28 @@ def release_kmeans_array(
         lambda c: cluster_stats(Z, c),
         lambda c: cluster_stats(Z, c, Xc),
         seed,
+        reliability_stds=reliability_stds,
     )
     return KMeansResult(model, plan, clip_counts, history)
 
 
+def check_reliability_stds(reliability_stds, caller: str) -> None:
+    check_param("reliability_stds", reliability_stds, [Interval("real", 0, 1e6, "both")], caller)
+
+
 def fit_from_stats(plan: KMeansPlan, fmap: FeatureMap, centres: np.ndarray, iteration_stats,
-                   final_stats, seed: int, log=None):
+                   final_stats, seed: int, log=None,
+                   reliability_stds: float = DEFAULT_RELIABILITY_STDS):
     """The driver loop shared by the numpy and the Spark paths.
 
     ``iteration_stats(centres)`` returns the exact ``k (D'+1)`` vector over the
     whole table; ``final_stats(centres)`` the ``k (d+1)`` vector of clipped
     inputs grouped by the nearest feature centre (``kernel`` only). Noise is
     added here, once per call, from the driver stream ``(seed, stage, t)``.
+    Every noisy centre is projected onto its declared domain before it is used
+    or released, sizes are clamped at 0 and unreliable clusters are flagged
+    (post-processing, see the module docstring). ``history`` holds the raw
+    noisy sizes of each iteration (owner diagnostics).
     """
     from sparkpriv.mechanisms.kmeans_model import KMeansModel
 
@@ -610,20 +680,37 @@ def fit_from_stats(plan: KMeansPlan, fmap: FeatureMap, centres: np.ndarray, iter
     counts = None
     for t in range(1, plan.iterations + 1):
         stats = iteration_stats(centres)
-        centres, counts = noisy_update(stats, plan.iter_noise, plan.feature_bound, k,
-                                       stream(seed, ITER_STAGE, t))
+        raw, counts = noisy_update(stats, plan.iter_noise, plan.feature_bound, k,
+                                   stream(seed, ITER_STAGE, t))
+        centres = fmap.project(raw)
         history.append(counts)
         if log is not None:
             log(t, counts)
-    feature_centres = centres
+    feature_centres, feature_counts = centres, counts
+    iter_sum_std = plan.iter_noise.std
+    iter_count_std = plan.count_std
+    unreliable = reliability_flags(feature_counts, iter_count_std, reliability_stds)
     if plan.final_noise is not None:
         stats = final_stats(feature_centres)
-        centres, counts = noisy_update(stats, plan.final_noise, plan.input_bound, k,
-                                       stream(seed, FINAL_STAGE, 0))
+        raw, counts = noisy_update(stats, plan.final_noise, plan.input_bound, k,
+                                   stream(seed, FINAL_STAGE, 0))
+        centres = fmap.clip(raw)[0]
+        sum_std = plan.final_noise.std
+        count_std = plan.final_noise.std / plan.input_bound
+        unreliable |= reliability_flags(counts, count_std, reliability_stds)
+    else:
+        sum_std, count_std = iter_sum_std, iter_count_std
+    kernel = plan.variant == "kernel"
     model = KMeansModel(
-        variant=plan.variant, centers=centres, counts=counts, bounds=fmap.bounds.to_public_dict(),
-        W=fmap.W, kernel_width=fmap.kernel_width,
-        feature_centers=feature_centres if plan.variant == "kernel" else None,
+        variant=plan.variant, centers=centres, counts=np.maximum(counts, 0.0),
+        bounds=fmap.bounds.to_public_dict(), W=fmap.W, kernel_width=fmap.kernel_width,
+        feature_centers=feature_centres if kernel else None,
+        feature_counts=np.maximum(feature_counts, 0.0) if kernel else None,
+        unreliable=tuple(int(j) for j in np.flatnonzero(unreliable)),
+        reliability_stds=float(reliability_stds),
+        count_std=float(count_std), sum_std=float(sum_std),
+        feature_count_std=float(iter_count_std) if kernel else None,
+        feature_sum_std=float(iter_sum_std) if kernel else None,
     )
     return model, history
 

@@ -26,9 +26,14 @@ Shape of a release:
    stream of the secret seed) and logs a progress line.
 4. ``kernel``: a last pass over the input releases input-space centres as
    noisy per-cluster means of the clipped inputs (accounted).
-5. The :class:`KMeansRelease` holds a tiny DataFrame of the clusters
-   (cluster, count, center, feature_center) which ``write`` publishes with the
-   receipt (the receipt embeds the model) and ``_kmeans_model.json``.
+5. Post-processing on the driver (free): centres projected onto the declared
+   domain, sizes clamped at 0, unreliable clusters (noisy size below
+   ``reliability_stds`` noise standard deviations) flagged
+   (:func:`~sparkpriv.mechanisms.kmeans.fit_from_stats`).
+6. The :class:`KMeansRelease` holds a tiny DataFrame of the clusters
+   (cluster, count, reliable, center, feature_center) which ``write``
+   publishes with the receipt (the receipt embeds the model and lists the
+   unreliable clusters) and ``_kmeans_model.json``.
 
 Assignments are never part of the release; :func:`assign_clusters` computes
 them from the public model inside a later job.
@@ -48,7 +53,9 @@ from sparkpriv._validation import Interval, Options, check_param
 from sparkpriv.errors import InputError, ParameterError
 from sparkpriv.io.inputs import check_numeric_columns, check_present_columns, schema_fingerprint
 from sparkpriv.mechanisms.kmeans import (
+    DEFAULT_RELIABILITY_STDS,
     VARIANTS,
+    check_reliability_stds,
     check_k_for_n,
     cluster_input_sums_sparse,
     cluster_stats,
@@ -58,7 +65,7 @@ from sparkpriv.mechanisms.kmeans import (
     make_feature_map,
     plan_kmeans,
 )
-from sparkpriv.mechanisms.kmeans_model import MODEL_FILE, KMeansModel
+from sparkpriv.mechanisms.kmeans_model import MODEL_FILE, POSTPROCESSING, KMeansModel
 from sparkpriv.privacy.bounds import Bounds
 from sparkpriv.privacy.random import new_secret_seed, stream
 from sparkpriv.release import Release, reserve
@@ -230,6 +237,7 @@ def release_kmeans(
     final_share: float | None = None,
     fill: float | None = None,
     neighbors: str = "replace-one",
+    reliability_stds: float = DEFAULT_RELIABILITY_STDS,
     ledger=None,
     table_id: str | None = None,
     source: str | None = None,
@@ -270,6 +278,13 @@ def release_kmeans(
     fill : float, optional
         Public value replacing nulls.
     neighbors : {"replace-one"}
+        Only replace-one: ``n`` is public (the rule ``k <= floor(sqrt(n))``
+        uses it).
+    reliability_stds : float >= 0
+        Clusters whose noisy size is below this many standard deviations of
+        the size noise are marked unreliable in the model and the receipt
+        (their centres may be pure noise); ``model.predict``/``assign`` leave
+        them out unless asked (default 3).
     ledger, table_id, source
         As for every release (reservation before any data is read).
 
@@ -292,6 +307,7 @@ def release_kmeans(
     check_param("neighbors", neighbors, [Options(("replace-one",))], caller)
     check_param("variant", variant, [Options(VARIANTS)], caller)
     check_param("fill", fill, [None, Interval("real", None, None, "neither")], caller)
+    check_reliability_stds(reliability_stds, caller)
     if isinstance(df, BoundedRecords):
         inp = _RecordsInput(df, variant, columns, lower, upper, row_bound, fill, caller)
     else:
@@ -312,6 +328,7 @@ def release_kmeans(
         "frequencies": frequencies if variant == "kernel" else None,
         "final_share": plan.final_share, "fill": fill, "neighbors": neighbors,
         "bounds": bounds.to_public_dict(), "init": "public sample" if init is not None else "domain",
+        "reliability_stds": float(reliability_stds),
     }
     hold = reserve(event=event, mechanism="kmeans", parameters=params, ledger=ledger, table_id=table_id)
     spark = inp.spark
@@ -345,7 +362,8 @@ def release_kmeans(
             _log.info("kmeans iteration %d/%d: %.2f s, %d cluster(s) with noisy count < 1",
                       t, plan.iterations, seconds[-1], int(np.sum(counts < 1)))
 
-        model, _ = fit_from_stats(plan, fmap, centres0, iteration_stats, final_stats, seed, log)
+        model, _ = fit_from_stats(plan, fmap, centres0, iteration_stats, final_stats, seed, log,
+                                  reliability_stds=reliability_stds)
     except BaseException as exc:
         hold.abort(f"k-means failed: {type(exc).__name__}")
         hold.close()
@@ -354,9 +372,14 @@ def release_kmeans(
         if cache is not None:
             cache.release()
     del seed
+    if model.unreliable:
+        _log.warning("kmeans: %d of %d cluster(s) unreliable (noisy size below %g noise stds): %s; "
+                     "predict/assign leave them out", len(model.unreliable), k, reliability_stds,
+                     list(model.unreliable))
 
     out = _clusters_df(spark, model)
     public = dict(plan.to_public_dict(), parameters=params, model=model.to_dict(),
+                  unreliable_clusters=list(model.unreliable), postprocessing=POSTPROCESSING,
                   feature_map="W is public: drawn independently of the data and released")
     return KMeansRelease(df=out, mechanism="kmeans", event=event, epsilon=eps, delta=plan.delta,
                          public=public, input_info=inp.input_info(source), hold=hold,
@@ -483,26 +506,32 @@ def _records_input_stats_fn(fmap, centres, bound, d):
 
 
 def _clusters_df(spark, model: KMeansModel):
-    from pyspark.sql.types import ArrayType, DoubleType, IntegerType, StructField, StructType
+    from pyspark.sql.types import (ArrayType, BooleanType, DoubleType, IntegerType, StructField,
+                                   StructType)
 
     schema = StructType([
         StructField("cluster", IntegerType(), False),
         StructField("count", DoubleType(), False),
+        StructField("reliable", BooleanType(), False),
         StructField("center", ArrayType(DoubleType(), False), False),
         StructField("feature_center", ArrayType(DoubleType(), False), True),
     ])
     fc = model.feature_centers
-    rows = [(j, float(model.counts[j]), [float(v) for v in model.centers[j]],
+    ok = model.reliable
+    rows = [(j, float(model.counts[j]), bool(ok[j]), [float(v) for v in model.centers[j]],
              None if fc is None else [float(v) for v in fc[j]]) for j in range(model.k)]
     return spark.createDataFrame(rows, schema).coalesce(1)
 
 
 def assign_clusters(df, model: KMeansModel, *, columns: Sequence[str], keep_columns: Sequence[str] = (),
-                    output_column: str = "cluster", fill: float | None = None):
+                    output_column: str = "cluster", fill: float | None = None,
+                    include_unreliable: bool = False):
     """``keep_columns`` of ``df`` plus the nearest cluster of each row under ``model``.
 
-    The assignment is a function of the public model and the row; it is NOT
-    private output: use it inside a job, never publish it as part of a release.
+    Only the model's reliable clusters are candidates unless
+    ``include_unreliable`` (as :meth:`KMeansModel.predict`). The assignment
+    is a function of the public model and the row; it is NOT private output:
+    use it inside a job, never publish it as part of a release.
     """
     from pyspark.sql.types import IntegerType, StructField, StructType
 
@@ -512,15 +541,16 @@ def assign_clusters(df, model: KMeansModel, *, columns: Sequence[str], keep_colu
     check_present_columns(df, keep_columns, role="kept")
     if len(columns) != model.centers.shape[1]:
         raise ParameterError(f"The model has {model.centers.shape[1]} features; got {len(columns)} columns.")
+    idx = model.assignment_clusters(include_unreliable).astype(np.int32)
     fmap = model.feature_map()
-    C = model.assignment_centers().copy()
+    C = model.assignment_centers()[idx].copy()
     schema = StructType([df.schema[c] for c in keep_columns] + [StructField(output_column, IntegerType(), False)])
     names = keep_columns + [output_column]
 
     def sparkpriv_kmeans_assign(batches, pid):
         for batch in batches:
             Z, _, _ = fmap.features(batch_matrix(batch, columns, fill=fill))
-            lab = assign_nearest(Z, C).astype(np.int32)
+            lab = idx[assign_nearest(Z, C)]
             yield pa.RecordBatch.from_arrays([batch.column(c) for c in keep_columns] + [pa.array(lab)], names)
 
     return map_batches(df.select(*keep_columns, *[c for c in columns if c not in keep_columns]),

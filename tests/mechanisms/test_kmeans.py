@@ -217,10 +217,32 @@ def test_model_save_load_predict(tmp_path):
     Xc = np.clip(X, -30, 30)
     P = Xc @ m.W.T
     Z = np.hstack([np.cos(P), np.sin(P)]) / math.sqrt(m.W.shape[0])
-    ref = np.argmin(((Z[:, None, :] - m.feature_centers[None]) ** 2).sum(-1), axis=1)
-    np.testing.assert_array_equal(m.predict(X), ref)
+    dist = ((Z[:, None, :] - m.feature_centers[None]) ** 2).sum(-1)
+    np.testing.assert_array_equal(m.predict(X, include_unreliable=True), np.argmin(dist, axis=1))
+    ok = np.flatnonzero(m.reliable)
+    np.testing.assert_array_equal(m.predict(X), ok[np.argmin(dist[:, ok], axis=1)])
     assert set(m.to_dict()) == {"format", "variant", "k", "centers", "counts", "bounds",
-                                "kernel_width", "W", "feature_centers"}
+                                "kernel_width", "W", "feature_centers", "feature_counts",
+                                "unreliable_clusters", "reliability_stds", "noise_std",
+                                "postprocessing"}
+    for f in ("unreliable", "reliability_stds", "count_std", "sum_std", "feature_count_std",
+              "feature_sum_std"):
+        assert getattr(m2, f) == getattr(m, f)
+    np.testing.assert_array_equal(m2.feature_counts, m.feature_counts)
+
+
+def test_a_format_1_model_file_still_loads_and_uses_every_cluster(tmp_path):
+    X, _ = _blobs()
+    m = km.release_kmeans_array(X, k=3, epsilon=1.0, delta=1e-5, iterations=2, variant="linear",
+                                row_bound=30.0).model
+    old = {key: m.to_dict()[key] for key in ("variant", "k", "centers", "counts", "bounds",
+                                             "kernel_width", "W", "feature_centers")}
+    old["format"] = "sparkpriv.kmeans-model/1"
+    m1 = KMeansModel.from_dict(old)
+    assert m1.unreliable is None and m1.reliable.all()
+    np.testing.assert_array_equal(m1.predict(X), m.predict(X, include_unreliable=True))
+    with pytest.raises(ParameterError, match="format 1"):
+        m1.uncertainty()
 
 
 def test_accuracy_metric():
@@ -242,6 +264,7 @@ def test_accuracy_metric():
     ({"final_share": 1.0}, "'final_share' parameter"),
     ({"variant": "linear", "final_share": 0.2}, "final_share"),
     ({"init": np.zeros((2, 4))}, "'init' parameter"),
+    ({"reliability_stds": -1.0}, "'reliability_stds' parameter"),
 ])
 def test_errors(kw, msg):
     X, _ = _blobs(n=900)
@@ -280,3 +303,166 @@ def test_sparse_features_and_input_sums_equal_the_dense_ones():
             np.testing.assert_array_equal(got[j, 1:], X[lab == j].sum(axis=0))
     with pytest.raises(ParameterError, match="kernel features only"):
         km.make_feature_map("linear", Bounds(d, row_bound=1.0)).features_sparse(offsets, indices, None)
+
+
+# ---- post-processing: domain projection, clamped sizes, unreliable clusters --------------------
+# Three blobs, k = 4 or 6 clusters, box [-4, 4]^2: some clusters are empty or nearly so.
+
+def _three_blobs(n=900):
+    rng = np.random.default_rng(0)
+    c = np.array([[-2.0, -2.0], [2.0, -2.0], [0.0, 2.5]])
+    y = rng.integers(0, 3, n)
+    return c[y] + rng.normal(0, 0.6, (n, 2)), y
+
+
+def _release_blobs(variant, epsilon, k, **kw):
+    X, y = _three_blobs()
+    r = km.release_kmeans_array(X, k=k, epsilon=epsilon, delta=1e-5, iterations=3, variant=variant,
+                                lower=[-4.0] * 2, upper=[4.0] * 2, kernel_width=1.5, frequencies=16,
+                                **kw)
+    return X, y, r
+
+
+@pytest.mark.parametrize("variant", ["linear", "kernel"])
+def test_centres_stay_in_the_declared_domain_and_sizes_are_not_negative(variant, test_seed):
+    # before the projection (seed of the test_seed fixture): centres with norms 114 (linear) and
+    # 680 (kernel) outside the box [-4, 4]^2, and sizes -31.7 / -82.6
+    _, _, r = _release_blobs(variant, 0.5, 6)
+    m = r.model
+    assert np.all(m.centers >= -4.0) and np.all(m.centers <= 4.0)
+    assert np.all(m.counts >= 0.0)
+    if variant == "kernel":
+        assert np.all(np.linalg.norm(m.feature_centers, axis=1) <= 1.0 + 1e-12)
+        assert np.all(m.feature_counts >= 0.0)
+    assert len(m.unreliable) >= 1  # some cluster was empty or nearly so: the case under test
+    assert np.any(np.array(r.history) < 0)  # the raw noisy sizes went negative
+
+
+def test_projection_of_the_domain():
+    # box clip then scaling onto the row-bound ball; the kernel's feature domain is the unit ball
+    fmap = km.make_feature_map("linear", Bounds(2, (-1.0, 0.0), (1.0, 3.0), row_bound=2.0))
+    P = fmap.project(np.array([[5.0, 5.0], [0.5, 0.5], [-9.0, -1.0]]))
+    np.testing.assert_allclose(P, [[1 / math.sqrt(2.5), 3 / math.sqrt(2.5)], [0.5, 0.5], [-1.0, 0.0]])
+    kmap = km.make_feature_map("kernel", Bounds(2, row_bound=2.0), kernel_width=1.0, frequencies=2, seed=1)
+    Q = kmap.project(np.array([[3.0, 0, 0, 4.0], [0.1, 0.2, 0.0, 0.0]]))
+    np.testing.assert_allclose(Q, [[0.6, 0, 0, 0.8], [0.1, 0.2, 0.0, 0.0]])
+
+
+@pytest.mark.parametrize("variant,epsilon", [("linear", 2.0), ("kernel", 0.5)])
+def test_predict_never_assigns_to_an_unreliable_cluster(variant, epsilon, test_seed):
+    # before the flag (seed of the test_seed fixture), predict sent 20 (linear) and 75 (kernel)
+    # of the 900 points to a cluster whose released noisy size was below 3 noise stds
+    X, _, r = _release_blobs(variant, epsilon, 4)
+    m, plan = r.model, r.plan
+    # independent: the noise std of a released size from the closed form 2 / mu (sensitivity
+    # 2C on the scaled vector (C n_j, S_j), sigma = 2C / mu, sizes divided by C)
+    mu = plan.mu_iter if variant == "linear" else plan.mu_final
+    std = 2.0 / mu
+    flagged = set(np.flatnonzero(m.counts < 3 * std).tolist())
+    if variant == "kernel":  # the feature centres predict uses: the last iteration's sizes
+        flagged |= set(np.flatnonzero(np.asarray(r.history[-1]) < 3 * 2.0 / plan.mu_iter).tolist())
+    assert 1 <= len(flagged) < 4
+    lab = m.predict(X)
+    assert not np.isin(lab, sorted(flagged)).any()
+    assert set(lab.tolist()) <= set(range(4)) - flagged
+    assert set(m.unreliable) == flagged
+    assert m.count_std == pytest.approx(std, rel=1e-6)
+    if variant == "kernel":
+        assert m.feature_count_std == pytest.approx(2.0 / plan.mu_iter, rel=1e-6)
+    # asked for: the nearest of all centres, unreliable ones included (independent recomputation)
+    Z, _, _ = m.feature_map().features(X)
+    ref = np.argmin(((Z[:, None, :] - m.assignment_centers()[None]) ** 2).sum(-1), axis=1)
+    np.testing.assert_array_equal(m.predict(X, include_unreliable=True), ref)
+
+
+def test_reliability_threshold_is_a_parameter(test_seed):
+    X, _, r = _release_blobs("linear", 2.0, 4, reliability_stds=0.0)
+    # threshold 0: only clusters whose raw noisy size was negative are unreliable
+    assert set(r.model.unreliable) == set(np.flatnonzero(np.asarray(r.history[-1]) < 0).tolist())
+    assert r.model.reliability_stds == 0.0
+
+
+def test_every_cluster_unreliable_is_a_clear_error_unless_asked(test_seed):
+    X, _ = _blobs(n=900, d=2, k=3)
+    # epsilon 0.02: the size noise std (about 1,600) dwarfs every cluster (about 300 rows)
+    m = km.release_kmeans_array(X, k=3, epsilon=0.02, delta=1e-5, iterations=2, variant="linear",
+                                row_bound=20.0).model
+    assert m.unreliable == (0, 1, 2) and not m.reliable.any()
+    with pytest.raises(ParameterError, match="Every one of the 3 clusters .* unreliable.*include_unreliable=True"):
+        m.predict(X)
+    assert set(m.predict(X, include_unreliable=True).tolist()) <= {0, 1, 2}
+
+
+def test_uncertainty_accessor_matches_the_noise_of_repeated_releases():
+    # the model's stds against the empirical spread of many releases of the same data
+    rng = np.random.default_rng(8)
+    X = np.vstack([rng.normal(-3, 0.3, (500, 2)), rng.normal(3, 0.3, (500, 2))])
+    init = np.array([[-3.0, -3.0], [3.0, 3.0]])
+    counts, centres = [], []
+    for _ in range(300):
+        m = km.release_kmeans_array(X, k=2, epsilon=2.0, delta=1e-5, iterations=1, variant="linear",
+                                    row_bound=6.0, init=init).model
+        counts.append(m.counts)
+        centres.append(m.centers)
+    u = m.uncertainty()
+    assert np.std(np.array(counts)[:, 0]) == pytest.approx(u["count_std"], rel=0.15)
+    assert np.std(np.array(centres)[:, 0, :], axis=0) == pytest.approx(u["center_std"][0], rel=0.2)
+
+
+# ---- sensitivity: every pair of neighbouring datasets on a small grid -------------------------
+
+def _grid_pairs_max(fmap, centres, values_of=None, scale=None):
+    """Max L2 change of the scaled per-cluster (scale n_j, S_j) vector over every pair of
+    neighbouring datasets of 3 rows from a 16-point grid (some points outside the bounds):
+    replace-one (one row replaced by any grid point) and add/remove (a 4th row added)."""
+    g = [-1.5, -0.4, 0.6, 1.5]
+    pts = np.array([[a, b] for a in g for b in g])
+    G = len(pts)
+    scale = fmap.feature_bound if scale is None else scale
+
+    def vec(rows):
+        Z, Xc, _ = fmap.features(pts[list(rows)])
+        v = km.cluster_stats(Z, centres, None if values_of is None else Xc).reshape(centres.shape[0], -1)
+        v[:, 0] *= scale
+        return v.ravel()
+
+    datasets = list(itertools.product(range(G), repeat=3))  # dataset index = a G^2 + b G + c
+    V = np.array([vec(ds) for ds in datasets])
+    idx = np.arange(G**3)
+    replace = 0.0
+    for i, w in enumerate((G * G, G, 1)):
+        digit = (idx // w) % G
+        for p in range(G):
+            nb = idx + (p - digit) * w  # row i replaced by grid point p
+            replace = max(replace, float(np.linalg.norm(V - V[nb], axis=1).max()))
+    add = max(float(np.linalg.norm(vec(ds + (p,)) - V[j])) for j, ds in enumerate(datasets)
+              if j % 9 == 0 for p in range(G))
+    return replace, add
+
+
+@pytest.mark.parametrize("variant,bounds", [
+    ("linear", Bounds(2, row_bound=1.2)),                      # ball centred at 0
+    ("linear", Bounds(2, (-1.0, -1.0), (1.0, 1.0))),           # box only
+    ("linear", Bounds(2, (0.0, 0.0), (1.0, 1.5), row_bound=1.4)),  # box not centred, and a ball
+    ("kernel", Bounds(2, (-1.0, -1.0), (1.0, 1.0), row_bound=1.2)),
+])
+def test_brute_force_sensitivity_never_exceeds_the_calibration(variant, bounds):
+    fmap = km.make_feature_map(variant, bounds, kernel_width=0.7, frequencies=8, seed=3)
+    plan = km.plan_kmeans(fmap, k=3, epsilon=1.0, delta=1e-5, iterations=2)
+    C = fmap.feature_bound
+    assert plan.iter_noise.sensitivity == pytest.approx(2 * C, rel=1e-15)
+    rng = np.random.default_rng(9)
+    Zg, _, _ = fmap.features(np.array([[-1.0, -1.0], [1.0, 1.0], [1.0, -1.0]]))
+    for centres in (Zg, km.initial_centres(fmap, 3, rng)):
+        replace, add = _grid_pairs_max(fmap, centres)
+        # replace-one: the calibration's L2 sensitivity 2C (counts in two clusters by 1, scaled by C)
+        assert replace <= plan.iter_noise.sensitivity * (1 + 1e-12)
+        # a true addition or removal moves the vector by at most sqrt(C^2 + C^2)
+        assert add <= math.sqrt(2) * C * (1 + 1e-12)
+    assert replace > 0.7 * 2 * C  # not vacuous: the grid reaches most of the bound
+    if plan.final_noise is not None:  # kernel: the input-space step, (C_x n_j, S_j) of clipped inputs
+        cx = plan.input_bound
+        assert plan.final_noise.sensitivity == pytest.approx(2 * cx, rel=1e-15)
+        replace, add = _grid_pairs_max(fmap, Zg, values_of="inputs", scale=cx)
+        assert replace <= plan.final_noise.sensitivity * (1 + 1e-12)
+        assert add <= math.sqrt(2) * cx * (1 + 1e-12)

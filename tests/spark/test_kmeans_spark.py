@@ -130,8 +130,10 @@ def test_release_write_model_receipt_and_determinism(spark, table, tmp_path, tes
     assert r["guarantee"]["epsilon"] == pytest.approx(2.0, rel=2e-3)
     assert r["events"]["class_name"] == "ComposedDpEvent"
     table_back = spark.read.parquet(out).orderBy("cluster").toPandas()
-    assert list(table_back.columns) == ["cluster", "count", "center", "feature_center"]
+    assert list(table_back.columns) == ["cluster", "count", "reliable", "center", "feature_center"]
     m = KMeansModel.load(str(tmp_path / "rel"))
+    assert r["mechanism_details"]["unreliable_clusters"] == list(m.unreliable) == list(rel.model.unreliable)
+    assert table_back["reliable"].tolist() == m.reliable.tolist()
     np.testing.assert_allclose(np.vstack(table_back["center"]), m.centers)
     np.testing.assert_array_equal(m.W, rel.model.W)
     # nothing secret or per-record in the outputs: no noise seed, no raw rows
@@ -145,6 +147,37 @@ def test_release_write_model_receipt_and_determinism(spark, table, tmp_path, tes
     got = m.assign(df, columns=_cols(), keep_columns=["person"]).toPandas().sort_values("person")
     pdf = df.toPandas().sort_values("person")
     np.testing.assert_array_equal(got["cluster"].to_numpy(), m.predict(pdf[_cols()].to_numpy()))
+
+
+def test_small_epsilon_release_projects_clamps_and_flags(spark, table, tmp_path, test_seed):
+    # before the post-processing (seed of the test_seed fixture): centres far outside the box
+    # [-8, 8]^4 and negative sizes; predict/assign used the noise centres
+    df, _, X, _, _ = table
+    k = 8
+    rel = skm.release_kmeans(df, columns=_cols(), k=k, epsilon=0.3, delta=1e-5, iterations=2,
+                             variant="linear", lower=[-8.0] * D, upper=[8.0] * D)
+    m = rel.model
+    assert np.all(np.abs(m.centers) <= 8.0) and np.all(m.counts >= 0.0)
+    # independent: the size noise std is 2 / mu_iter (sensitivity 2C on (C n_j, S_j), sizes / C)
+    mu_iter = gdp_mu_for(0.3, 1e-5) / np.sqrt(2)
+    flagged = np.flatnonzero(m.counts < 3 * 2 / mu_iter)
+    assert 1 <= flagged.size < k
+    lab = m.predict(X)
+    assert not np.isin(lab, flagged).any()
+    out = rel.write(str(tmp_path / "rel"))
+    r = json.loads((tmp_path / "rel" / "_privacy_receipt.json").read_text())
+    det = r["mechanism_details"]
+    assert det["unreliable_clusters"] == flagged.tolist() == det["model"]["unreliable_clusters"]
+    assert det["parameters"]["reliability_stds"] == 3.0 and "counts" in det["postprocessing"]
+    assert det["model"]["noise_std"]["count"] == pytest.approx(2 / mu_iter, rel=1e-6)
+    back = spark.read.parquet(out).orderBy("cluster").toPandas()
+    assert back["reliable"].tolist() == [j not in flagged for j in range(k)]
+    assert np.all(np.vstack(back["center"]) <= 8.0) and np.all(back["count"] >= 0)
+    got = m.assign(df, columns=_cols(), keep_columns=["person"]).toPandas().sort_values("person")
+    np.testing.assert_array_equal(got["cluster"].to_numpy(), lab)
+    everything = m.assign(df, columns=_cols(), keep_columns=["person"], include_unreliable=True)
+    np.testing.assert_array_equal(everything.toPandas().sort_values("person")["cluster"].to_numpy(),
+                                  m.predict(X, include_unreliable=True))
 
 
 def test_linear_release_and_cli(spark, table, tmp_path, monkeypatch):
@@ -171,6 +204,8 @@ def test_linear_release_and_cli(spark, table, tmp_path, monkeypatch):
     ({"delta": 0.0}, ParameterError, "'delta' parameter"),
     ({"columns": ["f0", "nope"]}, SchemaError, "'nope' is not in the input"),
     ({"k": 60}, ParameterError, r"floor\(sqrt\(n\)\) = 54"),
+    ({"reliability_stds": float("nan")}, ParameterError, "'reliability_stds' parameter"),
+    ({"neighbors": "add-remove"}, ParameterError, "'neighbors' parameter"),
 ])
 def test_errors(spark, table, kw, err, msg):
     df, _, _, _, _ = table
