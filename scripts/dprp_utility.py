@@ -9,7 +9,7 @@ released rows and labels and scored on the real 20 %. Accuracy and AUPRC
 (average precision; binary: the disease / "yes" class is positive; several
 classes: macro average of one-vs-rest) are averaged over the runs, next to the
 no-privacy score (RF on the real 80 %), the majority-class rate (share of the
-training majority class in the test split) and the paper's Table 2 (MATH.md).
+training majority class in the test split) and the paper's Table 2 (docs/math.md).
 
 Declared bounds: the per-column min and max of the whole dataset, a stand-in
 for the domain knowledge a real release must declare (it is not private).
@@ -46,7 +46,7 @@ DATA = os.environ.get("SPARKPRIV_DATASETS",
 EPSILONS = (1.0, 2.0, 4.0, 6.0, 8.0)
 DELTA = 1e-4
 
-# MATH.md section 3, paper Table 2: (accuracy, AUPRC) per epsilon, and no privacy
+# docs/math.md section 3, paper Table 2: (accuracy, AUPRC) per epsilon, and no privacy
 PAPER = {
     "coimbra": {8: (.56, .63), 6: (.54, .62), 4: (.52, .59), 2: (.51, .59), 1: (.51, .56), "none": (.94, .69)},
     "wisconsin": {8: (.71, .74), 6: (.69, .68), 4: (.68, .65), 2: (.63, .61), 1: (.58, .62), "none": (.98, .98)},

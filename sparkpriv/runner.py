@@ -73,7 +73,7 @@ def read_key_file(path: str | None) -> bytes | None:
 
 
 def _event_records(df, cfg: ReleaseConfig, source: str):
-    """``--events``: bound the event table to one record per person (MATH.md section 8)."""
+    """``--events``: bound the event table to one record per person (docs/math.md section 8)."""
     from sparkpriv.spark.events import bound_contributions
 
     missing = [f"--{n.replace('_', '-')}" for n in ("person_col", "item_col", "max_items", "vocabulary")
@@ -136,7 +136,7 @@ def _projection(df, cfg: ReleaseConfig, source: str):
 
 
 EVENT_OPTIONS = (
-    # event tables (CDR, transit): one bounded record per person, MATH.md section 8
+    # event tables (CDR, transit): one bounded record per person, docs/math.md section 8
     Option("events", "bool", "the input is an event table (one row per call/tap); each person's "
            "events become one record of at most --max-items items of --vocabulary", default=False),
     Option("person_col", "str", "event tables: the person-key column (never copied to the output)"),

@@ -1,5 +1,5 @@
 """Counting queries over item sets: the paper's utility measure for CDR and
-transit releases (MATH.md section 5; Acs et al., section 6).
+transit releases (docs/math.md section 5; Acs et al., section 6).
 
 A query is a set ``q`` of items; its answer on a table is the number of people
 who visited ANY item of ``q``. The relative error of a release ``D'`` is

@@ -1,5 +1,5 @@
 """DPRP: private table release by noisy random projection + noisy covariance
-(Gondara & Wang, UAI 2020; MATH.md section 3, corrected).
+(Gondara & Wang, UAI 2020; docs/math.md section 3, corrected).
 
 Algorithm (on rows prepared as below, ``d`` columns after preparation)::
 
@@ -54,7 +54,7 @@ of value at most ``s = label_scale`` and ``||x||_2 <= Z``:
   The general bounds ``2 Z`` and ``sqrt(2) Z^2`` (any real rows) over-noise
   by about 2x on the box and are not used.
 
-Calibration (MATH.md section 1): both steps are Gaussian mechanisms, split
+Calibration (docs/math.md section 1): both steps are Gaussian mechanisms, split
 exactly in Gaussian DP. ``mu = gdp_mu_for(epsilon, delta)`` is the largest
 ``mu`` whose (epsilon, delta) curve meets the target; shares ``w`` (default
 80 % projection / 20 % Gram, ``budget_split``) give ``mu_i = sqrt(w_i) mu``
@@ -97,7 +97,7 @@ k1 and k2 (data-independent defaults)
 ``sigma_1^2 ||(V'^T R)^+||_F^2``, and ``sigma_1`` is proportional to
 ``s_max(R) ~ 1 + sqrt(d / k1)`` while the reconstruction amplifies by up to
 ``1 / s_min(V'^T R)``, about ``1 - sqrt(k2 / k1)`` (0.06 at ``k1 = k2``, 0.43
-at ``2 k2``, 0.60 at ``4 k2``; MATH.md). Both improve as ``k1`` grows, with a
+at ``2 k2``, 0.60 at ``4 k2``; docs/math.md). Both improve as ``k1`` grows, with a
 cost (flops and noise draws per row) linear in ``k1``. ``k1 = 4 k2``
 (``= 2.4 d``) keeps the amplification below about 2 and ``s_max(R)`` near
 1.65 at a cost of ``4 k2`` noise draws per row. A warning is logged when

@@ -1,4 +1,4 @@
-"""DPRP of sparse event records (MATH.md section 8; the Spark layer is
+"""DPRP of sparse event records (docs/math.md section 8; the Spark layer is
 :mod:`sparkpriv.spark.dprp_records`, the DPRP core :mod:`sparkpriv.mechanisms.dprp`).
 
 A person's bounded record is a sparse vector over a public vocabulary of

@@ -1,4 +1,4 @@
-"""DP k-means with noisy per-cluster sums (Acs et al., Alg. 2; MATH.md section 4).
+"""DP k-means with noisy per-cluster sums (Acs et al., Alg. 2; docs/math.md section 4).
 
 Two variants share one Lloyd loop:
 
@@ -9,7 +9,7 @@ Two variants share one Lloyd loop:
   the *paired* features ``z(x) = [cos(W x), sin(W x)] / sqrt(D)``, so that
   ``||z(x)||_2^2 = (1/D) sum_i (cos^2 + sin^2) = 1`` exactly: ``C = 1`` is a
   deterministic bound (the paper's single-cosine features are not bounded by 1;
-  MATH.md). We use ``C = 1 + 1e-12`` to cover float rounding in cos/sin.
+  docs/math.md). We use ``C = 1 + 1e-12`` to cover float rounding in cos/sin.
 
 Each iteration (:func:`cluster_stats` per batch, :func:`noisy_update` on the
 driver): assign rows to the nearest current centre; per cluster the count
@@ -33,7 +33,7 @@ iteration is a Gaussian mechanism on ``(n / s_n, S / s_S)`` with unit noise,
 i.e. mu-GDP with
 
     mu^2 = max(2 / s_n^2 + 2 C^2 / s_S^2, 4 C^2 / s_S^2)
-        <= 2 / s_n^2 + 4 C^2 / s_S^2            (MATH.md's bound).
+        <= 2 / s_n^2 + 4 C^2 / s_S^2            (docs/math.md's bound).
 
 **Noise split between counts and sums.** We take ``s_n = s_S / C``: then both
 cases give ``mu^2 = 4 C^2 / s_S^2`` -- the counts cost nothing beyond what the

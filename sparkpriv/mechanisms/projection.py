@@ -1,4 +1,4 @@
-"""JL random projection + noise (Dhaliwal et al.; MATH.md section 2).
+"""JL random projection + noise (Dhaliwal et al.; docs/math.md section 2).
 
 Release ``Z = clip(X) P + N`` with ``P`` in R^{d x k}, ``P_ij ~ N(0, 1/k)``,
 drawn from a secret seed (OS entropy) independently of the data, and ``N``

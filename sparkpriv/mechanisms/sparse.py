@@ -1,5 +1,5 @@
 """Person records from event tables: contribution bounding and sparse
-projection (MATH.md section 8).
+projection (docs/math.md section 8).
 
 An event table (call-detail records, smart-card taps) has many rows per
 person. Before any mechanism, the events of a person are reduced to ONE

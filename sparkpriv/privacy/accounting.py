@@ -1,4 +1,4 @@
-"""Privacy accounting with dp_accounting (MATH.md section 1).
+"""Privacy accounting with dp_accounting (docs/math.md section 1).
 
 Mechanisms never compute epsilon themselves: they emit frozen
 ``dp_accounting`` events, and this module composes them.

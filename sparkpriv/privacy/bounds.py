@@ -1,4 +1,4 @@
-"""Declared public bounds and clipping (MATH.md section 0).
+"""Declared public bounds and clipping (docs/math.md section 0).
 
 Sensitivity only exists on a bounded domain. A release takes declared, public
 bounds: a per-column box ``[lower_j, upper_j]`` (values outside are clipped to

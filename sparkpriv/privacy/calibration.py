@@ -1,4 +1,4 @@
-"""Turn a privacy budget into a noise scale (MATH.md section 1).
+"""Turn a privacy budget into a noise scale (docs/math.md section 1).
 
 * Laplace: ``b = Delta_1 / epsilon`` gives pure epsilon-DP.
 * Gaussian: the analytic Gaussian mechanism of Balle & Wang (2018), valid for

@@ -1,4 +1,4 @@
-"""Float-safe Laplace and Gaussian noise on a power-of-two grid (MATH.md section 7).
+"""Float-safe Laplace and Gaussian noise on a power-of-two grid (docs/math.md section 7).
 
 Textbook noise (``x + rng.laplace(0, b)``) leaks through the low bits of the
 floating-point result: Mironov (2012) showed that the set of doubles a
@@ -24,7 +24,7 @@ Rounding moves each coordinate by at most ``g/2``. For neighbouring answers
 
 since ``|e_j - e'_j| <= 1``. So the integer vectors differ by at most
 ``Delta_1/g + dim`` in L1 and ``Delta_2/g + sqrt(dim)`` in L2, where ``dim`` is
-the number of coordinates one neighbour can change. MATH.md's ``+1`` is the
+the number of coordinates one neighbour can change. docs/math.md's ``+1`` is the
 scalar case. Both are rounded up in floating point.
 
 Guarantees and accounting

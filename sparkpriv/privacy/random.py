@@ -1,4 +1,4 @@
-"""Where randomness comes from (MATH.md section 7).
+"""Where randomness comes from (docs/math.md section 7).
 
 * Secrets (projection matrices, job seeds) are drawn from the operating
   system's entropy (:func:`secrets.randbits`, i.e. ``os.urandom``).

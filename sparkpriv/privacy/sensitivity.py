@@ -1,4 +1,4 @@
-"""Exact sensitivities of linear maps ``v -> v P`` (MATH.md section 2).
+"""Exact sensitivities of linear maps ``v -> v P`` (docs/math.md section 2).
 
 ``P`` is a realized ``(d, k)`` matrix drawn independently of the data, so a
 mechanism calibrated to the sensitivity of *this* ``P`` is private conditional

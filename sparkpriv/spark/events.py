@@ -1,4 +1,4 @@
-"""Event tables on Spark: person-level contribution bounding (MATH.md section 8;
+"""Event tables on Spark: person-level contribution bounding (docs/math.md section 8;
 layer 2 over :mod:`sparkpriv.mechanisms.sparse`).
 
 :func:`bound_contributions` reduces an event table (one row per call, tap, ...)

@@ -40,7 +40,7 @@ def test_rff_norm_is_one_and_approximates_the_kernel():
 
 
 def test_paper_single_cosine_features_are_not_bounded_by_one():
-    # MATH.md: sqrt(2/D) cos(Wx + b) has ||z||^2 in [0, 2]; many points exceed 1
+    # docs/math.md: sqrt(2/D) cos(Wx + b) has ||z||^2 in [0, 2]; many points exceed 1
     rng = np.random.default_rng(2)
     X = rng.normal(0, 1, size=(2000, 5))
     W = rng.normal(0, 1, size=(64, 5))

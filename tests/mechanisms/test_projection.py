@@ -49,7 +49,7 @@ def test_element_wise_plan_is_labelled_and_exact():
 
 
 def test_paper_calibration_is_noisier_than_exact_elementwise():
-    # MATH.md: exact element-wise calibration needs 0.57-0.68x of the paper's c = 2 sqrt(k) noise
+    # docs/math.md: exact element-wise calibration needs 0.57-0.68x of the paper's c = 2 sqrt(k) noise
     ratios = []
     for seed in range(30):
         P = draw_projection_matrix(50, 10, seed=seed)

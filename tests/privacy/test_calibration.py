@@ -1,4 +1,4 @@
-"""Calibration against closed forms and the numbers in MATH.md."""
+"""Calibration against closed forms and the numbers in docs/math.md."""
 
 import math
 
@@ -22,7 +22,7 @@ def test_laplace_closed_form():
 
 
 def test_analytic_gaussian_matches_math_md():
-    # MATH.md: at epsilon = 1, delta = 1e-5 analytic sigma = 3.73 Delta (classic: 4.84)
+    # docs/math.md: at epsilon = 1, delta = 1e-5 analytic sigma = 3.73 Delta (classic: 4.84)
     s = calibrate_analytic_gaussian(sensitivity=1.0, epsilon=1.0, delta=1e-5)
     assert s == pytest.approx(3.73, abs=0.005)
     classic = math.sqrt(2 * math.log(1.25 / 1e-5))
@@ -42,7 +42,7 @@ def test_achieved_delta_is_at_most_target_and_tight():
 
 
 def test_classic_formula_fails_at_large_epsilon():
-    # the reason we use the analytic mechanism: MATH.md says classic fails for eps >= 8.42
+    # the reason we use the analytic mechanism: docs/math.md says classic fails for eps >= 8.42
     eps = 9.0
     classic = math.sqrt(2 * math.log(1.25 / 1e-5)) / eps
     assert gaussian_delta(classic, eps) > 1e-5
