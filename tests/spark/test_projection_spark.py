@@ -77,8 +77,22 @@ def test_release_noise_is_keyed_and_reproducible(spark, table, test_seed):
     q = a[[f"z{i}" for i in range(K)]].to_numpy() / g
     np.testing.assert_array_equal(q, np.round(q))
     # partitions draw independent noise: no two partitions share their noise sequence
-    firsts = spark.createDataFrame(a).count()
-    assert firsts == len(src)
+    from pyspark.sql import functions as F
+
+    part = rel.df.withColumn("_pid", F.spark_partition_id()).toPandas()  # rows in partition order
+    srcmap = src.set_index("person")
+    Yp, _ = project_rows(srcmap.loc[part["person"], _cols()].to_numpy(), P, Bounds(D, row_bound=3.0))
+    noise_int = np.rint((part[[f"z{i}" for i in range(K)]].to_numpy() - Yp) / g)
+    seqs = [noise_int[part["_pid"].to_numpy() == pid].ravel() for pid in sorted(part["_pid"].unique())]
+    assert len(seqs) >= 2, "the test table must span several partitions"
+    m = min(len(s_) for s_ in seqs)
+    assert m >= 30
+    for i in range(len(seqs)):
+        for j in range(i + 1, len(seqs)):
+            a_, b_ = seqs[i][:m], seqs[j][:m]
+            assert np.mean(a_ == b_) < 0.5, "two partitions drew the same noise sequence"
+            r = np.corrcoef(a_, b_)[0, 1]
+            assert abs(r) < 5 / np.sqrt(m), f"partitions {i}, {j}: noise correlation {r:.3f}"
 
 
 def test_write_receipt_and_no_secrets(spark, table, tmp_path, test_seed, caplog):
@@ -103,8 +117,13 @@ def test_write_receipt_and_no_secrets(spark, table, tmp_path, test_seed, caplog)
     assert [c["name"] for c in r["output"]["schema"]] == [f"z{i}" for i in range(K)]
     assert r["library"]["name"] == "sparkpriv"
     assert r["insecure_test_seed"] is True
-    for forbidden in ("rows", "count", "clipped", "seed\""):
-        assert forbidden not in json.dumps(r["mechanism_details"]).lower() or forbidden == "rows"
+    details = json.dumps(r["mechanism_details"]).lower()
+    for forbidden in ("count", "clipped", "seed\""):
+        assert forbidden not in details
+    # no data statistic: the table's row count (3000) is nowhere in the details
+    import re
+
+    assert not re.search(r"(?<![\d.])3000(?![\d.])", details)
     meta = pq.read_metadata(os.path.join(out, "_common_metadata")).metadata
     assert json.loads(meta[b"sparkpriv.receipt"])["guarantee"] == r["guarantee"]
     # the published table: only z columns, no person key
