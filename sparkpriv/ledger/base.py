@@ -29,6 +29,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
+from fractions import Fraction
 from datetime import datetime, timezone
 from typing import Any, Mapping, Protocol, Sequence
 
@@ -48,9 +49,6 @@ DEFAULT_LEDGER_ENV = "SPARKPRIV_LEDGER"
 DEFAULT_LEDGER_URL = "sqlite:///~/.sparkpriv/ledger.sqlite"
 SCHEMA_VERSION = 1
 
-#: Relative slack on the budget comparison, so that float rounding of an exact
-#: split (e.g. three releases of epsilon 1/3) is not refused.
-_TOLERANCE = 1e-9
 _TABLE_ID = re.compile(r"[A-Za-z0-9_.:/-]+")
 _SECRET_WORDS = ("seed", "secret", "key", "matrix")
 COUNTED_STATES = ("reserved", "committed")
@@ -481,8 +479,13 @@ class Ledger(abc.ABC):
         spent = Spend.total(self._stored(table_id, r[0], r[1]).spend for r in rows)
         before = spent.epsilon(budget_delta)
         own = own_spend.epsilon(budget_delta)
-        after = (spent + own_spend).epsilon(budget_delta) if rows else own
-        if not after <= budget_eps * (1.0 + _TOLERANCE):
+        total = spent + own_spend
+        after = total.epsilon(budget_delta) if rows else own
+        exact = total.pure_epsilon_exact()
+        # No tolerance: pure tables are compared in exact rational arithmetic; otherwise
+        # ``after`` is an upper bound (the Gaussian part is rounded up, PLD is pessimistic).
+        within = exact <= Fraction(budget_eps) if exact is not None else after <= budget_eps
+        if not within:
             pending = sum(1 for r in rows if r[2] == "reserved")
             raise BudgetExceededError(_refusal_message(
                 self.url, table_id, budget_eps, budget_delta, before, own, after, len(rows), pending))

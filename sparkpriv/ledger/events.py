@@ -34,6 +34,7 @@ import numbers
 import re
 from collections import Counter
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Mapping
 
 import dp_accounting
@@ -178,6 +179,20 @@ class Spend:
             nonprivate = nonprivate or s.nonprivate
         return cls(math.fsum(mu2), gaussians, tuple(sorted(laplace.items())), tuple(sorted(discrete.items())),
                    nonprivate)
+
+    def pure_epsilon_exact(self):
+        """The exact epsilon (a :class:`fractions.Fraction`) of a spend of pure events only.
+
+        ``sum count / b`` over Laplace leaves plus ``sum count * a * s`` over
+        discrete-Laplace leaves, in rational arithmetic on the stored floats, so
+        the budget comparison of a pure table has no rounding at all (a float sum
+        such as ten times 0.1 rounds to exactly 1.0 although it exceeds 1).
+        None when the spend has Gaussian or non-private events.
+        """
+        if self.gaussians or self.nonprivate:
+            return None
+        return (sum((Fraction(n) / Fraction(b) for b, n in self.laplace), Fraction(0))
+                + sum((Fraction(n) * Fraction(a) * Fraction(s) for (a, s), n in self.discrete), Fraction(0)))
 
     @property
     def empty(self) -> bool:

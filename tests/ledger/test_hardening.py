@@ -11,6 +11,7 @@ import importlib.metadata
 import json
 import math
 import sqlite3
+from fractions import Fraction
 
 import dp_accounting
 import numpy as np
@@ -344,3 +345,44 @@ def test_long_history_of_distinct_events_composes_to_the_reference(ledger_url, k
         assert spent <= reference + 1e-12  # dp_accounting's PLD is an upper bound of the exact value
     else:  # never below dp_accounting's composition by more than its discretization
         assert reference - 2e-3 <= spent <= reference + 1e-9
+
+
+# ----------------------------------------------------------------------------- no tolerance
+
+
+def test_budget_comparison_has_no_tolerance(tmp_path):
+    """Pure tables are compared with the budget in exact arithmetic. An exact split
+    (three releases with multiplier 3) fits a budget of 1 and nothing more does; ten
+    releases
+    releases with a multiplier just below 3 exceed 1 by 1.5e-16, which a float sum
+    rounds away: the third is refused; a release of
+    1 + 5e-10 on a budget of 1 is refused (the relative slack of 1e-9 admitted it)."""
+    from dp_accounting import dp_event as ev
+
+    from sparkpriv.errors import BudgetExceededError
+    from sparkpriv.ledger import open_ledger
+
+    def reserve(led, table, b):
+        return led.reserve(table, event=ev.LaplaceDpEvent(b), mechanism="m", parameters={}, output_path="")
+
+    led = open_ledger(f"sqlite:///{tmp_path / 'l.sqlite'}")
+    try:
+        led.set_budget("t.exact", epsilon=1.0, delta=0.0)
+        for _ in range(3):
+            reserve(led, "t.exact", 3.0)
+        with pytest.raises(BudgetExceededError):
+            reserve(led, "t.exact", 1e12)
+
+        b = math.nextafter(3.0, 0.0)  # just below 3: three releases spend 1 + 1.5e-16,
+        assert math.fsum([1 / b] * 3) <= 1.0 and Fraction(3) / Fraction(b) > 1  # which floats round away
+        led.set_budget("t.third", epsilon=1.0, delta=0.0)
+        for _ in range(2):
+            reserve(led, "t.third", b)
+        with pytest.raises(BudgetExceededError):
+            reserve(led, "t.third", b)
+
+        led.set_budget("t.over", epsilon=1.0, delta=0.0)
+        with pytest.raises(BudgetExceededError):
+            reserve(led, "t.over", 1 / (1 + 5e-10))
+    finally:
+        led.close()
