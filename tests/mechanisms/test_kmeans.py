@@ -350,18 +350,25 @@ def test_projection_of_the_domain():
 
 @pytest.mark.parametrize("variant,epsilon", [("linear", 2.0), ("kernel", 0.5)])
 def test_predict_never_assigns_to_an_unreliable_cluster(variant, epsilon, test_seed):
-    # before the flag (seed of the test_seed fixture), predict sent 20 (linear) and 75 (kernel)
-    # of the 900 points to a cluster whose released noisy size was below 3 noise stds
-    X, _, r = _release_blobs(variant, epsilon, 4)
-    m, plan = r.model, r.plan
-    # independent: the noise std of a released size from the closed form 2 / mu (sensitivity
-    # 2C on the scaled vector (C n_j, S_j), sigma = 2C / mu, sizes divided by C)
-    mu = plan.mu_iter if variant == "linear" else plan.mu_final
-    std = 2.0 / mu
-    flagged = set(np.flatnonzero(m.counts < 3 * std).tolist())
-    if variant == "kernel":  # the feature centres predict uses: the last iteration's sizes
-        flagged |= set(np.flatnonzero(np.asarray(r.history[-1]) < 3 * 2.0 / plan.mu_iter).tolist())
-    assert 1 <= len(flagged) < 4
+    # before the flag, predict sent 20 (linear) and 75 (kernel) of the 900 points to a cluster
+    # whose released noisy size was below 3 noise stds. The case under test (some but not all
+    # clusters flagged) depends on the noise: take the first fixed seed that gives it
+    from sparkpriv.privacy.random import insecure_fixed_seed
+
+    for s in range(test_seed, test_seed + 40):
+        with insecure_fixed_seed(s):
+            X, _, r = _release_blobs(variant, epsilon, 4)
+        m, plan = r.model, r.plan
+        # independent: the noise std of a released size from the closed form 2 / mu (sensitivity
+        # 2C on the scaled vector (C n_j, S_j), sigma = 2C / mu, sizes divided by C)
+        mu = plan.mu_iter if variant == "linear" else plan.mu_final
+        std = 2.0 / mu
+        flagged = set(np.flatnonzero(m.counts < 3 * std).tolist())
+        if variant == "kernel":  # the feature centres predict uses: the last iteration's sizes
+            flagged |= set(np.flatnonzero(np.asarray(r.history[-1]) < 3 * 2.0 / plan.mu_iter).tolist())
+        if 1 <= len(flagged) < 4:
+            break
+    assert 1 <= len(flagged) < 4, "no seed in 40 gave a partly unreliable model"
     lab = m.predict(X)
     assert not np.isin(lab, sorted(flagged)).any()
     assert set(lab.tolist()) <= set(range(4)) - flagged
@@ -384,9 +391,11 @@ def test_reliability_threshold_is_a_parameter(test_seed):
 
 def test_every_cluster_unreliable_is_a_clear_error_unless_asked(test_seed):
     X, _ = _blobs(n=900, d=2, k=3)
-    # epsilon 0.02: the size noise std (about 1,600) dwarfs every cluster (about 300 rows)
-    m = km.release_kmeans_array(X, k=3, epsilon=0.02, delta=1e-5, iterations=2, variant="linear",
+    # epsilon 0.0025: the size noise std (about 2,300) dwarfs every cluster, even one holding all
+    # 900 rows (0.4 std): a cluster escapes the flag only with noise above 2.6 stds
+    m = km.release_kmeans_array(X, k=3, epsilon=0.0025, delta=1e-5, iterations=2, variant="linear",
                                 row_bound=20.0).model
+    assert m.count_std > 2000
     assert m.unreliable == (0, 1, 2) and not m.reliable.any()
     with pytest.raises(ParameterError, match="Every one of the 3 clusters .* unreliable.*include_unreliable=True"):
         m.predict(X)
