@@ -148,7 +148,7 @@ def release_dprp_records(
 
     fn = _records_batch_fn(R, M, plan.projection_noise, seed, records.record_fn(None), cap, d,
                            float(threshold))
-    rows = BatchMap(records.grouped, fn, items_schema())
+    rows = BatchMap(records.layout, fn, items_schema())
     out = rows.to_df()
     del R, M
 

@@ -91,7 +91,7 @@ def release_sparse_projection(
                    table_id=table_id)
     counters = make_counters(records.grouped.sparkSession)
     fn = _sparse_batch_fn(P, records.record_fn(counters), plan.noise, seed, k)
-    rows = BatchMap(records.grouped, fn, _schema(k))
+    rows = BatchMap(records.layout, fn, _schema(k))
     out = rows.to_df()
     del P
     public = dict(plan.to_public_dict(), parameters=params, input_kind="event table (sparse person records)",
