@@ -19,6 +19,7 @@ import pytest
 from sparkpriv.mechanisms.projection import secret_matrix_and_seed
 from sparkpriv.privacy.prf import siphash24_u64, split_key
 from sparkpriv.privacy.random import derive_seed
+from sparkpriv.spark.dprp import release_dprp
 from sparkpriv.spark.events import LAYOUT_LABEL, bound_contributions
 from sparkpriv.spark.projection import release_projection
 
@@ -274,7 +275,8 @@ def test_layout_key_is_not_in_the_plan(spark, capsys):
     lkey = _layout_key(seed)
     k0, k1 = split_key(lkey)
     rel = release_projection(recs, k=2, epsilon=1.0)
-    for df in (recs.layout, rel.df):
+    rel2 = release_dprp(recs, epsilon=1.0, delta=1e-5, k1=4, k2=2)  # its row pass
+    for df in (recs.layout, rel.df, rel2.df):
         df.collect()
         df.explain(True)
         plan = capsys.readouterr().out
