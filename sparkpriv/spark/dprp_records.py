@@ -17,9 +17,11 @@ choice makes both passes see identical records):
    records and ``X' = P' M`` thresholded, a chunk of rows at a time
    (:func:`~sparkpriv.mechanisms.dprp_records.reconstruct_sparse_items`): the output is
    ``items array<int>``, the vocabulary indices where the reconstructed value
-   is at least ``threshold``. Each task first puts its partition's people in
-   person-hash order (:func:`~sparkpriv.spark.events.in_person_hash_order`, as
-   in :mod:`sparkpriv.spark.sparse_projection`), so the keyed per-partition
+   is at least ``threshold``. The rows pass reads the keyed layout
+   (:attr:`~sparkpriv.spark.events.BoundedRecords.layout`) and each task puts its
+   partition's people in the keyed order
+   (:func:`~sparkpriv.spark.events.in_person_hash_order`, as in
+   :mod:`sparkpriv.spark.sparse_projection`), so the keyed per-partition
    noise stream meets the same people in the same order when a task is
    retried or recomputed.
 
@@ -150,7 +152,7 @@ def release_dprp_records(
 
     fn = _records_batch_fn(R, M, plan.projection_noise, seed, records.record_fn(None), cap, d,
                            float(threshold))
-    rows = BatchMap(records.grouped, fn, items_schema())
+    rows = BatchMap(records.layout, fn, items_schema())
     out = rows.to_df()
     del R, M
 

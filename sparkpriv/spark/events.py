@@ -22,6 +22,28 @@ to the owner report), never part of a release.
 
 Records (:attr:`BoundedRecords.df`): ``items array<int>`` (sorted vocabulary
 indices) and, for counts, ``values array<double>``. No person key.
+
+Output layout of row-level releases (:attr:`BoundedRecords.layout`; docs/cdr.md
+"Output layout"). A release with one row per person writes one file per
+partition, rows in task order. After the ``groupBy`` that layout would be a
+public function of WHICH person keys are present (Spark's murmur3 partition of
+the key, the public ``xxhash64`` order): replacing one person would move a row
+to another file or position whatever the noise. Row-level releases therefore
+read :attr:`BoundedRecords.layout` instead of :attr:`BoundedRecords.grouped`:
+
+4. per Arrow batch, ``_pk = SipHash-2-4_K(_ph)`` (:mod:`sparkpriv.privacy.prf`)
+   with ``K`` a secret derived from the records' key (label ``"layout"``),
+   shipped in the task closure only;
+5. ``repartition(P, "_pk")`` into a PUBLIC number ``P`` of partitions
+   (:attr:`BoundedRecords.layout_partitions`, default the session's
+   ``spark.sql.shuffle.partitions``), and each task sorts its rows by ``_pk``
+   (:func:`in_person_hash_order`).
+
+Over the uniformly random ``K`` the ``_pk`` of distinct person hashes are
+independent uniform 64-bit values, so the layout has the same distribution
+whichever people are present, and reveals nothing beyond the rows. Aggregate
+consumers (Gram, k-means, counting queries) read ``grouped`` and do not pay the
+extra shuffle.
 """
 
 from __future__ import annotations
@@ -41,14 +63,17 @@ from sparkpriv.mechanisms.sparse import (
     cap_items,
     dedupe_rows,
 )
+from sparkpriv.privacy.prf import siphash24_u64
 from sparkpriv.privacy.random import derive_seed, new_secret_seed
 from sparkpriv.spark.batches import map_batches, owner_counters
 
-__all__ = ["BoundedRecords", "bound_contributions", "records_schema", "read_item_lists", "in_person_hash_order"]
+__all__ = ["BoundedRecords", "bound_contributions", "records_schema", "read_item_lists", "in_person_hash_order",
+           "keyed_layout", "LAYOUT_LABEL"]
 
 _log = logging.getLogger(__name__)
 
 _OOV_SHIFT = 32  # packed event counts: see unpack_event_counts
+LAYOUT_LABEL = "layout"  # derive_seed label of the layout key (BoundedRecords.layout)
 _DIAG = ("people", "people_truncated", "items_dropped", "events_dropped", "events_capped",
          "events", "events_out_of_vocabulary", "people_without_vocabulary_items")
 
@@ -87,6 +112,14 @@ class BoundedRecords:
         Public: the declared items; ``d = vocabulary.size``.
     events : DataFrame
         The source event table (owner side only).
+    grouped : DataFrame
+        One row per person after the ``groupBy``: ``_ph`` (public hash of the
+        person key), ``_items``, ``_n``. Its partitioning and order are public
+        functions of which keys are present: for aggregate consumers only.
+    layout_partitions : int or None
+        Public: the number of partitions (output files) of :attr:`layout`;
+        None for the session's ``spark.sql.shuffle.partitions``. Must not be
+        chosen from the data.
     """
 
     grouped: Any = field(repr=False)
@@ -95,10 +128,27 @@ class BoundedRecords:
     events: Any = field(repr=False)
     input_info: dict
     _key: int = field(repr=False)
+    layout_partitions: int | None = None
 
     @property
     def d(self) -> int:
         return self.vocabulary.size
+
+    @property
+    def layout(self):
+        """:attr:`grouped` in the keyed layout, for releases with one row per person.
+
+        The same columns plus ``_pk`` (the keyed layout value), in
+        :attr:`layout_partitions` partitions chosen by ``_pk``; a task must
+        read its rows through :func:`in_person_hash_order` (``_pk`` order).
+        See :func:`keyed_layout`. Costs one more shuffle of the grouped
+        records, so aggregate consumers read :attr:`grouped`.
+        """
+        spark = self.grouped.sparkSession
+        p = self.layout_partitions
+        if p is None:
+            p = int(spark.conf.get("spark.sql.shuffle.partitions"))
+        return keyed_layout(self.grouped, derive_seed(self._key, LAYOUT_LABEL), p)
 
     def record_fn(self, counters=None, *, sort_items: bool = False) -> Callable:
         """``fn(batch) -> (offsets, indices, values)`` bounding one grouped Arrow batch.
@@ -163,26 +213,76 @@ class BoundedRecords:
 
 
 def in_person_hash_order(batches, rows_per_batch: int = 8192):
-    """A partition's grouped batches, re-cut in the order of the person hash ``_ph``.
+    """A partition's grouped batches, re-cut in the order of the keyed layout value ``_pk``.
+
+    Batches of :attr:`BoundedRecords.layout` carry ``_pk`` (secret keyed, so
+    the order is a secret uniformly random one, docs/cdr.md "Output layout");
+    ties, which need equal person hashes ``_ph``, are broken by ``_ph``.
+    Batches without ``_pk`` (task functions run directly on
+    :attr:`BoundedRecords.grouped`, in tests) are ordered by ``_ph``: a
+    PUBLIC order, not for releases.
 
     The order in which a shuffle partition's groups arrive is not fixed (it
     depends on which map outputs are fetched first), so a keyed per-partition
     noise stream must not be consumed in arrival order. Sorting here, in the
-    Python task, by the public hash gives a recomputed or retried task the
-    same people in the same order (only people with equal 64-bit hashes,
-    probability about n^2 / 2^65 in a partition of n, could come out in
-    either order). It replaces a JVM ``sortWithinPartitions``: the task holds
-    its partition's item lists (about 50 bytes per person; a partition of the
-    default size has a few hundred thousand people).
+    Python task, gives a recomputed or retried task the same people in the
+    same order (only people with equal 64-bit hashes ``_ph``, probability
+    about n^2 / 2^65 in a partition of n, could come out in either order). It
+    replaces a JVM ``sortWithinPartitions``: the task holds its partition's
+    item lists (about 50 bytes per person; a partition of the default size
+    has a few hundred thousand people).
     """
     bs = [b for b in batches if b.num_rows]
     if not bs:
         return
     t = pa.Table.from_batches(bs)
     del bs
-    order = np.argsort(t.column("_ph").to_numpy())
+    ph = t.column("_ph").to_numpy()
+    if "_pk" in t.column_names:
+        order = np.lexsort((ph, t.column("_pk").to_numpy()))
+    else:
+        order = np.argsort(ph)
     t = t.take(pa.array(order))
     yield from t.to_batches(max_chunksize=rows_per_batch)
+
+
+def keyed_layout(grouped, layout_key: int, partitions: int):
+    """``grouped`` with ``_pk = SipHash-2-4(layout_key, _ph)``, repartitioned by ``_pk``.
+
+    ``_pk`` is computed per Arrow batch in numpy
+    (:func:`~sparkpriv.privacy.prf.siphash24_u64`, the int64 view of the
+    64-bit output) by a vectorised UDF of ``_ph``; ``layout_key`` (secret, 128
+    bits) reaches the executors in the task closure only, never as a literal
+    in a query plan (plans show the function name). Then
+    ``repartition(partitions, "_pk")``: Spark's hash partitioning,
+    ``pmod(murmur3(_pk), partitions)``. ``partitions`` is PUBLIC; an explicit
+    count makes a ``REPARTITION_BY_NUM`` shuffle, which adaptive query
+    execution does not coalesce (its partition-coalescing rule only applies to
+    shuffles it introduced or ``repartition`` by columns alone), so the
+    number of partitions, and of output files, is ``partitions`` whatever
+    the data size. Distinct people have distinct ``_ph`` except for 64-bit
+    hash collisions (none among integer person keys, where ``xxhash64`` is
+    injective; probability about n^2 / 2^65 among string keys), and then
+    independent uniform ``_pk`` over the key.
+    """
+    import pandas as pd
+    from pyspark.sql.functions import pandas_udf
+
+    if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
+        raise ParameterError(f"The number of layout partitions must be a positive integer. Got {partitions!r}.")
+    key = int(layout_key)
+
+    # A vectorised (Arrow) UDF of ``_ph`` alone: only 8 bytes a person go to Python
+    # and back, the item lists stay in the JVM (a mapInArrow passing every column
+    # through Python timed the same at 200k people: the extra shuffle dominates).
+    def sparkpriv_keyed_layout(ph):
+        return pd.Series(siphash24_u64(ph.to_numpy(dtype=np.int64), key).view(np.int64), index=ph.index)
+
+    # real objects, not the strings of ``from __future__ import annotations``: Spark
+    # reads the hints to choose a Series -> Series UDF
+    sparkpriv_keyed_layout.__annotations__ = {"ph": pd.Series, "return": pd.Series}
+    pk = pandas_udf(sparkpriv_keyed_layout, "long")
+    return grouped.withColumn("_pk", pk("_ph")).repartition(partitions, "_pk")
 
 
 def unpack_event_counts(arr) -> tuple[int, int]:
@@ -220,6 +320,7 @@ def bound_contributions(
     max_events_per_item: int | None = None,
     seed: int | bytes | None = None,
     source: str | None = None,
+    layout_partitions: int | None = None,
 ) -> BoundedRecords:
     """Reduce an event table to one bounded record per person (lazy).
 
@@ -244,6 +345,11 @@ def bound_contributions(
         the job: recomputing a partition gives the same records).
     source : str, optional
         Where the events came from (recorded in receipts).
+    layout_partitions : int, optional
+        PUBLIC number of partitions, hence output files, of a release with
+        one row per person (:attr:`BoundedRecords.layout`); default the
+        session's ``spark.sql.shuffle.partitions``. Do not choose it from the
+        data.
 
     Returns
     -------
@@ -255,7 +361,10 @@ def bound_contributions(
     every record satisfies ``||x||_1 <= L c`` and ``||x||_2 <= c sqrt(L)``
     (``c = 1`` for binary records): the bounds a release's sensitivity uses.
     The person key never leaves this step (replaced by a public hash used only
-    for the keyed choice); truncation counts are owner diagnostics.
+    for the keyed choice and the keyed output layout); truncation counts are
+    owner diagnostics. Row-level releases place the rows by a secret keyed
+    function of the person (:attr:`BoundedRecords.layout`), so which file and
+    position a person's row takes is not a public function of the keys.
     """
     from pyspark.sql import functions as F
     from pyspark.sql.types import IntegralType, StringType
@@ -268,6 +377,10 @@ def bound_contributions(
         if not isinstance(c, str) or c not in fields:
             raise SchemaError(f"The {role} column {c!r} is not in the event table. Available columns: "
                               f"{', '.join(fields)}.")
+    if layout_partitions is not None and (not isinstance(layout_partitions, int) or
+                                          isinstance(layout_partitions, bool) or layout_partitions < 1):
+        raise ParameterError(f"{caller}: layout_partitions must be a positive integer (the number of output "
+                             f"files of a row-level release). Got {layout_partitions!r}.")
     if person == item:
         raise ParameterError(f"{caller}: the person and item columns must differ (both are {person!r}).")
     itype = fields[item].dataType
@@ -303,4 +416,4 @@ def bound_contributions(
             "event_table": {"person_column": person, "item_column": item},
             "person_key": "used only to group events; never copied to the output"}
     return BoundedRecords(grouped=grouped, cap=cap, vocabulary=voc, events=events_df,
-                          input_info=info, _key=key)
+                          input_info=info, _key=key, layout_partitions=layout_partitions)

@@ -5,8 +5,11 @@
 One pass, one Python stage: the grouped events are bounded
 (:meth:`BoundedRecords.record_fn`) and projected as sparse records (the sum of
 the rows of ``P`` at a person's items, :func:`project_sparse_rows`) in the same
-``mapInArrow``, so a ``d``-wide record is never built. Each task first puts
-its partition's people in person-hash order
+``mapInArrow``, so a ``d``-wide record is never built. The records come in
+the keyed layout (:attr:`BoundedRecords.layout`: partition and order by a
+secret keyed pseudorandom function of the person, so which file and position
+a row lands in says nothing about who is in the table); each task puts its
+partition's people in that keyed order
 (:func:`~sparkpriv.spark.events.in_person_hash_order`), so the keyed
 per-partition noise stream meets the same people in the same order when a
 task is retried or recomputed.
@@ -95,7 +98,7 @@ def release_sparse_projection(
                    table_id=table_id)
     counters = make_counters(records.grouped.sparkSession)
     fn = _sparse_batch_fn(P, records.record_fn(counters), plan.noise, seed, k, plan.value_bound)
-    rows = BatchMap(records.grouped, fn, _schema(k))
+    rows = BatchMap(records.layout, fn, _schema(k))
     out = rows.to_df()
     del P
     public = dict(plan.to_public_dict(), parameters=params, input_kind="event table (sparse person records)",
