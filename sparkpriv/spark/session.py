@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Mapping
 
 __all__ = ["get_spark", "LOCAL_DEFAULTS"]
@@ -51,8 +52,26 @@ def get_spark(conf: Mapping[str, str] | None = None, *, app_name: str = "sparkpr
         builder = builder.master("local[*]")
     settings = dict(LOCAL_DEFAULTS)
     settings.update({k: str(v) for k, v in conf.items()})
+    target = master or settings.get("spark.master") or ("local[*]" if "PYSPARK_GATEWAY_PORT" not in os.environ
+                                                         else "")
+    if (_runs_on_this_machine(target) and "spark.pyspark.python" not in settings
+            and not os.environ.get("PYSPARK_PYTHON")):
+        # Spark's Python workers would start whatever `python3` is first on PATH (e.g. the
+        # system one, without pyarrow, when sparkpriv runs from an unactivated venv): run
+        # them on this interpreter unless the user chose one (PYSPARK_PYTHON or the conf).
+        # PySpark reads the worker interpreter from PYSPARK_PYTHON when the context starts.
+        os.environ["PYSPARK_PYTHON"] = sys.executable
     for k, v in settings.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("SPARKPRIV_SPARK_LOG_LEVEL", "WARN"))
     return spark
+
+
+def _runs_on_this_machine(master: str) -> bool:
+    """Whether the executors of ``master`` run on this machine (local modes, a
+    standalone master on the loopback address), where this interpreter exists."""
+    m = master.strip().lower()
+    if m.startswith("local"):
+        return True
+    return m.startswith(("spark://127.0.0.1", "spark://localhost"))

@@ -1,0 +1,51 @@
+"""Sessions started by sparkpriv run their Python workers on sparkpriv's interpreter."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sparkpriv.spark.session import _runs_on_this_machine
+
+_PROBE = r"""
+import json, os, sys
+from sparkpriv.spark.session import get_spark
+spark = get_spark(master="local[1]")
+exe = spark.sparkContext.parallelize([0], 1).map(lambda _: __import__("sys").executable).collect()[0]
+print(json.dumps({"driver": sys.executable, "worker": exe, "env": os.environ.get("PYSPARK_PYTHON")}))
+spark.stop()
+"""
+
+
+def _probe(extra_env):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    # no virtual environment on PATH: a bare `python3` would be the system one
+    env["PATH"] = "/usr/bin:/bin"
+    env.update(extra_env)
+    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_local_session_workers_use_this_interpreter():
+    got = _probe({})
+    assert os.path.realpath(got["worker"]) == os.path.realpath(got["driver"])
+    assert got["env"] == got["driver"]
+
+
+@pytest.mark.slow
+def test_the_users_choice_of_worker_python_is_kept():
+    chosen = os.path.realpath(sys.executable)  # another spelling of this interpreter
+    got = _probe({"PYSPARK_PYTHON": chosen})
+    assert got["env"] == chosen  # kept as the user set it
+
+
+def test_which_masters_run_here():
+    assert _runs_on_this_machine("local[2]") and _runs_on_this_machine("local-cluster[2,1,1024]")
+    assert _runs_on_this_machine("spark://127.0.0.1:7077")
+    assert not _runs_on_this_machine("spark://spark-master:7077") and not _runs_on_this_machine("yarn")
