@@ -130,9 +130,11 @@ def reserve(
             led.close()
         raise
     _log.info(
-        "ledger: reserved epsilon %.6g on table %s (spent %.6g -> %.6g of %.6g)",
-        res.epsilon_requested, table_id, res.epsilon_spent_before, res.epsilon_spent_after,
-        res.budget_epsilon,
+        "ledger: reserved this release's events on table %s: epsilon %.6g at the budget's delta %.3g "
+        "(the ledger states every spend at the budget's delta; the receipt states the release at its "
+        "own); table spent %.6g -> %.6g of %.6g",
+        table_id, res.epsilon_requested, res.budget_delta, res.epsilon_spent_before,
+        res.epsilon_spent_after, res.budget_epsilon,
     )
     return BudgetHold(ledger=led, reservation=res, table_id=table_id, owns_ledger=owns)
 
