@@ -10,6 +10,7 @@ release function from a config.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -265,6 +266,34 @@ class RunResult:
     ledger_entry: str | None
 
 
+def check_budget_exists(ledger_url: str | None, table_id: str | None) -> None:
+    """Refuse, without starting Spark, a release whose table has no budget in the ledger.
+
+    Only a cheap early check (read-only, public metadata): the admission itself
+    is the reservation the release makes before reading data.
+    """
+    if table_id is None:
+        return
+    from sparkpriv.errors import BudgetExceededError
+    from sparkpriv.ledger import open_ledger
+    from sparkpriv.ledger.base import _no_budget_message
+
+    from sparkpriv.ledger.base import default_ledger_url
+
+    url = ledger_url or default_ledger_url()
+    if url.startswith("sqlite:///"):
+        path = os.path.expanduser(url[len("sqlite:///"):].split("?", 1)[0])
+        if not os.path.exists(path):  # no ledger yet, so no budget in it
+            raise BudgetExceededError(_no_budget_message(url, table_id))
+    try:
+        led = open_ledger(url, read_only=True)
+    except Exception:
+        return  # a ledger that cannot be read here: the reservation says why
+    with led:
+        if table_id not in led.tables():
+            raise BudgetExceededError(_no_budget_message(getattr(led, "public_url", None) or str(url), table_id))
+
+
 def run_release(cfg: ReleaseConfig, spark=None) -> RunResult:
     """Read the input, release it with the configured mechanism, publish it.
 
@@ -280,6 +309,7 @@ def run_release(cfg: ReleaseConfig, spark=None) -> RunResult:
 
     refuse_fixed_seed("sparkpriv release")
     spec = MECHANISMS[cfg.mechanism]
+    check_budget_exists(cfg.get("ledger"), cfg.get("table_id"))  # before Spark starts
     spark = spark or get_spark(cfg.spark)
     check_output_path(spark, cfg.get("output"), bool(cfg.get("overwrite")))
     df = read_table(spark, cfg.get("input"), cfg.get("input_format"))

@@ -197,3 +197,24 @@ def test_cli_and_job_refuse_inside_a_fixed_seed_block(tmp_path, capsys, monkeypa
         with pytest.raises(ParameterError, match="insecure_fixed_seed"):
             run_release(cfg, spark=object())  # refused before the session is touched
     assert not (tmp_path / "out").exists()
+
+
+def test_table_without_budget_is_refused_before_spark_starts(tmp_path, capsys):
+    """The budget check needs only the ledger: the input (which does not exist) is never
+    looked at and Spark never starts, so the budget error comes first (exit 3)."""
+    from sparkpriv.ledger import open_ledger
+
+    url = f"sqlite:///{tmp_path / 'l.sqlite'}"
+    with open_ledger(url) as led:
+        led.set_budget("other.table", epsilon=1.0, delta=0.0)
+    args = ["release", "projection", "--input", str(tmp_path / "missing.parquet"), "--output",
+            str(tmp_path / "out"), "--columns", "a,b", "--k", "1", "--epsilon", "1", "--row-bound", "1",
+            "--ledger", url, "--table-id", "no.budget"]
+    assert main(args) == 3
+    err = capsys.readouterr().err
+    assert "No privacy budget is set for table 'no.budget'" in err and "missing.parquet" not in err
+    # no ledger file at all: the same refusal, and no file is created
+    url2 = f"sqlite:///{tmp_path / 'none.sqlite'}"
+    assert main(args[:-4] + ["--ledger", url2, "--table-id", "no.budget"]) == 3
+    assert "No privacy budget" in capsys.readouterr().err
+    assert not (tmp_path / "none.sqlite").exists()
