@@ -71,7 +71,9 @@ def batch_matrix(batch: pa.RecordBatch, columns: Sequence[str], *, fill: float |
             if fill is None:
                 raise _marked(
                     f"column {name!r} has null values; declare a public fill value "
-                    f"(fill / --fill) or remove them before the release"
+                    f"(fill / --fill), or for DPRP fill them with DP column means "
+                    f"(fill='dp-mean' / --fill-dp-mean, which spends a share of the budget), "
+                    f"or remove them before the release"
                 )
             arr = arr.fill_null(pa.scalar(fill, type=arr.type) if pa.types.is_floating(arr.type) else fill)
         col = arr.to_numpy(zero_copy_only=False)

@@ -153,7 +153,7 @@ def test_private_labels_and_dp_mean_fill(spark, tmp_path):
     pdf = pd.DataFrame({"x1": rng.random(n), "x2": rng.random(n), "lab": rng.choice(["u", "v", "w"], n)})
     pdf.loc[::5, "x2"] = None
     df = spark.createDataFrame(pdf)
-    with pytest.raises(InputError, match="column 'x2' has null values"):
+    with pytest.raises(InputError, match="column 'x2' has null values.*--fill-dp-mean"):
         release_dprp(df, columns=["x1", "x2"], epsilon=1.0, delta=1e-5, lower=[0, 0], upper=[1, 1])
     rel = release_dprp(df, columns=["x1", "x2"], label="lab", labels="private", classes=["u", "v", "w"],
                        epsilon=1.0, delta=1e-5, lower=[0, 0], upper=[1, 1], fill="dp-mean")
