@@ -54,6 +54,8 @@ COMMON_OPTIONS = (
     Option("input", "str", "source table: a Parquet/CSV path or a catalog table name", required=True),
     Option("input_format", "str", "format of the input (default: guessed from the path)",
            choices=("parquet", "csv", "table")),
+    Option("null_value", "str", "CSV input: the string that marks a missing value (e.g. '?'); "
+           "such cells are read as nulls (then see --fill)"),
     Option("output", "str", "destination directory of the private Parquet table", required=True),
     Option("overwrite", "bool", "replace an existing output", default=False),
     Option("writer", "str", "who writes the part files: arrow (the Python tasks; row-level releases "

@@ -312,7 +312,7 @@ def run_release(cfg: ReleaseConfig, spark=None) -> RunResult:
     check_budget_exists(cfg.get("ledger"), cfg.get("table_id"))  # before Spark starts
     spark = spark or get_spark(cfg.spark)
     check_output_path(spark, cfg.get("output"), bool(cfg.get("overwrite")))
-    df = read_table(spark, cfg.get("input"), cfg.get("input_format"))
+    df = read_table(spark, cfg.get("input"), cfg.get("input_format"), null_value=cfg.get("null_value"))
     release = spec.release(df, cfg, cfg.get("input"))
     entry = release.hold.reservation.id if release.hold.reservation is not None else None
     out = release.write(cfg.get("output"), overwrite=bool(cfg.get("overwrite")), writer=cfg.get("writer"),

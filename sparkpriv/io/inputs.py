@@ -26,9 +26,11 @@ def _guess_format(source: str) -> str:
     return "table"
 
 
-def read_table(spark, source: str, fmt: str | None = None):
+def read_table(spark, source: str, fmt: str | None = None, *, null_value: str | None = None):
     """Read ``source`` as a DataFrame (lazily; only the schema is read).
 
+    ``null_value`` (CSV only) is the string that marks a missing value (``"?"``
+    in the UCI tables): such cells are nulls, so the columns keep numeric types.
     ``fmt`` is ``"parquet"``, ``"csv"`` (header row, inferred types) or
     ``"table"`` (a catalog table name); by default it is guessed from the
     source (``*.csv`` -> CSV, a path -> Parquet, a bare name -> catalog table).
@@ -40,6 +42,9 @@ def read_table(spark, source: str, fmt: str | None = None):
         fmt = _guess_format(source)
     if fmt not in FORMATS:
         raise InputError(f"Unknown input format {fmt!r}; use one of {', '.join(FORMATS)}.")
+    if null_value is not None and fmt != "csv":
+        raise InputError(f"null_value (--null-value) applies to CSV input only; the input {source!r} is read "
+                         f"as {fmt}.")
     try:
         if fmt == "parquet":
             from sparkpriv.spark.parquet_scan import register_parquet_source
@@ -48,7 +53,10 @@ def read_table(spark, source: str, fmt: str | None = None):
             register_parquet_source(df, source)  # aggregate passes may scan it directly
             return df
         if fmt == "csv":
-            return spark.read.option("header", "true").option("inferSchema", "true").csv(source)
+            reader = spark.read.option("header", "true").option("inferSchema", "true")
+            if null_value is not None:
+                reader = reader.option("nullValue", null_value)
+            return reader.csv(source)
         return spark.table(source)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

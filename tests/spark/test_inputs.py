@@ -1,45 +1,36 @@
-"""Inputs: Parquet, CSV, catalog tables, unreadable sources."""
+"""Reading inputs: a CSV's missing-value marker."""
+
+from __future__ import annotations
 
 import pytest
+from pyspark.sql.types import NumericType, StringType
 
-from sparkpriv.errors import InputError, SchemaError
-from sparkpriv.io.inputs import check_numeric_columns, read_table, schema_fingerprint
-
-pytestmark = pytest.mark.spark
-
-
-def test_csv_parquet_and_table(spark, tmp_path):
-    df = spark.createDataFrame([(1.0, 2, "a"), (3.0, 4, "b")], "x double, y int, s string")
-    df.write.parquet(str(tmp_path / "p"))
-    df.write.option("header", "true").csv(str(tmp_path / "c.csv"))
-    df.createOrReplaceTempView("sparkpriv_test_input")
-    for src, fmt in ((str(tmp_path / "p"), None), (str(tmp_path / "c.csv"), None),
-                     ("sparkpriv_test_input", None), (str(tmp_path / "c.csv"), "csv")):
-        got = read_table(spark, src, fmt)
-        assert sorted(got.columns) == ["s", "x", "y"]
-        check_numeric_columns(got, ["x", "y"])
-        assert got.count() == 2
+from sparkpriv.errors import InputError
+from sparkpriv.io.inputs import read_table
 
 
-def test_unreadable_input_names_the_source(spark, tmp_path):
-    with pytest.raises(InputError, match="Cannot read the input .*nope.* as parquet"):
-        read_table(spark, str(tmp_path / "nope"))
-    with pytest.raises(InputError, match="no_such_table"):
-        read_table(spark, "no_such_table")
-    with pytest.raises(InputError, match="Unknown input format"):
-        read_table(spark, "x", "json")
+@pytest.fixture
+def uci_like_csv(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("a,b\n1,2.5\n?,3.0\n4,?\n")  # '?' marks a missing value, as in the UCI tables
+    return str(p)
 
 
-def test_schema_fingerprint_changes_with_schema(spark):
-    a = spark.createDataFrame([(1.0,)], "x double").schema
-    b = spark.createDataFrame([(1,)], "x int").schema
-    assert schema_fingerprint(a) != schema_fingerprint(b)
-    assert schema_fingerprint(a) == schema_fingerprint(spark.createDataFrame([(2.0,)], "x double").schema)
+def test_csv_null_value_marker(spark, uci_like_csv):
+    plain = read_table(spark, uci_like_csv)
+    assert isinstance(plain.schema["a"].dataType, StringType)  # '?' makes the column text
+    df = read_table(spark, uci_like_csv, null_value="?")
+    assert all(isinstance(df.schema[c].dataType, NumericType) for c in ("a", "b"))
+    rows = {(r.a, r.b) for r in df.collect()}
+    assert rows == {(1, 2.5), (None, 3.0), (4, None)}
 
 
-def test_duplicate_and_empty_column_lists(spark):
-    df = spark.createDataFrame([(1.0,)], "x double")
-    with pytest.raises(SchemaError, match="twice"):
-        check_numeric_columns(df, ["x", "x"])
-    with pytest.raises(SchemaError, match="No feature columns"):
-        check_numeric_columns(df, [])
+def test_null_value_is_csv_only(spark, tmp_path):
+    with pytest.raises(InputError, match="applies to CSV input only"):
+        read_table(spark, str(tmp_path / "x.parquet"), null_value="?")
+
+
+def test_null_value_is_a_command_line_option():
+    from sparkpriv.config import COMMON_OPTIONS
+
+    assert "null_value" in {o.name for o in COMMON_OPTIONS}  # --null-value / null_value in TOML
