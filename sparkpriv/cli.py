@@ -83,6 +83,8 @@ def _add_options(p: argparse.ArgumentParser, options: Sequence[Option]) -> None:
             unless = getattr(o, "required_unless", None)
             help_ = o.help + (f" (required without --{unless.replace('_', '-')}; refused with it)" if unless
                              else " (required)")
+            if o.name in ("lower", "upper"):
+                help_ += "; or give all bounds in --bounds-file"
         else:
             help_ = o.help
         if o.default not in (None, (), False):

@@ -34,7 +34,8 @@ else:  # pragma: no cover
 
 from sparkpriv.errors import ParameterError
 
-__all__ = ["Option", "COMMON_OPTIONS", "ReleaseConfig", "load_toml", "coerce"]
+__all__ = ["Option", "COMMON_OPTIONS", "ReleaseConfig", "load_toml", "coerce", "read_bounds_file",
+           "apply_bounds_file"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ COMMON_OPTIONS = (
     Option("keep_columns", "strs", "comma-separated input columns declared PUBLIC and copied "
            "to the output unchanged (person keys are never copied otherwise)", default=()),
     Option("fill", "float", "public value that replaces nulls in the feature columns"),
+    Option("bounds_file", "str", "file of declared per-column bounds instead of --lower/--upper: CSV "
+           "with the header column,lower,upper, or TOML lines column = [lower, upper]"),
     Option("epsilon", "float", "privacy budget epsilon of this release", required=True),
     Option("delta", "float", "privacy budget delta of this release (0 for pure-DP mechanisms)"),
     Option("ledger", "str", "budget ledger URL: sqlite:///path or postgresql://... "
@@ -209,9 +212,90 @@ def build_config(
             if opt.required_unless in known and other not in (None, False, "false", "False"):
                 values[name] = v
                 continue
+        if v is None and opt.required and name in ("lower", "upper") and "bounds_file" in known and (
+                cli_values.get("bounds_file") is not None or file_values.get("bounds_file") is not None):
+            values[name] = v  # taken from the bounds file (apply_bounds_file)
+            continue
         if v is None and opt.required:
             flag = "--" + name.replace("_", "-")
             raise ParameterError(f"The {name!r} option is required: give {flag} or set {name} in the config file.")
         values[name] = v
     return ReleaseConfig(mechanism=mechanism, values=values,
                          spark={str(k): str(v) for k, v in spark_conf.items()})
+
+
+def read_bounds_file(path: str) -> dict[str, tuple[float, float]]:
+    """``{column: (lower, upper)}`` from a bounds file (CSV ``column,lower,upper`` or TOML).
+
+    The bounds are public declarations: write them from domain knowledge, not
+    from the data. Errors name the file, the line or column, and the fix.
+    """
+    import csv
+    import math
+
+    def number(v, where):
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            raise ParameterError(f"The bounds file {path!r}: {where} is not a number ({v!r}).") from None
+        if not math.isfinite(x):
+            raise ParameterError(f"The bounds file {path!r}: {where} must be finite (got {v!r}).")
+        return x
+
+    out: dict[str, tuple[float, float]] = {}
+    if path.lower().endswith(".toml"):
+        for col, v in load_toml(path).items():
+            if not isinstance(v, list) or len(v) != 2:
+                raise ParameterError(f"The bounds file {path!r}: column {col!r} must be [lower, upper].")
+            out[col] = (number(v[0], f"the lower bound of {col!r}"), number(v[1], f"the upper bound of {col!r}"))
+    else:
+        try:
+            with open(path, newline="") as f:
+                rows = list(csv.reader(f))
+        except OSError as exc:
+            raise ParameterError(f"Cannot read the bounds file {path!r}: {exc.strerror}.") from None
+        if not rows or [c.strip().lower() for c in rows[0]] != ["column", "lower", "upper"]:
+            raise ParameterError(f"The bounds file {path!r} must start with the header column,lower,upper "
+                                 "(or be a .toml file of column = [lower, upper] lines).")
+        for i, row in enumerate(rows[1:], start=2):
+            if not row or not any(c.strip() for c in row):
+                continue
+            if len(row) != 3:
+                raise ParameterError(f"The bounds file {path!r}, line {i}: expected column,lower,upper.")
+            col = row[0].strip()
+            if col in out:
+                raise ParameterError(f"The bounds file {path!r}, line {i}: column {col!r} appears twice.")
+            out[col] = (number(row[1], f"line {i} (lower)"), number(row[2], f"line {i} (upper)"))
+    for col, (lo, hi) in out.items():
+        if not lo < hi:
+            raise ParameterError(f"The bounds file {path!r}: column {col!r} needs lower < upper (got {lo}, {hi}).")
+    return out
+
+
+def apply_bounds_file(cfg: ReleaseConfig, options) -> ReleaseConfig:
+    """``cfg`` with ``lower``/``upper`` taken from ``cfg['bounds_file']`` for its columns."""
+    import dataclasses
+
+    path = cfg.get("bounds_file")
+    if path is None:
+        return cfg
+    names = {o.name for o in options}
+    if not {"lower", "upper"} <= names:
+        raise ParameterError(f"bounds_file (--bounds-file) does not apply to the {cfg.mechanism} release "
+                             "(it declares no per-column bounds).")
+    if cfg.get("lower") is not None or cfg.get("upper") is not None:
+        raise ParameterError("Give the bounds either in bounds_file (--bounds-file) or as lower/upper "
+                             "(--lower/--upper), not both.")
+    if cfg.get("events"):
+        raise ParameterError("bounds_file (--bounds-file) is for table columns; event records have no "
+                             "per-column bounds.")
+    bounds = read_bounds_file(path)
+    cols = list(cfg.get("columns") or ())
+    missing = [c for c in cols if c not in bounds]
+    if missing:
+        raise ParameterError(f"The bounds file {path!r} has no bounds for the column(s) {', '.join(missing)}; "
+                             "add a line for each released column.")
+    values = dict(cfg.values)
+    values["lower"] = tuple(bounds[c][0] for c in cols)
+    values["upper"] = tuple(bounds[c][1] for c in cols)
+    return dataclasses.replace(cfg, values=values)

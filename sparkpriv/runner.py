@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from sparkpriv.config import COMMON_OPTIONS, Option, ReleaseConfig
+from sparkpriv.config import COMMON_OPTIONS, Option, ReleaseConfig, apply_bounds_file
 from sparkpriv.errors import ParameterError
 
 __all__ = ["MechanismSpec", "MECHANISMS", "register", "options_for", "run_release", "RunResult"]
@@ -309,7 +309,8 @@ def run_release(cfg: ReleaseConfig, spark=None) -> RunResult:
 
     refuse_fixed_seed("sparkpriv release")
     spec = MECHANISMS[cfg.mechanism]
-    check_budget_exists(cfg.get("ledger"), cfg.get("table_id"))  # before Spark starts
+    cfg = apply_bounds_file(cfg, options_for(cfg.mechanism))  # parameter errors before Spark starts
+    check_budget_exists(cfg.get("ledger"), cfg.get("table_id"))
     spark = spark or get_spark(cfg.spark)
     check_output_path(spark, cfg.get("output"), bool(cfg.get("overwrite")))
     df = read_table(spark, cfg.get("input"), cfg.get("input_format"), null_value=cfg.get("null_value"))
