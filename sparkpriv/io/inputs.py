@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from typing import Sequence
 
 from sparkpriv.errors import InputError, SchemaError
@@ -21,14 +22,16 @@ def _guess_format(source: str) -> str:
     s = source.rstrip("/").lower()
     if s.endswith(".csv") or s.endswith(".csv.gz"):
         return "csv"
-    if "/" in source or ":" in source or s.endswith(".parquet"):
-        return "parquet"
+    if "/" in source or ":" in source or s.endswith(".parquet") or os.path.exists(source):
+        return "parquet"  # a path that exists is a path, even a bare relative name
     return "table"
 
 
-def read_table(spark, source: str, fmt: str | None = None, *, null_value: str | None = None):
+def read_table(spark, source: str, fmt: str | None = None, *, null_value: str | None = None,
+               format_option: str = "--input-format"):
     """Read ``source`` as a DataFrame (lazily; only the schema is read).
 
+    ``format_option`` names the option that sets ``fmt`` in error messages.
     ``null_value`` (CSV only) is the string that marks a missing value (``"?"``
     in the UCI tables): such cells are nulls, so the columns keep numeric types.
     ``fmt`` is ``"parquet"``, ``"csv"`` (header row, inferred types) or
@@ -40,6 +43,8 @@ def read_table(spark, source: str, fmt: str | None = None, *, null_value: str | 
     """
     if fmt is None:
         fmt = _guess_format(source)
+    if fmt != "table" and ":" not in source and os.path.exists(source):
+        source = os.path.abspath(source)  # the JVM's working directory may differ from ours
     if fmt not in FORMATS:
         raise InputError(f"Unknown input format {fmt!r}; use one of {', '.join(FORMATS)}.")
     if null_value is not None and fmt != "csv":
@@ -62,7 +67,7 @@ def read_table(spark, source: str, fmt: str | None = None, *, null_value: str | 
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(
             f"Cannot read the input {source!r} as {fmt}: {first[:300]}. Check the path or table "
-            "name and the format (--input-format parquet|csv|table)."
+            f"name and the format ({format_option} parquet|csv|table)."
         ) from None
 
 

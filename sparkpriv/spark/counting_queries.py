@@ -169,7 +169,8 @@ def evaluate_tables(spark, *, source: str, release: str, person_col: str, item_c
     if release_prefix:
         release_columns = [f"{release_prefix}{j}" for j in range(Vocabulary.parse(vocabulary).size)]
     return evaluate_counting_queries(
-        spark, source=read_table(spark, source, source_format), release=read_table(spark, release, release_format),
+        spark, source=read_table(spark, source, source_format, format_option="--source-format"),
+        release=read_table(spark, release, release_format, format_option="--release-format"),
         person=person_col, item=item_col, vocabulary=vocabulary, release_columns=release_columns,
         release_items_col=release_items_col, threshold=threshold, n_queries=queries, groups=groups,
         max_length=max_length, seed=seed)

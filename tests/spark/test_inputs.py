@@ -34,3 +34,20 @@ def test_null_value_is_a_command_line_option():
     from sparkpriv.config import COMMON_OPTIONS
 
     assert "null_value" in {o.name for o in COMMON_OPTIONS}  # --null-value / null_value in TOML
+
+
+def test_an_existing_bare_relative_name_is_a_path(spark, tmp_path, monkeypatch):
+    """`--release rel_dir` (a directory in the working directory) is read as Parquet, not looked
+    up as a catalog table, and no spark-warehouse/ is left in the working directory."""
+    import pandas as pd
+
+    monkeypatch.chdir(tmp_path)
+    spark.createDataFrame(pd.DataFrame({"z0": [1.0, 2.0]})).write.parquet(str(tmp_path / "rel_dir"))
+    df = read_table(spark, "rel_dir")
+    assert df.count() == 2
+    assert not (tmp_path / "spark-warehouse").exists()
+
+
+def test_read_error_names_the_callers_format_option(spark, tmp_path):
+    with pytest.raises(InputError, match="--release-format parquet"):
+        read_table(spark, str(tmp_path / "nope.parquet"), format_option="--release-format")
