@@ -84,6 +84,34 @@ def _leaves(event: _ev.DpEvent, count: int = 1):
         yield event, count
 
 
+def _discretization_for(event: _ev.DpEvent, delta: float) -> float:
+    """The PLD grid step: ``1e-4`` up to an epsilon of about 10, relative above it.
+
+    The PLD's support grows with the privacy loss, so a fixed step makes the
+    grid (memory and time) grow with epsilon: at epsilon 1e4 a fixed 1e-4 step
+    took many GB. The pessimistic discretisation states an upper bound for any
+    step, so a step proportional to a cheap upper estimate of epsilon keeps the
+    grid's size bounded and the relative slack at about 1e-5 (plus the
+    request-side check of :func:`fit_to_epsilon`, which uses the same rule).
+    Estimate: the pure part summed, plus ``mu^2 / 2 + mu sqrt(2 log(1 / delta))``
+    for the Gaussian part (``mu^2`` = sum of ``count / z^2``); other leaves
+    (sampled events) count as 1.
+    """
+    pure, mu2, other = 0.0, 0.0, 0.0
+    for leaf, count in _leaves(event):
+        if isinstance(leaf, _ev.GaussianDpEvent):
+            mu2 += count / max(leaf.noise_multiplier, 1e-300) ** 2
+        elif isinstance(leaf, _ev.LaplaceDpEvent):
+            pure += count / max(leaf.noise_multiplier, 1e-300)
+        elif isinstance(leaf, _ev.DiscreteLaplaceDpEvent):
+            pure += count * leaf.noise_parameter * leaf.sensitivity
+        elif not isinstance(leaf, _ev.NoOpDpEvent):
+            other += count
+    mu = math.sqrt(mu2)
+    estimate = pure + other + mu2 / 2.0 + mu * math.sqrt(2.0 * math.log(1.0 / max(delta, 1e-300)))
+    return _VALUE_DISCRETIZATION * max(1.0, estimate / 10.0)
+
+
 def pure_epsilon_of(event: _ev.DpEvent) -> float | None:
     """Exact pure-DP epsilon when every leaf is a Laplace (or no-op) event, else None."""
     total = 0.0
@@ -122,7 +150,7 @@ def epsilon_of(event: _ev.DpEvent | Sequence[_ev.DpEvent], delta: float) -> floa
         return pure
     acc = pld_privacy_accountant.PLDAccountant(
         neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
-        value_discretization_interval=_VALUE_DISCRETIZATION,
+        value_discretization_interval=_discretization_for(event, delta),
     )
     acc.compose(event)
     eps = float(acc.get_epsilon(delta))
