@@ -162,9 +162,10 @@ register(MechanismSpec(
         Option("k", "int", "output dimension (columns z0..z{k-1})", required=True),
         Option("noise", "str", "laplace (pure epsilon-DP) or gaussian ((epsilon, delta)-DP)",
                default="laplace", choices=("laplace", "gaussian")),
-        Option("neighbors", "str", "neighbour relation: replace-one (a person), add-remove (a "
-               "person), or element (ONE ATTRIBUTE only, not a person)", default="replace-one",
-               choices=("replace-one", "add-remove", "element")),
+        Option("neighbors", "str", "neighbour relation: replace-one (a person; n is public) or element "
+               "(ONE ATTRIBUTE only, not a person; needs --lower/--upper or --element-bound, not "
+               "--row-bound). add-remove cannot hold for a row-level release and is refused",
+               default="replace-one", choices=("replace-one", "element")),
         Option("row_bound", "float", "declared bound on each row's norm (rows are clipped to it)"),
         Option("norm", "str", "norm of --row-bound", default="l2", choices=("l2", "l1")),
         Option("lower", "floats", "declared per-column lower bounds (one value for all columns, or one per column)"),
