@@ -133,6 +133,7 @@ from sparkpriv.privacy.calibration import gdp_mu_for, split_mu
 from sparkpriv.privacy.random import new_secret_seed, stream
 
 __all__ = [
+    "check_noise_multiplier",
     "DPRPPlan",
     "DPRPArrayRelease",
     "LABEL_MODES",
@@ -862,3 +863,11 @@ def release_dprp_array(
         y_out = None
     class_sizes = ({_jsonable(c): int(s) for c, s in zip(classes, sizes)} if labels == "public" else None)
     return DPRPArrayRelease(X=Xout, y=y_out, plan=plan, clip_counts=counts, class_sizes=class_sizes)
+
+
+def check_noise_multiplier(noise, mu: float) -> None:
+    """Internal invariant: the recorded event of ``noise`` is at least as noisy as the
+    plan's Gaussian-DP share ``mu`` (multiplier >= 1 / mu); raises RuntimeError if not."""
+    m = noise.dp_event().noise_multiplier
+    if not m >= 1.0 / mu:
+        raise RuntimeError("noise multiplier below the planned one")

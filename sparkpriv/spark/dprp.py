@@ -342,7 +342,7 @@ def _driver_passes(df, plan, R, seed, columns, label, caller):
             if n == 0:
                 raise InputError("The input table is empty: there is nothing to release.")
             noise = plan.impute_noise(n)
-            _check_multiplier(noise, plan.mu["impute"])
+            core.check_noise_multiplier(noise, plan.mu["impute"])
             fill_values = core.dp_column_means(tot, noise, stream(seed, core.IMPUTE_NOISE_STAGE), plan)
             extra["impute_noise"] = noise.to_public_dict()
         elif plan.fill is not None:
@@ -362,8 +362,8 @@ def _driver_passes(df, plan, R, seed, columns, label, caller):
                                      "is, the classes are released by separate runs (parallel "
                                      "composition), and these class sizes are released")
     gnoise = plan.gram_noise(int(sizes.max()))
-    _check_multiplier(gnoise, plan.mu["gram"])
-    _check_multiplier(plan.projection_noise, plan.mu["projection"])
+    core.check_noise_multiplier(gnoise, plan.mu["gram"])
+    core.check_noise_multiplier(plan.projection_noise, plan.mu["projection"])
     extra["gram_noise"] = gnoise.to_public_dict()
     Cs = core.noisy_grams(grams, gnoise, stream(seed, core.GRAM_NOISE_STAGE))
     Ms = core.solve(Cs, R, plan.k2, caller=caller)
@@ -371,12 +371,6 @@ def _driver_passes(df, plan, R, seed, columns, label, caller):
     if plan.fill == "dp-mean":
         extra["dp_fill_values"] = [float(x) for x in fill_values]
     return Ms, extra
-
-
-def _check_multiplier(noise, mu: float) -> None:
-    m = noise.dp_event().noise_multiplier
-    if not m >= 1.0 / mu:  # internal invariant: the recorded nominal event is conservative
-        raise RuntimeError("noise multiplier below the planned one")
 
 
 def _read_batch(batch, columns, fill_values):

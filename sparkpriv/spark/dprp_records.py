@@ -182,7 +182,6 @@ def gram_pass_records(records: BoundedRecords, counters=None) -> np.ndarray:
 
 def _driver_pass(records, plan, R, seed, counters, caller):
     """Pass 1 (Gram) and the driver solve: ``(M, gram noise)``."""
-    from sparkpriv.spark.dprp import _check_multiplier
 
     with spark_errors():
         total = gram_pass_records(records, counters)
@@ -190,8 +189,8 @@ def _driver_pass(records, plan, R, seed, counters, caller):
     if sizes.sum() == 0:
         raise InputError("The input table is empty: there is nothing to release.")
     gnoise = plan.gram_noise(int(sizes.max()))
-    _check_multiplier(gnoise, plan.mu["gram"])
-    _check_multiplier(plan.projection_noise, plan.mu["projection"])
+    core.check_noise_multiplier(gnoise, plan.mu["gram"])
+    core.check_noise_multiplier(plan.projection_noise, plan.mu["projection"])
     Cs = core.noisy_grams(grams, gnoise, stream(seed, core.GRAM_NOISE_STAGE))
     (M,) = core.solve(Cs, R, plan.k2, caller=caller)
     _log.info("dprp of event records: Gram of %d people, d = %d, k1 = %d, k2 = %d",
