@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from typing import Sequence
 
@@ -279,6 +280,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # Spark's own console log (executor stack traces before sparkpriv's one-line error)
+    # stays off unless --log-level DEBUG or SPARKPRIV_SPARK_LOG_LEVEL says otherwise
+    debug = (args.log_level or "").upper() == "DEBUG"
+    if not debug:
+        logging.getLogger("py4j").setLevel(logging.WARNING)  # its connection chatter
+    own_level = "SPARKPRIV_SPARK_LOG_LEVEL" not in os.environ
+    if own_level:
+        os.environ["SPARKPRIV_SPARK_LOG_LEVEL"] = "WARN" if debug else "OFF"
+    try:
+        return _run(parser, argv, args)
+    finally:
+        if own_level:
+            os.environ.pop("SPARKPRIV_SPARK_LOG_LEVEL", None)
+
+
+def _run(parser, argv, args) -> int:
     try:
         refuse_fixed_seed("sparkpriv")
         if getattr(args, "config", None):

@@ -218,3 +218,19 @@ def test_table_without_budget_is_refused_before_spark_starts(tmp_path, capsys):
     assert main(args[:-4] + ["--ledger", url2, "--table-id", "no.budget"]) == 3
     assert "No privacy budget" in capsys.readouterr().err
     assert not (tmp_path / "none.sqlite").exists()
+
+
+def test_spark_log_noise_stays_out_of_the_terminal(tmp_path):
+    """A null in a column fails in the executors; the terminal shows sparkpriv's one-line
+    error, not Spark's executor stack traces (they were 94 lines), unless --log-level DEBUG."""
+    (tmp_path / "t.csv").write_text("a,b\n1.0,2.0\n0.5,\n0.1,0.3\n")
+    env = _env(tmp_path)
+    env.pop("SPARKPRIV_SPARK_LOG_LEVEL", None)
+    args = [sys.executable, "-m", "sparkpriv.cli", "release", "projection", "--input", "t.csv", "--output",
+            "out", "--columns", "a,b", "--k", "1", "--epsilon", "1", "--row-bound", "1"]
+    out = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert lines[-1].startswith("sparkpriv: error: column 'b' has null values")
+    assert len(lines) < 15 and "Traceback" not in out.stderr and "Exception in task" not in out.stderr
+    assert not (tmp_path / "out").exists()
