@@ -31,7 +31,6 @@ NAMES = {0: "core", 1: "engines", 2: "release/ledger/io", 3: "cli/jobs"}
 
 # (importing module, imported module): wrong-way imports still present
 KNOWN = {
-    ("sparkpriv.mechanisms.kmeans_model", "sparkpriv.spark.kmeans"),  # KMeansModel.assign on Spark
     ("sparkpriv.spark.counting_queries", "sparkpriv.io.inputs"),
     ("sparkpriv.spark.dprp", "sparkpriv.io.inputs"),
     ("sparkpriv.spark.dprp", "sparkpriv.release"),

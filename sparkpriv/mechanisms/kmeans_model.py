@@ -166,15 +166,6 @@ class KMeansModel:
         Z, _, _ = self.feature_map().features(X)
         return idx[assign_nearest(Z, self.assignment_centers()[idx])]
 
-    def assign(self, df, *, columns, keep_columns=(), output_column: str = "cluster", fill=None,
-               include_unreliable: bool = False):
-        """``df`` with a ``cluster`` column (Spark; the same function as :meth:`predict`)."""
-        from sparkpriv.spark.kmeans import assign_clusters
-
-        return assign_clusters(df, self, columns=columns, keep_columns=keep_columns,
-                               output_column=output_column, fill=fill,
-                               include_unreliable=include_unreliable)
-
     # ------------------------------------------------------------------ persistence
 
     def to_dict(self) -> dict:

@@ -14,6 +14,7 @@ from sparkpriv.privacy.accounting import epsilon_of
 from sparkpriv.privacy.bounds import Bounds
 from sparkpriv.privacy.calibration import gdp_epsilon_delta, gdp_mu_for
 from sparkpriv.spark import kmeans as skm
+from sparkpriv.spark.kmeans import assign_clusters
 from sparkpriv.spark.batches import map_batches, sum_partials
 
 pytestmark = pytest.mark.spark
@@ -144,7 +145,7 @@ def test_release_write_model_receipt_and_determinism(spark, table, tmp_path, tes
         assert str(derive_seed(test_seed, label)) not in blob
     assert repr(float(X[0, 0]))[:12] not in blob
     # assign(df): the Spark assignment equals predict
-    got = m.assign(df, columns=_cols(), keep_columns=["person"]).toPandas().sort_values("person")
+    got = assign_clusters(df, m, columns=_cols(), keep_columns=["person"]).toPandas().sort_values("person")
     pdf = df.toPandas().sort_values("person")
     np.testing.assert_array_equal(got["cluster"].to_numpy(), m.predict(pdf[_cols()].to_numpy()))
 
@@ -173,9 +174,9 @@ def test_small_epsilon_release_projects_clamps_and_flags(spark, table, tmp_path,
     back = spark.read.parquet(out).orderBy("cluster").toPandas()
     assert back["reliable"].tolist() == [j not in flagged for j in range(k)]
     assert np.all(np.vstack(back["center"]) <= 8.0) and np.all(back["count"] >= 0)
-    got = m.assign(df, columns=_cols(), keep_columns=["person"]).toPandas().sort_values("person")
+    got = assign_clusters(df, m, columns=_cols(), keep_columns=["person"]).toPandas().sort_values("person")
     np.testing.assert_array_equal(got["cluster"].to_numpy(), lab)
-    everything = m.assign(df, columns=_cols(), keep_columns=["person"], include_unreliable=True)
+    everything = assign_clusters(df, m, columns=_cols(), keep_columns=["person"], include_unreliable=True)
     np.testing.assert_array_equal(everything.toPandas().sort_values("person")["cluster"].to_numpy(),
                                   m.predict(X, include_unreliable=True))
 
