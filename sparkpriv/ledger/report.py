@@ -23,6 +23,7 @@ markup. The report is written atomically (a temporary file, then a rename).
 
 from __future__ import annotations
 
+import decimal
 import html
 import math
 import os
@@ -186,7 +187,8 @@ def _esc(value) -> str:
     return html.escape(_printable(value), quote=True)
 
 
-def _num(x: float) -> str:
+def _num(x: float, rounding: str = decimal.ROUND_HALF_EVEN) -> str:
+    """``x`` to 6 significant digits; spends are rounded up and what remains down (never shown as less)."""
     if x is None:
         return "-"
     x = float(x)
@@ -194,7 +196,17 @@ def _num(x: float) -> str:
         return "∞"
     if math.isnan(x):
         return "NaN"
-    return f"{x:.6g}"
+    with decimal.localcontext() as ctx:
+        ctx.prec, ctx.rounding = 6, rounding
+        return f"{float(+decimal.Decimal(repr(x))):.6g}"  # repr: the shortest decimal of the float
+
+
+def _up(x: float) -> str:
+    return _num(x, decimal.ROUND_CEILING)
+
+
+def _down(x: float) -> str:
+    return _num(x, decimal.ROUND_FLOOR)
 
 
 def _parse_time(iso: str | None) -> datetime | None:
@@ -218,7 +230,7 @@ def _guarantee(summary) -> str:
     eps, delta = summary.get("epsilon"), summary.get("delta")
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (eps, delta)):
         return '<span class="muted">receipt without epsilon and delta</span>'
-    return f"ε = {_num(eps)}, δ = {_num(delta)}"
+    return f"ε = {_up(eps)}, δ = {_up(delta)}"
 
 
 _STATE_TEXT = {
@@ -305,8 +317,8 @@ def _summary(tables: list) -> str:
         rows.append(
             f'<tr data-table-id="{_esc(s.table_id)}"><td><a href="#table-{i}">{_esc(s.table_id)}</a></td>'
             f'<td class="num">{_num(s.budget_epsilon)}</td><td class="num">{_num(s.budget_delta)}</td>'
-            f'<td class="num{" over" if over else ""}">{_num(s.spent_epsilon)}</td>'
-            f'<td class="num">{_num(s.remaining_epsilon)}</td>'
+            f'<td class="num{" over" if over else ""}">{_up(s.spent_epsilon)}</td>'
+            f'<td class="num">{_down(s.remaining_epsilon)}</td>'
             f'<td class="num">{counts["committed"]}</td><td class="num">{counts["reserved"]}</td>'
             f'<td class="num">{counts["aborted"]}</td></tr>'
         )
@@ -334,9 +346,10 @@ def _table_section(i: int, t: TableReport) -> str:
         '<div class="figures">',
         _figure("budget", "Budget", f"ε = {_num(s.budget_epsilon)}, δ = {d}",
                 f"set {_time(s.budget_updated_at)} UTC"),
-        _figure("spent", "Spent (composed)", f"ε = {_num(s.spent_epsilon)}",
-                f"at δ = {d}; {counted} counted release(s), {s.unfinished} unfinished", over),
-        _figure("remaining", "Remaining", f"ε = {_num(s.remaining_epsilon)}", f"at δ = {d}"),
+        _figure("spent", "Spent (composed)", f"ε = {_up(s.spent_epsilon)}",
+                f"at δ = {d}; {counted} counted release(s), {s.unfinished} unfinished", over, s.spent_epsilon),
+        _figure("remaining", "Remaining", f"ε = {_down(s.remaining_epsilon)}", f"at δ = {d}",
+                raw=s.remaining_epsilon),
         "</div>",
     ]
     if over:
@@ -348,10 +361,11 @@ def _table_section(i: int, t: TableReport) -> str:
     return "\n".join(parts)
 
 
-def _figure(key: str, label: str, value: str, sub: str, alarm: bool = False) -> str:
+def _figure(key: str, label: str, value: str, sub: str, alarm: bool = False, raw: float | None = None) -> str:
     cls = "value over" if alarm else "value"
+    data = "" if raw is None else f' data-value="{float(raw)!r}"'
     return (f'<div class="figure figure-{key}"><div class="label">{label}</div>'
-            f'<div class="{cls}" data-figure="{key}">{value}</div><div class="label">{sub}</div></div>')
+            f'<div class="{cls}" data-figure="{key}"{data}>{value}</div><div class="label">{sub}</div></div>')
 
 
 def _entries(s: TableStatus) -> str:
@@ -374,7 +388,7 @@ def _entries(s: TableStatus) -> str:
             f'<tr class="entry" data-state="{_esc(e["state"])}" data-entry-id="{_esc(e["id"])}">'
             f'<td class="num">{n}</td><td>{_time(e["created_at"])}</td><td>{finished}</td><td>{state}</td>'
             f'<td>{_esc(e["mechanism"])}</td><td class="guarantee">{_guarantee(e["receipt_summary"])}</td>'
-            f'<td class="num">{_num(e["epsilon"])}</td>'
+            f'<td class="num">{_up(e["epsilon"])}</td>'
             f'<td class="path">{_esc(e["output_path"]) or "<span class=muted>-</span>"}</td>'
             f'<td class="id">{_esc(e["id"])}</td></tr>'
         )
@@ -478,7 +492,7 @@ def _chart(i: int, t: TableReport) -> str:
         for (when, eps, entry_id), (x, y) in zip(t.points, pts):
             out.append(f'<circle class="spend-point" cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{SPEND_COLOUR}" '
                        f'data-epsilon="{eps!r}" data-entry-id="{_esc(entry_id)}"><title>published '
-                       f"{_time(when)} UTC: composed ε = {_num(eps)} (entry {_esc(entry_id)})</title></circle>")
+                       f"{_time(when)} UTC: composed ε = {_up(eps)} (entry {_esc(entry_id)})</title></circle>")
         last_x, last_y = pts[-1]
     else:
         out.append(f'<text class="no-commits" x="{(x0 + x1) / 2:.0f}" y="{(y0 + y1) / 2:.0f}" '
@@ -492,7 +506,7 @@ def _chart(i: int, t: TableReport) -> str:
                    f'{xc:.1f},{yc:.1f}"/>'
                    f'<circle class="counted-point" cx="{xc:.1f}" cy="{yc:.1f}" r="4" fill="{COUNTED_COLOUR}" '
                    f'data-epsilon="{s.spent_epsilon!r}"><title>counted now, with {len(pending)} reserved or '
-                   f"unfinished release(s): ε = {_num(s.spent_epsilon)}</title></circle>")
+                   f"unfinished release(s): ε = {_up(s.spent_epsilon)}</title></circle>")
     # legend
     ly = _TOP - 8
     out.append(f'<line x1="{x0}" y1="{ly}" x2="{x0 + 22}" y2="{ly}" stroke="{SPEND_COLOUR}" stroke-width="3"/>'
