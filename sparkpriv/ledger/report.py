@@ -223,6 +223,14 @@ def _time(iso: str | None) -> str:
     return "-" if not iso else _esc(str(iso)[:19].replace("T", " "))
 
 
+def _when(iso: str | None) -> str:
+    """A time in a table cell: the date and the time on one line each if the cell is narrow."""
+    if not iso:
+        return "-"
+    day, _, clock = _time(iso).partition(" ")
+    return f'<span class="nw">{day}</span> <span class="nw">{clock}</span>'
+
+
 def _guarantee(summary) -> str:
     """The (epsilon, delta) the release's receipt states, as the ledger recorded it at publication."""
     if not isinstance(summary, dict):
@@ -230,7 +238,7 @@ def _guarantee(summary) -> str:
     eps, delta = summary.get("epsilon"), summary.get("delta")
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (eps, delta)):
         return '<span class="muted">receipt without epsilon and delta</span>'
-    return f"ε = {_up(eps)}, δ = {_up(delta)}"
+    return f'<span class="nw">ε = {_up(eps)},</span> <span class="nw">δ = {_up(delta)}</span>'
 
 
 _STATE_TEXT = {
@@ -256,7 +264,7 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:32px 0 8px;border-bott
 table{border-collapse:collapse;margin:8px 0;width:100%}
 th,td{border:1px solid #ddd;padding:4px 6px;text-align:left;vertical-align:top}
 th{background:#f3f3f3;font-weight:600}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-td.path,td.id{font-family:"DejaVu Sans Mono",monospace;font-size:12px;word-break:break-all}
+.nw{white-space:nowrap}td.path,td.id{font-family:"DejaVu Sans Mono",monospace;font-size:12px;word-break:break-all}
 .figures{display:flex;flex-wrap:wrap;gap:8px 28px;margin:8px 0}
 .figure .label{color:#555;font-size:12px}.figure .value{font-size:18px;font-weight:600}
 .state{padding:1px 6px;border-radius:3px;font-size:12px;white-space:nowrap}
@@ -379,14 +387,15 @@ def _entries(s: TableStatus) -> str:
         if e["state"] == "aborted" and e["abort_reason"]:
             state += f'<div class="reason">{_esc(e["abort_reason"])}</div>'
         if e["state"] == "committed":
-            finished = f'published {_time(e["published_at"])}'
+            finished = f'published {_when(e["published_at"])}'
         elif e["state"] == "aborted":
-            finished = f'aborted {_time(e["aborted_at"])}'
+            finished = f'aborted {_when(e["aborted_at"])}'
         else:
             finished = '<span class="muted">not published</span>'
         rows.append(
             f'<tr class="entry" data-state="{_esc(e["state"])}" data-entry-id="{_esc(e["id"])}">'
-            f'<td class="num">{n}</td><td>{_time(e["created_at"])}</td><td>{finished}</td><td>{state}</td>'
+            f'<td class="num">{n}</td><td>{_when(e["created_at"])}</td><td>{finished}</td>'
+            f'<td>{state}</td>'
             f'<td>{_esc(e["mechanism"])}</td><td class="guarantee">{_guarantee(e["receipt_summary"])}</td>'
             f'<td class="num">{_up(e["epsilon"])}</td>'
             f'<td class="path">{_esc(e["output_path"]) or "<span class=muted>-</span>"}</td>'

@@ -46,7 +46,8 @@ def chromium() -> str:
         r = subprocess.run(["sh", str(ROOT / ".ci" / "chromium.sh")], capture_output=True, text=True, timeout=1200)
         found = _find_browser()
         if found is None:
-            reason = f".ci/chromium.sh could not install chromium ({r.returncode}):\n{r.stdout[-2000:]}{r.stderr[-2000:]}"
+            reason = (f".ci/chromium.sh could not install chromium ({r.returncode}):\n"
+                      f"{r.stdout[-2000:]}{r.stderr[-2000:]}")
     elif found is None:
         reason = "no chromium on PATH (and not root with apt-get to install it): run .ci/chromium.sh"
     if found is None:
