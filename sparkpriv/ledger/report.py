@@ -13,6 +13,9 @@ table's spent epsilon is ``TableStatus.spent_epsilon``, and the chart's point
 after the ``i``-th committed release (in publication order) is
 :func:`sparkpriv.ledger.base.composed_epsilon` of the events of the first
 ``i`` committed releases at the budget's delta. Nothing is added up here.
+A table with more than :data:`MAX_COMPOSED_POINTS` committed releases is
+composed after that many of them, evenly spaced; between two points the chart
+shows the later point's value (an upper bound), see :class:`SpendPoint`.
 
 The page needs no network to be viewed: CSS inline, the chart an inline SVG
 drawn here, no script, and a Content-Security-Policy that forbids loading
@@ -36,7 +39,7 @@ from sparkpriv._version import __version__
 from sparkpriv.errors import ParameterError, SparkPrivError
 from sparkpriv.ledger.base import COUNTED_STATES, Ledger, TableStatus, _printable, composed_epsilon
 
-__all__ = ["ReportResult", "TableReport", "build_tables", "render_report", "write_report"]
+__all__ = ["MAX_COMPOSED_POINTS", "ReportResult", "SpendPoint", "TableReport", "build_tables", "render_report", "write_report"]
 
 #: Colours of the chart (the browser test looks for them in the screenshot).
 SPEND_COLOUR = "#1f5fbf"
@@ -48,16 +51,40 @@ _W, _H = 760, 280
 _LEFT, _RIGHT, _TOP, _BOTTOM = 70, 20, 24, 46
 
 
+#: At most this many compositions per table for the chart (each may be a PLD computation).
+MAX_COMPOSED_POINTS = 250
+
+
+@dataclass(frozen=True)
+class SpendPoint:
+    """The composed spend after a committed release (a point of the chart).
+
+    ``epsilon`` is the ledger's composition, at the budget's delta, of the
+    events of every committed release published up to and including
+    ``entry_id`` (published at ``published_at``). ``commits`` releases were
+    published since the previous point, the first at ``first_published_at``:
+    more than 1 only when a table has more than :data:`MAX_COMPOSED_POINTS`
+    committed releases, and then the chart steps up to ``epsilon`` at the
+    first of them (an upper bound of the spend in between).
+    """
+
+    published_at: str
+    epsilon: float
+    entry_id: str
+    commits: int = 1
+    first_published_at: str = ""
+
+
 @dataclass(frozen=True)
 class TableReport:
-    """What the report shows for one table.
-
-    ``points`` are ``(published_at, composed epsilon, entry id)`` after each
-    committed release in publication order (epsilon at the budget's delta).
-    """
+    """What the report shows for one table: its status and the chart's points (:class:`SpendPoint`)."""
 
     status: TableStatus
     points: list = field(default_factory=list)
+
+    @property
+    def committed(self) -> int:
+        return sum(p.commits for p in self.points)
 
     @property
     def counted_not_committed(self) -> list:
@@ -98,14 +125,25 @@ def build_tables(ledger: Ledger, table_ids: Sequence[str] | None = None) -> tupl
 
 def _spend_points(status: TableStatus) -> list:
     committed = sorted((e for e in status.entries if e["state"] == "committed"),
-                       key=lambda e: (e["published_at"] or e["created_at"], e["id"]))
-    events: list[str] = []
-    points = []
-    for e in committed:
-        events.append(e["events"])
-        # the ledger's composition of the first i committed releases, at the budget's delta
-        points.append((e["published_at"] or e["created_at"], composed_epsilon(events, status.budget_delta), e["id"]))
+                       key=lambda e: (_published(e), e["id"]))
+    n = len(committed)
+    if n <= MAX_COMPOSED_POINTS:
+        sample = list(range(n))
+    else:  # evenly spaced, always the last
+        sample = sorted({math.ceil((i + 1) * n / MAX_COMPOSED_POINTS) - 1 for i in range(MAX_COMPOSED_POINTS)})
+    events = [e["events"] for e in committed]
+    points, previous = [], -1
+    for k in sample:
+        e = committed[k]
+        # the ledger's composition of the first k + 1 committed releases, at the budget's delta
+        eps = composed_epsilon(events[:k + 1], status.budget_delta)
+        points.append(SpendPoint(_published(e), eps, e["id"], k - previous, _published(committed[previous + 1])))
+        previous = k
     return points
+
+
+def _published(entry: dict) -> str:
+    return entry["published_at"] or entry["created_at"]
 
 
 def render_report(ledger: Ledger, table_ids: Sequence[str] | None = None, *,
@@ -364,6 +402,11 @@ def _table_section(i: int, t: TableReport) -> str:
         parts.append('<p class="over">The table has spent more than its budget (the budget was lowered after '
                      "releases were made): every further release is refused.</p>")
     parts.append(_chart(i, t))
+    if t.committed > len(t.points):
+        parts.append(f'<p class="note thinned">{t.committed} committed releases: the spend is composed after '
+                     f"{len(t.points)} of them, evenly spaced (the last included); between two points the line "
+                     "steps up to the later point's value at the first release after the earlier one, so it "
+                     "never shows less than was spent.</p>")
     parts.append(_entries(s))
     parts.append("</section>")
     return "\n".join(parts)
@@ -435,13 +478,13 @@ def _chart(i: int, t: TableReport) -> str:
     label = (f"Composed spend of table {_esc(s.table_id)} after each committed release, with the budget "
              f"epsilon {_num(s.budget_epsilon)}")
     head = (f'<svg class="chart" id="chart-{i}" role="img" aria-label="{label}" viewBox="0 0 {_W} {_H}" '
-            f'width="{_W}" height="{_H}" xmlns="http://www.w3.org/2000/svg" data-commits="{len(t.points)}">'
+            f'width="{_W}" height="{_H}" xmlns="http://www.w3.org/2000/svg" data-commits="{t.committed}" data-points="{len(t.points)}">'
             f"<title>{label}</title>")
-    times = [_parse_time(p[0]) for p in t.points]
+    times = [_parse_time(w) for p in t.points for w in (p.first_published_at, p.published_at)]
     if pending:
         times += [_parse_time(e["created_at"]) for e in pending]
     times = [x for x in times if x is not None]
-    finite = [p[1] for p in t.points if math.isfinite(p[1])]
+    finite = [p.epsilon for p in t.points if math.isfinite(p.epsilon)]
     if math.isfinite(s.spent_epsilon):
         finite.append(s.spent_epsilon)
     ymax = max([s.budget_epsilon, *finite]) * 1.1
@@ -490,18 +533,21 @@ def _chart(i: int, t: TableReport) -> str:
                f'<text x="{x1 - 4}" y="{yb - 5:.1f}" text-anchor="end" fill="{BUDGET_COLOUR}">'
                f"budget ε = {_num(s.budget_epsilon)}</text>")
     if t.points:
-        pts = [(xpos(_parse_time(p[0]) or t_lo), ypos(p[1])) for p in t.points]
+        pts = [(xpos(_parse_time(p.published_at) or t_lo), ypos(p.epsilon)) for p in t.points]
         line = [(x0, y0)]
         prev = y0
-        for x, y in pts:
-            line += [(x, prev), (x, y)]
+        for p, (x, y) in zip(t.points, pts):
+            x_step = xpos(_parse_time(p.first_published_at) or t_lo) if p.commits > 1 else x
+            line += [(x_step, prev), (x_step, y)]
             prev = y
         out.append(f'<polyline class="spend-line" fill="none" stroke="{SPEND_COLOUR}" stroke-width="3" '
                    f'points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in line)}"/>')
-        for (when, eps, entry_id), (x, y) in zip(t.points, pts):
+        for p, (x, y) in zip(t.points, pts):
+            since = f" ({p.commits} releases since the previous point)" if p.commits > 1 else ""
             out.append(f'<circle class="spend-point" cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{SPEND_COLOUR}" '
-                       f'data-epsilon="{eps!r}" data-entry-id="{_esc(entry_id)}"><title>published '
-                       f"{_time(when)} UTC: composed ε = {_up(eps)} (entry {_esc(entry_id)})</title></circle>")
+                       f'data-epsilon="{p.epsilon!r}" data-entry-id="{_esc(p.entry_id)}" '
+                       f'data-commits="{p.commits}"><title>published {_time(p.published_at)} UTC: composed '
+                       f"ε = {_up(p.epsilon)}{since} (entry {_esc(p.entry_id)})</title></circle>")
         last_x, last_y = pts[-1]
     else:
         out.append(f'<text class="no-commits" x="{(x0 + x1) / 2:.0f}" y="{(y0 + y1) / 2:.0f}" '

@@ -352,3 +352,35 @@ def test_write_is_atomic_and_refuses_bad_paths(tmp_path):
     # a ledger that does not exist is not created by a report
     assert cli("ledger", "report", "--ledger", f"sqlite:///{tmp_path}/none.sqlite", "-o", str(out)) == 1
     assert not (tmp_path / "none.sqlite").exists()
+
+
+def test_long_history_is_composed_at_fewer_points_never_understating(monkeypatch, tmp_path):
+    """With more committed releases than MAX_COMPOSED_POINTS, the chart composes at evenly spaced ones
+    (the last included) and steps up to each point's value at the first release after the previous point."""
+    import sparkpriv.ledger.report as report
+
+    monkeypatch.setattr(report, "MAX_COMPOSED_POINTS", 3)
+    url = f"sqlite:///{tmp_path}/ledger.sqlite"
+    with open_ledger(url) as ledger:
+        ledger.set_budget("t", epsilon=2.0, delta=0.0)
+        ids = []
+        for _ in range(7):
+            r = ledger.reserve("t", event=ev.LaplaceDpEvent(8.0), mechanism="m", parameters={}, output_path="/o")
+            ledger.commit(r.id)
+            ids.append(r.id)
+        text, (table,), _ = render_report(ledger)
+    # ceil(7 / 3) - 1, ceil(14 / 3) - 1, 6: the 3rd, 5th and 7th release
+    assert [(p.entry_id, p.commits) for p in table.points] == [(ids[2], 3), (ids[4], 2), (ids[6], 2)]
+    assert [p.epsilon for p in table.points] == [3 / 8, 5 / 8, 7 / 8]  # pure Laplace: exact sums
+    page = Page(text)
+    (svg,) = page.find("svg", class_="chart")
+    assert (svg["attrs"]["data-commits"], svg["attrs"]["data-points"]) == ("7", "3")
+    circles = page.find("circle", class_="spend-point")
+    assert [float(c["attrs"]["data-epsilon"]) for c in circles] == [3 / 8, 5 / 8, 7 / 8]
+    (line,) = page.find("polyline", class_="spend-line")
+    xy = [tuple(map(float, p.split(","))) for p in line["attrs"]["points"].split()]
+    assert len(xy) == 7 and [y for _, y in xy] == sorted((y for _, y in xy), reverse=True)
+    # each step up happens at or before its point (x of the step <= x of the circle), at the point's height
+    for (x_step, y_step), c in zip(xy[2::2], circles):
+        assert x_step <= float(c["attrs"]["cx"]) and y_step == float(c["attrs"]["cy"])
+    assert page.find("p", class_="thinned")
