@@ -384,3 +384,32 @@ def test_long_history_is_composed_at_fewer_points_never_understating(monkeypatch
     for (x_step, y_step), c in zip(xy[2::2], circles):
         assert x_step <= float(c["attrs"]["cx"]) and y_step == float(c["attrs"]["cy"])
     assert page.find("p", class_="thinned")
+
+
+def test_budget_lowered_below_the_spend_and_infinite_spend(tmp_path):
+    """A budget lowered after releases shows the overspend; a Gaussian spend at a budget delta of 0 is infinite."""
+    url = f"sqlite:///{tmp_path}/ledger.sqlite"
+    with open_ledger(url) as ledger:
+        ledger.set_budget("lowered", epsilon=1.0, delta=0.0)
+        ledger.set_budget("gauss", epsilon=5.0, delta=1e-6)
+        for eps in (0.5, 0.25):
+            ledger.commit(ledger.reserve("lowered", event=ev.LaplaceDpEvent(1 / eps), mechanism="m", parameters={},
+                                         output_path="/o").id)
+        ledger.commit(ledger.reserve("gauss", event=ev.GaussianDpEvent(4.0), mechanism="m", parameters={},
+                                     output_path="/o").id)
+        ledger.set_budget("lowered", epsilon=0.5, delta=0.0)
+        ledger.set_budget("gauss", epsilon=5.0, delta=0.0)  # a Gaussian release has no epsilon at delta 0
+        text, _, _ = render_report(ledger)
+    page = Page(text)
+    low = page.section("lowered")
+    assert low.find("p", class_="over")
+    (spent,) = low.find(data_figure="spent")
+    assert Page.text(spent) == "ε = 0.75" and "over" in spent["attrs"]["class"].split()
+    assert [Page.text(el) for el in low.find(data_figure="remaining")] == ["ε = 0"]
+    gauss = page.section("gauss")
+    assert [Page.text(el) for el in gauss.find(data_figure="spent")] == ["ε = ∞"]
+    assert [Page.text(el) for el in gauss.find(data_figure="remaining")] == ["ε = 0"]
+    (point,) = gauss.find("circle", class_="spend-point")
+    assert math.isinf(float(point["attrs"]["data-epsilon"]))
+    (plot,) = gauss.find("rect")
+    assert float(point["attrs"]["cy"]) == float(plot["attrs"]["y"])  # drawn at the top of the plot, not off it
