@@ -413,3 +413,27 @@ def test_budget_lowered_below_the_spend_and_infinite_spend(tmp_path):
     assert math.isinf(float(point["attrs"]["data-epsilon"]))
     (plot,) = gauss.find("rect")
     assert float(point["attrs"]["cy"]) == float(plot["attrs"]["y"])  # drawn at the top of the plot, not off it
+
+
+def test_real_command_line(tmp_path):
+    """`sparkpriv ledger report` through the package's entry point (python -m sparkpriv.cli)."""
+    import subprocess
+    import sys
+
+    from tests.ledger.test_ledger import ROOT
+
+    url = f"sqlite:///{tmp_path}/ledger.sqlite"
+    with open_ledger(url) as ledger:
+        ledger.set_budget("t", epsilon=1.0, delta=0.0)
+        ledger.commit(ledger.reserve("t", event=ev.LaplaceDpEvent(4.0), mechanism="m", parameters={},
+                                     output_path="/o").id)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               SPARKPRIV_LEDGER=url)
+    r = subprocess.run([sys.executable, "-m", "sparkpriv.cli", "ledger", "report", "--output", "r.html"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"Report of 1 table(s) of ledger {url} written to r.html\n"
+    page = Page((tmp_path / "r.html").read_text(encoding="utf-8"))
+    assert [float(c["attrs"]["data-epsilon"]) for c in page.find("circle", class_="spend-point")] == [0.25]
+    left = set(os.listdir(tmp_path)) - {"ledger.sqlite", "ledger.sqlite-shm", "ledger.sqlite-wal", "r.html"}
+    assert left == set()  # no temporary file, no spark-warehouse: the report needs no Spark
