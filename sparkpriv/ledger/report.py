@@ -39,7 +39,8 @@ from sparkpriv._version import __version__
 from sparkpriv.errors import ParameterError, SparkPrivError
 from sparkpriv.ledger.base import COUNTED_STATES, Ledger, TableStatus, _printable, composed_epsilon
 
-__all__ = ["MAX_COMPOSED_POINTS", "ReportResult", "SpendPoint", "TableReport", "build_tables", "render_report", "write_report"]
+__all__ = ["MAX_COMPOSED_POINTS", "ReportResult", "SpendPoint", "TableReport", "build_tables", "render_report",
+           "write_report"]
 
 #: Colours of the chart (the browser test looks for them in the screenshot).
 SPEND_COLOUR = "#1f5fbf"
