@@ -479,7 +479,8 @@ def _chart(i: int, t: TableReport) -> str:
     label = (f"Composed spend of table {_esc(s.table_id)} after each committed release, with the budget "
              f"epsilon {_num(s.budget_epsilon)}")
     head = (f'<svg class="chart" id="chart-{i}" role="img" aria-label="{label}" viewBox="0 0 {_W} {_H}" '
-            f'width="{_W}" height="{_H}" xmlns="http://www.w3.org/2000/svg" data-commits="{t.committed}" data-points="{len(t.points)}">'
+            f'width="{_W}" height="{_H}" xmlns="http://www.w3.org/2000/svg" data-commits="{t.committed}" '
+            f'data-points="{len(t.points)}">'
             f"<title>{label}</title>")
     times = [_parse_time(w) for p in t.points for w in (p.first_published_at, p.published_at)]
     if pending:
