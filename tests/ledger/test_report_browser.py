@@ -43,11 +43,15 @@ def _find_browser() -> str | None:
 def chromium() -> str:
     found = _find_browser()
     if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        r = subprocess.run(["sh", str(ROOT / ".ci" / "chromium.sh")], capture_output=True, text=True, timeout=1200)
+        try:
+            r = subprocess.run([shutil.which("sh") or "/bin/sh", str(ROOT / ".ci" / "chromium.sh")],
+                               capture_output=True, text=True, timeout=1200)
+            said = f"exit code {r.returncode}:\n{r.stdout[-2000:]}{r.stderr[-2000:]}"
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            said = f"{type(exc).__name__}: {exc}"
         found = _find_browser()
         if found is None:
-            reason = (f".ci/chromium.sh could not install chromium ({r.returncode}):\n"
-                      f"{r.stdout[-2000:]}{r.stderr[-2000:]}")
+            reason = f".ci/chromium.sh could not install chromium ({said})"
     elif found is None:
         reason = "no chromium on PATH (and not root with apt-get to install it): run .ci/chromium.sh"
     if found is None:
