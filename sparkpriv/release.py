@@ -198,6 +198,21 @@ class Release:
         """The private table (the same object as ``df``)."""
         return self.df
 
+    def uncertainty(self) -> dict:
+        """The noise this release added, in the units of its outputs (public; also in the receipt).
+
+        k-means: ``count_std`` (std of each noisy cluster size), ``sum_std``,
+        ``center_std`` (k x d, first-order std of each centre coordinate) and
+        how to read 95% intervals.
+        """
+        u = self.public.get("uncertainty")
+        if u is None:
+            from sparkpriv.errors import ParameterError
+
+            raise ParameterError(f"The {self.mechanism} release does not state its uncertainty yet; "
+                                 "its receipt's mechanism_details give the noise scale.")
+        return u
+
     def __getattr__(self, name):  # mechanism extras as attributes (release.iteration_seconds)
         extras = self.__dict__.get("extras") or {}
         if name in extras:

@@ -803,9 +803,17 @@ class KMeans(_p.Mechanism):
         if counters is not None:
             diagnostics = {"rows": counters[0].value, "rows_box_clipped": counters[1].value,
                            "rows_norm_clipped": counters[2].value}
+        unc = model.uncertainty()
+        uncertainty = {
+            "count_std": unc["count_std"], "sum_std": float(model.sum_std),
+            "center_std": unc["center_std"].tolist(),
+            "intervals": "95%: value +- 1.96 std. Sizes: exact (Gaussian noise). Centre coordinates: "
+                         "first order in the size noise, before the projection onto the domain; "
+                         "meaningful for reliable clusters only",
+        }
         return _p.Outcome(table=table, model=model,
                           public={"model": model.to_dict(), "unreliable_clusters": list(model.unreliable),
-                                  "postprocessing": POSTPROCESSING},
+                                  "postprocessing": POSTPROCESSING, "uncertainty": uncertainty},
                           files={MODEL_FILE: model.to_json().encode()},
                           extras={"iteration_seconds": seconds, "history": history,
                                   "diagnostics": diagnostics})

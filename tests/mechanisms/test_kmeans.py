@@ -476,3 +476,29 @@ def test_brute_force_sensitivity_never_exceeds_the_calibration(variant, bounds):
         replace, add = _grid_pairs_max(fmap, Zg, values_of="inputs", scale=cx)
         assert replace <= plan.final_noise.sensitivity * (1 + 1e-12)
         assert add <= math.sqrt(2) * cx * (1 + 1e-12)
+
+
+def test_stated_uncertainty_covers_95_percent_by_simulation():
+    """The release's stated size std and centre std give 95% intervals that cover the truth in
+    93-97% of simulated noise draws (the driver step the release runs, fixed true statistics)."""
+    X, _ = _blobs(n=6000, d=4, k=3, sep=8.0)
+    r = release_kmeans(X, k=3, epsilon=1.0, delta=1e-5, iterations=2, variant="linear", row_bound=40.0)
+    u = r.uncertainty()
+    assert u == r.receipt()["mechanism_details"]["uncertainty"]
+    plan = km.plan_kmeans(km.make_feature_map("linear", Bounds(4, None, None, 40.0)), k=3, epsilon=1.0,
+                          delta=1e-5, iterations=2)
+    assert u["count_std"] == pytest.approx(plan.count_std, rel=1e-12)
+    # true statistics of one assignment: sizes and sums of the clipped rows
+    lab = np.argmin(((X[:, None, :] - r.model.centers[None]) ** 2).sum(-1), axis=1)
+    n_true = np.bincount(lab, minlength=3).astype(float)
+    S_true = np.stack([X[lab == j].sum(0) for j in range(3)])
+    stats = np.hstack([n_true[:, None], S_true]).ravel()
+    mean_true = S_true / n_true[:, None]
+    trials, hit_n, hit_c = 1000, 0, 0
+    for t in range(trials):
+        c, n = km.noisy_update(stats, plan.iter_noise, plan.feature_bound, 3, np.random.default_rng(t))
+        hit_n += np.sum(np.abs(n - n_true) <= 1.96 * plan.count_std)
+        cstd = np.sqrt(plan.iter_noise.std ** 2 + mean_true ** 2 * plan.count_std ** 2) / n_true[:, None]
+        hit_c += np.sum(np.abs(c - mean_true) <= 1.96 * cstd)
+    assert 0.93 <= hit_n / (3 * trials) <= 0.97
+    assert 0.93 <= hit_c / (3 * 4 * trials) <= 0.97
