@@ -296,7 +296,7 @@ def check_budget_exists(ledger_url: str | None, table_id: str | None) -> None:
             raise BudgetExceededError(_no_budget_message(getattr(led, "public_url", None) or str(url), table_id))
 
 
-def run_release(cfg: ReleaseConfig, spark=None) -> RunResult:
+def run_release(cfg: ReleaseConfig, spark=None, on_step=None) -> RunResult:
     """Read the input, release it with the configured mechanism, publish it.
 
     Refused (:class:`ParameterError`, before Spark starts) while the
@@ -318,7 +318,7 @@ def run_release(cfg: ReleaseConfig, spark=None) -> RunResult:
     spark = spark or get_spark(cfg.spark)
     check_output_path(spark, cfg.get("output"), bool(cfg.get("overwrite")))
     df = read_table(spark, cfg.get("input"), cfg.get("input_format"), null_value=cfg.get("null_value"))
-    release = spec.release(df, cfg, cfg.get("input"))
+    release = spec.release(df, cfg, cfg.get("input"), **({"on_step": on_step} if spec.precheck else {}))
     entry = release.hold.reservation.id if release.hold.reservation is not None else None
     out = release.write(cfg.get("output"), overwrite=bool(cfg.get("overwrite")), writer=cfg.get("writer"),
                         owner_report=cfg.get("owner_report"))
@@ -365,13 +365,13 @@ def register_protocol(name: str, *, extra: tuple[Option, ...] = (), adapt=None) 
         params = {s.name: cfg.get(s.name) for s in specs if cfg.get(s.name) is not None}
         return adapt(cfg, params) if adapt is not None else params
 
-    def run(df, cfg: ReleaseConfig, source: str):
+    def run(df, cfg: ReleaseConfig, source: str, on_step=None):
         from sparkpriv.api import release
 
         if events and cfg.get("events"):
             df = _event_records(df, cfg, source)
         return release(name, df, ledger=cfg.get("ledger"), table_id=cfg.get("table_id"), source=source,
-                       caller=f"sparkpriv release {name}", **params_of(cfg))
+                       caller=f"sparkpriv release {name}", on_step=on_step, **params_of(cfg))
 
     def precheck(cfg: ReleaseConfig) -> None:
         """The parameters' own checks, before Spark starts (public parameters only)."""

@@ -122,3 +122,20 @@ def test_release_by_name_is_the_same_path(test_seed):
     b = release_kmeans(_X(), **ARGS)
     np.testing.assert_array_equal(a.model.centers, b.model.centers)
     assert a.events == b.event and a.epsilon == b.epsilon
+
+
+def test_progress_steps_reach_the_caller_and_the_log(caplog):
+    import io
+
+    from sparkpriv.cli import ProgressBar
+
+    caplog.set_level("INFO", logger="sparkpriv.kmeans")
+    buf = io.StringIO()
+    bar = ProgressBar(buf, width=10)
+    release_kmeans(_X(), on_step=bar, **dict(ARGS, iterations=3))
+    bar.close()
+    frames = buf.getvalue().split("\r")[1:]
+    assert [f.split("] ")[1].split(" ")[0] for f in frames] == ["1/3", "2/3", "3/3"]
+    assert frames[-1].startswith("kmeans iteration [##########]") and buf.getvalue().endswith("\n")
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("kmeans iteration")]
+    assert len(lines) == 3 and "release epsilon" in lines[-1]
