@@ -105,8 +105,12 @@ def _leaf(sub, name: str, help_: str, handler, options: Sequence[Option] = ()):
     return p
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with ``argv``, the release commands get their options only when
+    ``argv`` releases (their mechanism modules are costly to import)."""
     from sparkpriv.runner import MECHANISMS
+
+    releasing = argv is None or not argv or argv[0] in ("release", "-h", "--help")
 
     parser = _ArgParser(prog="sparkpriv", description="Differentially private releases of large tables on Spark.")
     from sparkpriv import __version__
@@ -119,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, spec in sorted(MECHANISMS.items()):
         from sparkpriv.config import COMMON_OPTIONS
 
-        _leaf(rel, name, spec.summary, _cmd_release, COMMON_OPTIONS + spec.options)
+        _leaf(rel, name, spec.summary, _cmd_release, COMMON_OPTIONS + (spec.all_options() if releasing else ()))
 
     gen = sub.add_parser("generate", help="generate sample tables on Spark").add_subparsers(
         dest="what", required=True, parser_class=_ArgParser)
@@ -300,7 +304,7 @@ def _cmd_bench(args) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, (args.log_level or "INFO").upper(), logging.INFO),

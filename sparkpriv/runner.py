@@ -29,6 +29,10 @@ class MechanismSpec:
     options: tuple[Option, ...]
     release: Callable  # (df, cfg: ReleaseConfig, source: str) -> Release
     precheck: Callable | None = None  # (cfg) -> None: parameter checks before Spark starts
+    lazy_options: Callable | None = None  # () -> options, for mechanisms whose import is costly
+
+    def all_options(self) -> tuple[Option, ...]:
+        return self.options if self.lazy_options is None else self.lazy_options()
 
 
 MECHANISMS: dict[str, MechanismSpec] = {}
@@ -44,7 +48,7 @@ def options_for(mechanism: str) -> tuple[Option, ...]:
         raise ParameterError(
             f"Unknown mechanism {mechanism!r}; available: {', '.join(sorted(MECHANISMS))}."
         )
-    return COMMON_OPTIONS + spec.options
+    return COMMON_OPTIONS + spec.all_options()
 
 
 def per_column(values, d: int, name: str):
@@ -343,32 +347,41 @@ def _option_of(s) -> Option:
                   required_unless=s.required_unless)
 
 
-def register_protocol(name: str, *, extra: tuple[Option, ...] = (), adapt=None) -> None:
+def register_protocol(name: str, summary: str, *, extra: tuple[Option, ...] = (), adapt=None) -> None:
     """Register a protocol mechanism: options from its parameters class, one release call.
 
     A parameter that is also a common option (columns, fill, epsilon, delta)
     keeps the common definition (its command-line rules, e.g. columns required
     unless --events); the mechanism's Params still validates it. ``extra``
     are command-line-only options (files to read), turned into parameters by
-    ``adapt(cfg, params)``.
+    ``adapt(cfg, params)``. The mechanism module is imported when its options
+    are first needed (commands that do not release do not pay for it);
+    ``summary`` is its one-line help (a test checks it is the mechanism's).
     """
-    from sparkpriv.mechanisms.protocol import get_mechanism
+    from functools import lru_cache
 
-    mech = get_mechanism(name)
     common = {o.name for o in COMMON_OPTIONS}
-    specs = [s for s in mech.specs() if s.cli]
-    events = "records" in mech.inputs
-    options = tuple(_option_of(s) for s in specs if s.name not in common) + extra \
-        + (EVENT_OPTIONS if events else ())
+
+    @lru_cache(maxsize=1)
+    def resolved():
+        from sparkpriv.mechanisms.protocol import get_mechanism
+
+        mech = get_mechanism(name)
+        specs = [s for s in mech.specs() if s.cli]
+        events = "records" in mech.inputs
+        options = tuple(_option_of(s) for s in specs if s.name not in common) + extra \
+            + (EVENT_OPTIONS if events else ())
+        return mech, specs, events, options
 
     def params_of(cfg: ReleaseConfig) -> dict:
+        specs = resolved()[1]
         params = {s.name: cfg.get(s.name) for s in specs if cfg.get(s.name) is not None}
         return adapt(cfg, params) if adapt is not None else params
 
     def run(df, cfg: ReleaseConfig, source: str, on_step=None):
         from sparkpriv.api import release
 
-        if events and cfg.get("events"):
+        if resolved()[2] and cfg.get("events"):
             df = _event_records(df, cfg, source)
         return release(name, df, ledger=cfg.get("ledger"), table_id=cfg.get("table_id"), source=source,
                        caller=f"sparkpriv release {name}", on_step=on_step, **params_of(cfg))
@@ -377,13 +390,15 @@ def register_protocol(name: str, *, extra: tuple[Option, ...] = (), adapt=None) 
         """The parameters' own checks, before Spark starts (public parameters only)."""
         from sparkpriv.mechanisms.protocol import resolve_neighbors
 
+        mech = resolved()[0]
         caller = f"sparkpriv release {name}"
         p = mech.Params.from_mapping(params_of(cfg), caller)
         if hasattr(p, "neighbors"):
             resolve_neighbors(p.neighbors, mech, caller)
         p.validate(caller)
 
-    register(MechanismSpec(name=name, summary=mech.summary, options=options, release=run, precheck=precheck))
+    register(MechanismSpec(name=name, summary=summary, options=(), release=run, precheck=precheck,
+                           lazy_options=lambda: resolved()[3]))
 
 
 def _kmeans_adapt(cfg: ReleaseConfig, params: dict) -> dict:
@@ -392,7 +407,8 @@ def _kmeans_adapt(cfg: ReleaseConfig, params: dict) -> dict:
     return params
 
 
-register_protocol("kmeans", adapt=_kmeans_adapt, extra=(
+register_protocol("kmeans", "DP k-means (kernel: random Fourier features; linear: DPLloyd); releases "
+                  "noisy centres", adapt=_kmeans_adapt, extra=(
     Option("init_file", "str", "CSV of k PUBLIC rows used as initial centres (default: random "
            "points of the declared domain)"),
 ))
@@ -431,14 +447,14 @@ def options_markdown() -> str:
             common = {o.name for o in COMMON_OPTIONS}
             mech = protocol[name]
             out += [option_table(mech), ""]
-            cli_only = [o for o in spec.options if o.name not in {s.name for s in mech.specs()}
+            cli_only = [o for o in spec.all_options() if o.name not in {s.name for s in mech.specs()}
                         and o.name not in common and o not in EVENT_OPTIONS]
             if cli_only:
                 out += ["Command line and config files only:", "", _legacy_table(cli_only), ""]
             if "records" in mech.inputs:
                 out += ["Event tables (`--events`): see [Event tables](#event-tables).", ""]
         else:
-            out += [_legacy_table(spec.options), ""]
+            out += [_legacy_table(spec.all_options()), ""]
     out += ["## Event tables", "", "Options of every mechanism that takes an event table (`--events`).", "",
             _legacy_table(EVENT_OPTIONS), ""]
     return "\n".join(out)
