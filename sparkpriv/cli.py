@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from typing import Sequence
 
@@ -326,6 +327,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.environ.pop("SPARKPRIV_SPARK_LOG_LEVEL", None)
 
 
+_MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
+
+
+def worker_import_error(exc: BaseException) -> str | None:
+    """A one-line message when Spark's Python workers could not import a module, else None."""
+    m = _MISSING_MODULE.search(str(exc))
+    if m is None or type(exc).__name__ == "ModuleNotFoundError":  # the driver's own: a normal failure
+        return None
+    py = os.environ.get("PYSPARK_PYTHON") or "the interpreter Spark chose"
+    return (f"Spark's Python workers cannot import {m.group(1)!r}: they run {py}, which lacks sparkpriv's "
+            "dependencies. Install them there (pip install sparkpriv), or set PYSPARK_PYTHON (or "
+            "spark.pyspark.python) to an interpreter that has them, e.g. the one running sparkpriv.")
+
+
 def _run(parser, argv, args) -> int:
     try:
         refuse_fixed_seed("sparkpriv")
@@ -339,6 +354,11 @@ def _run(parser, argv, args) -> int:
     except KeyboardInterrupt:
         return EXIT_FAILURE
     except Exception as exc:  # unexpected: log the trace, exit 1
+        missing = worker_import_error(exc)
+        if missing is not None:
+            _log.debug("worker import failure", exc_info=True)
+            print(f"sparkpriv: error: {missing}", file=sys.stderr)
+            return EXIT_FAILURE
         _log.exception("failed: %s", type(exc).__name__)
         print(f"sparkpriv: failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
               file=sys.stderr)
