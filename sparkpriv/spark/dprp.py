@@ -47,13 +47,12 @@ from sparkpriv.privacy.bounds import ClipCounts
 from sparkpriv.privacy.random import stream
 from sparkpriv.release import Release, reserve
 from sparkpriv.spark.batches import (
-    BatchMap,
     _marked,
     batch_matrix,
     owner_counters,
     spark_errors,
 )
-from sparkpriv.spark.parquet_scan import aggregate
+from sparkpriv.spark.parquet_scan import aggregate, row_map
 
 __all__ = ["release_dprp", "dprp_schema"]
 
@@ -297,7 +296,7 @@ def release_dprp(
     fn = _batch_fn(plan, R, Ms, plan.projection_noise, seed, columns, label, keep_columns, fill_values,
                    counters)
     sel = [*keep_columns, *columns] + ([label] if label is not None else [])
-    rows = BatchMap(df.select(*sel), fn, schema)
+    rows = row_map(df, sel, fn, schema, passthrough=[*keep_columns, *([label] if label else [])])
     out = rows.to_df()
     del R, Ms
 

@@ -78,7 +78,7 @@ from sparkpriv.spark.batches import (
     sum_partials,
 )
 from sparkpriv.spark.events import BoundedRecords, counters_dict, make_counters
-from sparkpriv.spark.parquet_scan import aggregate, parquet_scan, scan_rdd
+from sparkpriv.spark.parquet_scan import aggregate, dataframe_of, parquet_scan, scan_rdd
 
 __all__ = ["release_kmeans", "assign_clusters", "KMeansRelease"]
 
@@ -394,7 +394,8 @@ class _TableInput:
         if columns is None:
             raise ParameterError(f"The 'columns' parameter of {caller} is required for a table input: "
                                  "the numeric feature columns (--columns).")
-        self.df, self.columns, self.fill = df, list(columns), fill
+        self.df, self.columns, self.fill = dataframe_of(df), list(columns), fill
+        self.input = df  # a DataFrame, or a ParquetInput for the direct reader
         check_numeric_columns(df, self.columns)
         self.d = len(self.columns)
         self.bounds = Bounds(self.d, _tup(lower), _tup(upper), row_bound, "l2", None, _caller=caller)
@@ -407,7 +408,7 @@ class _TableInput:
 
     def feature_cache(self, fmap, counters, dim: int) -> "_FeatureCache":
         fn = _feature_blocks_fn(fmap, self.columns, self.fill, counters)
-        scan = parquet_scan(self.df, self.columns)
+        scan = parquet_scan(self.input, self.columns)
         if scan is not None:  # local Parquet from read_table: the workers read the row groups
             _log.info("kmeans features: direct Arrow scan of %d Parquet row group(s)", len(scan.pieces))
             rdd = scan_rdd(self.spark, scan, self.columns, fn).map(_record_batch_bytes)
@@ -415,7 +416,7 @@ class _TableInput:
         return _FeatureCache(map_batches(self.df.select(*self.columns), fn, _blocks_schema()), dim)
 
     def input_stats(self, fmap, centres, size):
-        return aggregate(self.df, self.columns, _input_stats_fn(fmap, centres, self.columns, self.fill), size)
+        return aggregate(self.input, self.columns, _input_stats_fn(fmap, centres, self.columns, self.fill), size)
 
     def diagnostics(self, counters) -> dict:
         if counters is None:
