@@ -97,12 +97,11 @@ def read_table(spark, source: str, fmt: str | None = None, *, null_value: str | 
 
 def _parquet_input(spark, df, source: str, reader: str, filesystem):
     """``df``, or the direct reader's input for it (``read_table``'s ``reader``)."""
-    from sparkpriv.spark.batches import has_rdd
     from sparkpriv.spark.parquet_scan import ParquetInput
 
     if reader == "spark":
         return df
-    if not has_rdd(df):
+    if getattr(df, "_jdf", None) is None:  # Spark Connect: no JVM plan
         if reader == "arrow":
             raise InputError("reader='arrow' (the direct Parquet reader) needs classic Spark: under Spark "
                              "Connect there is no plan to take the file splits from. Use reader='spark'.")

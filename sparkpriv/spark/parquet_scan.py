@@ -255,9 +255,7 @@ def _make_scan(frame, columns, passthrough, filesystem, *, object_stores: bool) 
     import pyarrow.parquet as pq
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    from sparkpriv.spark.batches import has_rdd
-
-    if not has_rdd(frame):
+    if getattr(frame, "_jdf", None) is None:
         raise _NotApplicable("it needs classic Spark (under Spark Connect Spark's reader is used)")
     wanted = [*columns, *passthrough]
     if len(set(wanted)) != len(wanted):
