@@ -242,3 +242,33 @@ def test_failed_direct_release_leaves_nothing(spark, tmp_path, test_seed):
             rel.write(str(dest))
     assert not dest.exists()
     assert [p for p in os.listdir(tmp_path) if p.startswith(".out")] == []  # no staging directory left
+
+
+@pytest.mark.parametrize("reader, direct", [(None, True), ("arrow", True), ("spark", False)])
+def test_command_line_reader_option(spark, tmp_path, caplog, reader, direct):
+    """``--reader`` (default auto): the command line reads a Parquet input directly unless told not to."""
+    from sparkpriv.config import build_config
+    from sparkpriv.runner import options_for, run_release
+
+    path = _pyarrow_dataset(str(tmp_path / "t"), (300, 200), 100)
+    opts = {"input": path, "output": str(tmp_path / "out"), "columns": "a,b", "k": "1", "epsilon": "1",
+            "row_bound": "2", "keep_columns": "person"}
+    if reader:
+        opts["reader"] = reader
+    caplog.set_level("INFO", logger="sparkpriv.spark.parquet_scan")
+    run_release(build_config("projection", options_for("projection"), None, opts), spark=spark)
+    assert any("row pass: direct Parquet reader" in r.getMessage() for r in caplog.records) == direct
+    assert sum(len(f) for f in _parts(str(tmp_path / "out")).values()) == 500
+
+
+def test_command_line_refuses_the_direct_reader_for_event_tables(spark, tmp_path):
+    from sparkpriv.config import build_config
+    from sparkpriv.errors import ParameterError
+    from sparkpriv.runner import options_for, run_release
+
+    opts = {"input": str(tmp_path / "e.parquet"), "output": str(tmp_path / "out"), "events": "true",
+            "person_col": "p", "item_col": "i", "max_items": "2", "vocabulary": "0..3", "k": "1",
+            "epsilon": "1", "reader": "arrow"}
+    with pytest.raises(ParameterError, match="--reader arrow does not apply to --events"):
+        run_release(build_config("projection", options_for("projection"), None, opts), spark=spark)
+    assert not (tmp_path / "out").exists()
