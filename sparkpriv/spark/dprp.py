@@ -8,8 +8,8 @@ Passes over the input (each reads only the declared columns):
    the driver adds noise once (a third, cheap read of the input);
 1. per batch, the prepared rows' Gram matrix (upper triangle, float64) and row
    count per group (:func:`~sparkpriv.mechanisms.dprp.gram_partial`), merged by
-   tree aggregation (:func:`~sparkpriv.spark.parquet_scan.aggregate`: a direct Parquet scan for an
-   untransformed local Parquet :func:`~sparkpriv.io.inputs.read_table`, see
+   tree aggregation (:func:`~sparkpriv.spark.parquet_scan.aggregate`: a direct Parquet scan for a
+   ``read_table(..., reader="arrow")`` input, see
    :mod:`sparkpriv.spark.parquet_scan`, else ``mapInArrow`` and
    :func:`~sparkpriv.spark.batches.sum_partials`); the driver
    adds the symmetric noise once per group, takes ``eigh`` and builds the

@@ -13,8 +13,8 @@ Shape of a release:
    (measured, see docs/kmeans.md): no per-row objects, the Python workers read
    each block with one ``np.frombuffer``, and the RDD's cached bytes reach
    them without the columnar-cache -> row -> Arrow conversions (3x less time
-   per iteration than the DataFrame cache at 1M x 64). For an untransformed
-   local Parquet table from :func:`~sparkpriv.io.inputs.read_table` the
+   per iteration than the DataFrame cache at 1M x 64). For a
+   ``read_table(..., reader="arrow")`` input (direct Parquet reader) the
    blocks are computed from row groups the workers read themselves
    (:mod:`sparkpriv.spark.parquet_scan`), and so is the final pass.
 3. Each iteration: the current centres are captured in the task closure
