@@ -34,8 +34,8 @@ The direct reader applies when (else: error or fallback, above):
 **The same rows, the same partitions, the same noise.** A row-level release
 draws a row's noise from the stream keyed by its task's partition index and
 its place in the task's batches. The direct reader reproduces Spark's reading
-of the same DataFrame: the Spark file splits of its plan (one task per split
-list, in Spark's order, so task ``i`` is Spark's partition ``i``), the row
+of the same DataFrame: the Spark file splits of its plan (the index of a
+task's rows is their Spark partition's index), the row
 groups Spark reads for a split (those whose midpoint lies in the split, as
 parquet-mr decides), and Arrow batches of
 ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows running across row
@@ -45,9 +45,12 @@ bit, as the release of ``input.df`` (tests/spark/test_parquet_scan_rows.py),
 unless Spark ends a batch early at ``spark.sql.execution.arrow.maxBytesPerBatch``
 (64 MiB by default: more than 10,000 rows of about 800 doubles), in which case
 the two differ in which noise draw meets which value but not in distribution.
-Task ``i`` always reads the same row groups, so a retried task redraws the
-same noise. The tasks run over ``spark.range(n, numPartitions=n)``, one row per
-task, which only tells each task its index.
+The tasks run over ``spark.range(n, numPartitions=n)``, one row per task,
+which only tells each task its number ``j``; task ``j`` reads the ``j``-th
+Spark partition that has row groups and passes that partition's index to the
+batch function (splits without a row group get no task). Task ``j`` always
+reads the same row groups with the same index, so a retried task redraws the
+same noise.
 
 The aggregate passes (DPRP's Gram matrix and DP means, k-means' feature cache
 and final sums) need no partition semantics: they run one task per group of
@@ -104,6 +107,7 @@ class ParquetInput:
         object.__setattr__(self, "source", source)
         object.__setattr__(self, "filesystem", filesystem)
         object.__setattr__(self, "fallback", bool(fallback))
+        object.__setattr__(self, "_footers", {})  # file URI -> Parquet footer, read once per input
 
     @property
     def reader(self) -> str:
@@ -150,7 +154,7 @@ class ParquetInput:
         """
         try:
             return _make_scan(self.df, list(columns), list(passthrough), self.filesystem,
-                              object_stores=not self.fallback)
+                              object_stores=not self.fallback, footers=self._footers)
         except _NotApplicable as exc:
             if not self.fallback:
                 raise InputError(
@@ -250,7 +254,7 @@ def _row_group_midpoints(meta) -> list[int]:
     return mids
 
 
-def _make_scan(frame, columns, passthrough, filesystem, *, object_stores: bool) -> ParquetScan:
+def _make_scan(frame, columns, passthrough, filesystem, *, object_stores: bool, footers=None) -> ParquetScan:
     import pyarrow as pa
     import pyarrow.parquet as pq
     from pyspark.sql.pandas.types import to_arrow_schema
@@ -278,7 +282,11 @@ def _make_scan(frame, columns, passthrough, filesystem, *, object_stores: bool) 
             u = urlparse(uri)
             fs = filesystems.setdefault((u.scheme, u.netloc), fs)
             try:
-                meta = pq.read_metadata(path, filesystem=fs)
+                meta = footers.get(uri) if footers is not None else None
+                if meta is None:
+                    meta = pq.read_metadata(path, filesystem=fs)
+                    if footers is not None:
+                        footers[uri] = meta
             except Exception as exc:
                 raise _NotApplicable(f"cannot read the footer of {uri!r} ({type(exc).__name__}: {exc})") \
                     from None
@@ -385,11 +393,12 @@ def row_map(source, columns: Sequence[str], fn, schema, *, passthrough: Sequence
             if scan.schema.names != columns:  # the batches' column order is fn's business
                 scan = ParquetScan(scan.pieces, scan.partitions, _reorder(scan.schema, columns),
                                    scan.filesystem, scan.batch_rows)
-            _log.info("row pass: direct Parquet reader, %d task(s) over %d row group(s)",
-                      len(scan.partitions), len(scan.pieces))
-            n = len(scan.partitions)
-            tasks = source.sparkSession.range(0, n, 1, max(n, 1))
-            return BatchMap(tasks, _row_task(fn, scan), schema)
+            # one task per Spark partition that has rows; fn sees Spark's partition index
+            keys = [i for i, files in enumerate(scan.partitions) if files]
+            _log.info("row pass: direct Parquet reader, %d task(s) over %d row group(s)", len(keys),
+                      len(scan.pieces))
+            tasks = source.sparkSession.range(0, len(keys), 1, max(len(keys), 1))
+            return BatchMap(tasks, _row_task(fn, scan, keys), schema)
         source = source.df
     return BatchMap(source.select(*columns), fn, schema)
 
@@ -400,15 +409,20 @@ def _reorder(schema, columns):
     return pa.schema([schema.field(c) for c in columns])
 
 
-def _row_task(fn, scan: ParquetScan):
-    """``fn`` over the row groups of task ``index`` (the index of a ``spark.range`` partition)."""
+def _row_task(fn, scan: ParquetScan, keys):
+    """``fn`` over the row groups of Spark's partition ``keys[task]``, with that index (the
+    task is the ``task``-th partition of ``spark.range``)."""
     partitions, schema, fs, batch_rows = scan.partitions, scan.schema, scan.filesystem, scan.batch_rows
+    keys = list(keys)
 
-    def sparkpriv_parquet_rows(batches, index):
+    def sparkpriv_parquet_rows(batches, task):
         for _ in batches:  # the task's one row of spark.range: its index only
             pass
-        files = partitions[index] if index < len(partitions) else ()
-        yield from fn(_rebatch(_read_files(files, schema, fs, batch_rows), batch_rows), index)
+        if task >= len(keys):  # an empty input: spark.range(0, 0, 1, 1) has one empty task
+            yield from fn(iter(()), 0)
+            return
+        key = keys[task]
+        yield from fn(_rebatch(_read_files(partitions[key], schema, fs, batch_rows), batch_rows), key)
 
     sparkpriv_parquet_rows.__name__ = getattr(fn, "__name__", "sparkpriv_parquet_rows")
     return sparkpriv_parquet_rows
