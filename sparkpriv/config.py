@@ -62,6 +62,9 @@ COMMON_OPTIONS = (
     Option("writer", "str", "who writes the part files: arrow (the Python tasks; row-level releases "
            "to local paths), spark, or auto (arrow where it applies)", default="auto",
            choices=("auto", "spark", "arrow")),
+    Option("reader", "str", "who reads a Parquet input's rows: arrow (the Python workers read the row "
+           "groups; local files), spark, or auto (arrow where it applies, else spark)", default="auto",
+           choices=("auto", "spark", "arrow")),
     Option("columns", "strs", "comma-separated numeric feature columns", required=True,
            required_unless="events"),
     Option("keep_columns", "strs", "comma-separated input columns declared PUBLIC and copied "

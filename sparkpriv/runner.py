@@ -321,7 +321,13 @@ def run_release(cfg: ReleaseConfig, spark=None, on_step=None) -> RunResult:
     check_budget_exists(cfg.get("ledger"), cfg.get("table_id"))
     spark = spark or get_spark(cfg.spark)
     check_output_path(spark, cfg.get("output"), bool(cfg.get("overwrite")))
-    df = read_table(spark, cfg.get("input"), cfg.get("input_format"), null_value=cfg.get("null_value"))
+    # event tables are bounded by Spark SQL (bound_contributions): always Spark's reader
+    if cfg.get("events") and cfg.get("reader") == "arrow":
+        raise ParameterError("--reader arrow does not apply to --events: an event table is bounded by Spark "
+                             "SQL, so Spark reads it. Leave --reader out (auto) or use --reader spark.")
+    reader = "spark" if cfg.get("events") else cfg.get("reader", "auto")
+    df = read_table(spark, cfg.get("input"), cfg.get("input_format"), null_value=cfg.get("null_value"),
+                    reader=reader)
     release = spec.release(df, cfg, cfg.get("input"), **({"on_step": on_step} if spec.precheck else {}))
     entry = release.hold.reservation.id if release.hold.reservation is not None else None
     out = release.write(cfg.get("output"), overwrite=bool(cfg.get("overwrite")), writer=cfg.get("writer"),

@@ -5,7 +5,7 @@ On one Parquet table of ``--rows`` Gaussian-blob rows x ``--cols`` features
 SparkSession and the same cores:
 
 a. ``sparkpriv_gram``: the Gram pass of :func:`~sparkpriv.spark.dprp.release_dprp`
-   on the table as :func:`~sparkpriv.io.inputs.read_table` returns it (read the
+   on the table as :func:`~sparkpriv.io.inputs.read_table` (``reader="arrow"``) returns it (read the
    columns, per Arrow batch scale to [0, 1], clip and compute the upper
    triangle of ``X^T X`` in float64 numpy, merge by tree aggregation); for a
    local Parquet table the workers read the row groups directly
@@ -160,9 +160,9 @@ def _run_gram(spark, src, columns, bound, direct=True):
     from sparkpriv.spark.dprp import gram_pass
 
     plan = _plan(len(columns), bound, 1.0, 1e-6)
-    df = read_table(spark, src, "parquet")
-    # the release's own Gram pass; a transformed DataFrame (select) is not scanned directly
-    return gram_pass(df if direct else df.select(*columns), plan, columns, None, None)
+    df = read_table(spark, src, "parquet", reader="arrow")
+    # the release's own Gram pass; a DataFrame (df.df) is read by Spark (mapInArrow)
+    return gram_pass(df if direct else df.df, plan, columns, None, None)
 
 
 def _run_mllib_gram(spark, src, columns):
@@ -181,7 +181,7 @@ def _run_release(spark, src, out, columns, bound, epsilon, delta):
     d = len(columns)
     from sparkpriv.io.inputs import read_table
 
-    rel = release_dprp(read_table(spark, src, "parquet"), columns=columns, epsilon=epsilon, delta=delta,
+    rel = release_dprp(read_table(spark, src, "parquet", reader="arrow"), columns=columns, epsilon=epsilon, delta=delta,
                        lower=[-bound] * d, upper=[bound] * d)
     rel.write(out)
 

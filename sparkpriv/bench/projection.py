@@ -2,11 +2,17 @@
 
 On one Parquet table of ``--rows`` Gaussian-blob rows (generated once under
 ``--data-dir`` and reused by later runs of the same size), in one run, on one
-SparkSession and the same cores, it times four pipelines that each read the
+SparkSession and the same cores, it times these pipelines that each read the
 table and write a Parquet table:
 
 a. ``sparkpriv``: :func:`~sparkpriv.spark.projection.release_projection` with
-   Laplace noise and a declared ``row_bound``, then ``Release.write``;
+   Laplace noise and a declared ``row_bound``, then ``Release.write``, on the
+   table read with ``read_table(..., reader=--reader)`` (default ``arrow``: the
+   Python workers read the row groups and write the part files, no row
+   passes through the JVM; :mod:`sparkpriv.spark.parquet_scan`);
+a'. ``sparkpriv_spark_reader``: the same release on ``spark.read.parquet``
+   (Spark reads the rows and hands them to Python): the reader's effect,
+   measured in the same run. The two releases are the same table;
 b. ``mllib``: MLlib ``RowMatrix.multiply`` by a matrix of the same shape (no
    clipping, no noise), the rows built the fastest way found (see
    :data:`MLLIB_VARIANTS`), then the result written;
@@ -53,9 +59,10 @@ _log = logging.getLogger(__name__)
 MLLIB_VARIANTS = ("assembler", "python-rdd", "indexed")
 DEFAULT_MLLIB_VARIANT = "indexed"
 
-METHODS = ("sparkpriv", "mllib", "floor", "single_process")
+METHODS = ("sparkpriv", "sparkpriv_spark_reader", "mllib", "floor", "single_process")
 _LABELS = {
     "sparkpriv": "(a) sparkpriv release_projection + write",
+    "sparkpriv_spark_reader": "(a') the same, read by Spark (mapInArrow)",
     "mllib": "(b) MLlib RowMatrix.multiply + write",
     "floor": "(c) floor: identity mapInArrow + write",
     "single_process": "(d) single process pyarrow + numpy release",
@@ -78,6 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--row-bound", type=float, default=10.0,
                         help="declared L2 bound of a row (rows are clipped to it) [default: 10.0]")
     parser.add_argument("--driver-memory", default="4g", help="spark.driver.memory [default: 4g]")
+    parser.add_argument("--reader", choices=("arrow", "spark"), default="arrow",
+                        help="reader of (a): arrow (the direct Parquet reader) or spark [default: arrow]")
     parser.add_argument("--mllib-variant", choices=MLLIB_VARIANTS, default=DEFAULT_MLLIB_VARIANT,
                         help=f"how (b) builds the RowMatrix and writes it [default: {DEFAULT_MLLIB_VARIANT}]")
 
@@ -94,12 +103,12 @@ def run_from_args(args: argparse.Namespace) -> dict:
         raise ParameterError(f"--k must be at most --cols ({args.cols}). Got {args.k} instead.")
     return run(rows=args.rows, cols=args.cols, k=args.k, data_dir=args.data_dir, repeats=args.repeats,
                master=args.master, epsilon=args.epsilon, row_bound=args.row_bound,
-               driver_memory=args.driver_memory, mllib_variant=args.mllib_variant)
+               driver_memory=args.driver_memory, mllib_variant=args.mllib_variant, reader=args.reader)
 
 
 def run(*, rows: int, cols: int, k: int, data_dir: str, repeats: int = 1, master: str = "local[2]",
         epsilon: float = 1.0, row_bound: float = 10.0, driver_memory: str = "4g",
-        mllib_variant: str = DEFAULT_MLLIB_VARIANT) -> dict:
+        mllib_variant: str = DEFAULT_MLLIB_VARIANT, reader: str = "arrow") -> dict:
     """Time (a)-(d) on a table of ``rows`` x ``cols``; return the JSON-ready result."""
     import numpy as np
 
@@ -117,7 +126,9 @@ def run(*, rows: int, cols: int, k: int, data_dir: str, repeats: int = 1, master
     # the same-shaped matrix for MLlib (its values do not change the work done)
     P = np.random.default_rng(0).standard_normal((cols, k)) / np.sqrt(k)
     pipelines = {
-        "sparkpriv": lambda src, out: _run_sparkpriv(spark, src, out, columns, k, epsilon, row_bound),
+        "sparkpriv": lambda src, out: _run_sparkpriv(spark, src, out, columns, k, epsilon, row_bound, reader),
+        "sparkpriv_spark_reader": lambda src, out: _run_sparkpriv(spark, src, out, columns, k, epsilon, row_bound,
+                                                                  "spark"),
         "mllib": lambda src, out: _run_mllib(spark, src, out, columns, P, mllib_variant),
         "floor": lambda src, out: _run_floor(spark, src, out, columns),
         "single_process": lambda src, out: _run_single_process(src, out, columns, k, epsilon, row_bound),
@@ -131,6 +142,7 @@ def run(*, rows: int, cols: int, k: int, data_dir: str, repeats: int = 1, master
     pipelines["mllib_multiply_only"] = lambda src, out: _run_mllib_count(spark, src, columns, P)
 
     best: dict[str, float] = {}
+    times: dict[str, list] = {name: [] for name in pipelines}
     cpu: dict[str, float | None] = {}
     breakdown: dict = {}
     for rep in range(repeats):
@@ -142,6 +154,7 @@ def run(*, rows: int, cols: int, k: int, data_dir: str, repeats: int = 1, master
             if name == "single_process" and secs < best.get(name, float("inf")):
                 breakdown = res
             best[name] = min(secs, best.get(name, float("inf")))
+            times[name].append(round(secs, 3))
             cpu[name] = None if cpu_s is None else min(cpu_s, cpu.get(name) or float("inf"))
             _log.info("%s: %.2f s (%.3g rows/s), %s CPU s, load %s", name, secs, rows / secs,
                       "?" if cpu_s is None else f"{cpu_s:.1f}", _loadavg())
@@ -155,7 +168,9 @@ def run(*, rows: int, cols: int, k: int, data_dir: str, repeats: int = 1, master
         "k": k,
         "master": master,
         "repeats": repeats,
+        "reader": reader,
         "sparkpriv_rows_per_s": round(rate["sparkpriv"]),
+        "sparkpriv_spark_reader_rows_per_s": round(rate["sparkpriv_spark_reader"]),
         "mllib_rows_per_s": round(rate["mllib"]),
         "floor_rows_per_s": round(rate["floor"]),
         "single_process_rows_per_s": round(rate["single_process"]),
@@ -163,6 +178,8 @@ def run(*, rows: int, cols: int, k: int, data_dir: str, repeats: int = 1, master
         "ratio_vs_mllib": round(rate["sparkpriv"] / rate["mllib"], 3),
         "ratio_vs_floor": round(rate["sparkpriv"] / rate["floor"], 3),
         "ratio_vs_single_process": round(rate["sparkpriv"] / rate["single_process"], 3),
+        "ratio_vs_spark_reader": round(rate["sparkpriv"] / rate["sparkpriv_spark_reader"], 3),
+        "times_s": times,
         "seconds": {name: round(s, 3) for name, s in best.items()},
         "cpu_seconds": {name: (None if c is None else round(c, 2)) for name, c in cpu.items()},
         "cpu_ratio_vs_mllib": round(cpu["mllib"] / cpu["sparkpriv"], 3) if have_cpu else None,
@@ -278,10 +295,11 @@ def _tree_cpu_seconds() -> float | None:
 # ----------------------------------------------------------------------------- the pipelines
 
 
-def _run_sparkpriv(spark, src, out, columns, k, epsilon, row_bound):
+def _run_sparkpriv(spark, src, out, columns, k, epsilon, row_bound, reader):
+    from sparkpriv.io.inputs import read_table
     from sparkpriv.spark.projection import release_projection
 
-    df = spark.read.parquet(src)
+    df = read_table(spark, src, "parquet", reader=reader)
     release = release_projection(df, columns=columns, k=k, epsilon=epsilon, row_bound=row_bound)
     release.write(out)
 
@@ -446,9 +464,11 @@ def _print_table(result: dict, best: dict, cpu: dict) -> None:
         cpu_cols = f"{c:>8.1f} {rows / c:>12,.0f}" if c else f"{'-':>8} {'-':>12}"
         print(f"{_LABELS[name]:<46} {secs:>9.2f} {rows / secs:>12,.0f} {cpu_cols}")
     print(f"ratio vs MLlib {result['ratio_vs_mllib']:.3f}, vs floor {result['ratio_vs_floor']:.3f}, "
-          f"vs single process {result['ratio_vs_single_process']:.3f} (wall clock); "
+          f"vs single process {result['ratio_vs_single_process']:.3f}, vs Spark's reader "
+          f"{result['ratio_vs_spark_reader']:.3f} (wall clock, best of {result['repeats']}); "
           f"CPU-time ratios: vs MLlib {result['cpu_ratio_vs_mllib']}, vs floor {result['cpu_ratio_vs_floor']}")
-    print(f"MLlib BLAS: {result['mllib_blas']}")
+    print(f"MLlib BLAS: {result['mllib_blas']}; reader of (a): {result['reader']}")
+    print("every repeat (s): " + "; ".join(f"{n} {v}" for n, v in result["times_s"].items()))
     sys.stdout.flush()
 
 

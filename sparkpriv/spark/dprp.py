@@ -8,8 +8,8 @@ Passes over the input (each reads only the declared columns):
    the driver adds noise once (a third, cheap read of the input);
 1. per batch, the prepared rows' Gram matrix (upper triangle, float64) and row
    count per group (:func:`~sparkpriv.mechanisms.dprp.gram_partial`), merged by
-   tree aggregation (:func:`~sparkpriv.spark.parquet_scan.aggregate`: a direct Parquet scan for an
-   untransformed local Parquet :func:`~sparkpriv.io.inputs.read_table`, see
+   tree aggregation (:func:`~sparkpriv.spark.parquet_scan.aggregate`: a direct Parquet scan for a
+   ``read_table(..., reader="arrow")`` input, see
    :mod:`sparkpriv.spark.parquet_scan`, else ``mapInArrow`` and
    :func:`~sparkpriv.spark.batches.sum_partials`); the driver
    adds the symmetric noise once per group, takes ``eigh`` and builds the
@@ -47,13 +47,12 @@ from sparkpriv.privacy.bounds import ClipCounts
 from sparkpriv.privacy.random import stream
 from sparkpriv.release import Release, reserve
 from sparkpriv.spark.batches import (
-    BatchMap,
     _marked,
     batch_matrix,
     owner_counters,
     spark_errors,
 )
-from sparkpriv.spark.parquet_scan import aggregate
+from sparkpriv.spark.parquet_scan import aggregate, row_map
 
 __all__ = ["release_dprp", "dprp_schema"]
 
@@ -297,7 +296,7 @@ def release_dprp(
     fn = _batch_fn(plan, R, Ms, plan.projection_noise, seed, columns, label, keep_columns, fill_values,
                    counters)
     sel = [*keep_columns, *columns] + ([label] if label is not None else [])
-    rows = BatchMap(df.select(*sel), fn, schema)
+    rows = row_map(df, sel, fn, schema, passthrough=[*keep_columns, *([label] if label else [])])
     out = rows.to_df()
     del R, Ms
 

@@ -39,8 +39,9 @@ import pyarrow as pa
 from sparkpriv.mechanisms.protocol import InputFacts, SparseRows
 from sparkpriv.spark.batches import batch_matrix, has_rdd, map_batches, owner_counters, spark_errors, sum_partials
 from sparkpriv.spark.events import BoundedRecords, counters_dict, make_counters
+from sparkpriv.spark.parquet_scan import ParquetInput, dataframe_of, parquet_scan, scan_rdd
+from sparkpriv.spark.parquet_scan import row_map as scan_row_map
 from sparkpriv.spark.parquet_scan import aggregate as scan_aggregate
-from sparkpriv.spark.parquet_scan import parquet_scan, scan_rdd
 from sparkpriv.spark.schema import check_numeric_columns, schema_fingerprint
 
 __all__ = ["SparkEngine", "TableSource", "RecordsSource", "accepts"]
@@ -50,7 +51,7 @@ _log = logging.getLogger(__name__)
 
 def accepts(data: Any) -> bool:
     """True for the inputs this engine takes: Spark DataFrames and bounded event records."""
-    if isinstance(data, BoundedRecords):
+    if isinstance(data, (BoundedRecords, ParquetInput)):
         return True
     mod = type(data).__module__
     return mod.startswith("pyspark.")
@@ -58,12 +59,23 @@ def accepts(data: Any) -> bool:
 
 @dataclass
 class TableSource:
-    """One row per record: declared numeric columns of a DataFrame."""
+    """One row per record: declared numeric columns of a DataFrame.
+
+    ``input`` is what the caller gave: the DataFrame itself, or a
+    :class:`~sparkpriv.spark.parquet_scan.ParquetInput` (``read_table(...,
+    reader="arrow")``), whose passes the Python workers read from the Parquet
+    row groups themselves; ``df`` is the DataFrame of that read.
+    """
 
     df: Any = field(repr=False)
     columns: tuple
     fill: float | None
     kind: str = "table"
+    input: Any = field(default=None, repr=False)
+
+    def __post_init__(self):
+        if self.input is None:
+            self.input = self.df
 
     @property
     def facts(self) -> InputFacts:
@@ -220,12 +232,13 @@ class SparkEngine:
             self._spark = data.grouped.sparkSession
             return RecordsSource(data, make_counters(self._spark))
         self._spark = data.sparkSession
+        given, data = data, dataframe_of(data)
         if columns is None:
             raise ParameterError(f"The 'columns' parameter of {caller} is required for a table input: "
                                  "the numeric feature columns (--columns).")
         columns = tuple(columns)
         check_numeric_columns(data, columns)
-        return TableSource(data, columns, fill)
+        return TableSource(data, columns, fill, input=given)
 
     def __init__(self) -> None:
         self._spark = None  # the session of the opened source
@@ -246,7 +259,7 @@ class SparkEngine:
                 blocks = source.batch_fn(fn, counted=False)
                 return sum_partials(source.records.grouped, sparkpriv_partial, size)
             blocks = source.batch_fn(fn)
-            return scan_aggregate(source.df, list(source.columns), sparkpriv_partial, size)
+            return scan_aggregate(source.input, list(source.columns), sparkpriv_partial, size)
 
     def cache(self, source, fn, dim: int) -> _Cache:
         def sparkpriv_features(batches, pid):
@@ -255,7 +268,7 @@ class SparkEngine:
 
         blocks = source.batch_fn(fn)
         if source.kind == "table":
-            scan = parquet_scan(source.df, list(source.columns))
+            scan = parquet_scan(source.input, list(source.columns))
             if scan is not None:  # local Parquet from read_table: the workers read the row groups
                 _log.info("features: direct Arrow scan of %d Parquet row group(s)", len(scan.pieces))
                 rdd = scan_rdd(source.spark, scan, list(source.columns), sparkpriv_features)
@@ -301,7 +314,7 @@ class SparkEngine:
                     yield b, SparseRows(*bound(b), d)
         else:
             cols, fill = list(source.columns), source.fill
-            frame = source.df.select(*keep, *[c for c in cols if c not in keep])
+            read = [*keep, *[c for c in cols if c not in keep]]
 
             def decode_all(batches):
                 for b in batches:
@@ -320,7 +333,10 @@ class SparkEngine:
                 arrays = [b.column(c) for c in keep] + [pa.array(c) for c in outcols]
                 yield pa.RecordBatch.from_arrays(arrays, names)
 
-        rows = BatchMap(frame, sparkpriv_rows, out)
+        if source.kind == "records":
+            rows = BatchMap(frame, sparkpriv_rows, out)
+        else:  # a DataFrame, or the direct Parquet reader (same partition indices and batches)
+            rows = scan_row_map(source.input, read, sparkpriv_rows, out, passthrough=keep)
         return rows.to_df(), rows
 
     @staticmethod

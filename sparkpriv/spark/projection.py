@@ -39,12 +39,11 @@ from sparkpriv.privacy.quantile import (
 from sparkpriv.privacy.random import new_secret_seed, stream
 from sparkpriv.release import Release, reserve
 from sparkpriv.spark.batches import (
-    BatchMap,
     batch_matrix,
     owner_counters,
     spark_errors,
-    sum_partials,
 )
+from sparkpriv.spark.parquet_scan import aggregate, dataframe_of, row_map
 
 __all__ = ["release_projection", "projected_schema"]
 
@@ -254,7 +253,7 @@ def release_projection(
     schema = projected_schema(df, k, keep_columns)
     counters = owner_counters(df.sparkSession)
     fn = _batch_fn(P, bounds, plan.noise, seed, columns, keep_columns, k, fill, counters, plan.value_bound)
-    rows = BatchMap(df.select(*keep_columns, *columns), fn, schema)
+    rows = row_map(df, [*keep_columns, *columns], fn, schema, passthrough=keep_columns)
     out = rows.to_df()
     del P
 
@@ -275,7 +274,7 @@ def release_projection(
                   if matrix_key is not None else "OS entropy, discarded after the job")
     return Release(df=out, mechanism="projection", event=event, epsilon=eps, delta=plan.delta,
                    public=public, input_info=input_info, hold=hold, diagnostics=diagnostics,
-                   source_df=df, rows=rows)
+                   source_df=dataframe_of(df), rows=rows)
 
 
 def _dp_row_bound(df, columns, bounds, fill, candidates, hist_noise, quantile) -> float:
@@ -292,7 +291,7 @@ def _dp_row_bound(df, columns, bounds, fill, candidates, hist_noise, quantile) -
         return acc
 
     with spark_errors():
-        counts = sum_partials(df.select(*columns), sparkpriv_norm_histogram, size)
+        counts = aggregate(df, columns, sparkpriv_norm_histogram, size)
     # clamping each count (a public range) never increases the sensitivity; the
     # grid holds 2^30 noise scales, so this only acts on astronomically large tables
     _clamp = hist_noise.max_abs_value

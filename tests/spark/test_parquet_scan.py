@@ -1,5 +1,6 @@
-"""The direct Parquet scan of the aggregate passes: when it applies, and that it gives the
-same sums and errors as the mapInArrow path and as an independent numpy computation."""
+"""The direct Parquet scan of the aggregate passes: only for the explicit direct reader
+(read_table(..., reader="arrow")), and the same sums and errors as the mapInArrow path and
+as an independent numpy computation."""
 
 import numpy as np
 import pandas as pd
@@ -52,25 +53,31 @@ def _plan(labels=None, classes=None):
                           classes=classes, label_scale=1.0)
 
 
-def test_scan_applies_only_to_untransformed_local_parquet_reads(spark, dataset, tmp_path):
+def test_scan_applies_only_to_the_explicit_direct_reader(spark, dataset, tmp_path):
     path, pdf = dataset
-    df = read_table(spark, path)
+    df = read_table(spark, path, reader="arrow")
     scan = parquet_scan(df, COLS)
     assert scan is not None
     n_groups = sum(pq.read_metadata(f"{path}/part-{i}.parquet").num_row_groups for i in range(3))
     assert len(scan.pieces) == n_groups == 6 + 11 + 1
-    assert parquet_scan(df.filter("a > 0.5"), COLS) is None  # a filter must never be skipped
-    assert parquet_scan(df.select(*COLS), COLS) is None
-    assert parquet_scan(spark.read.parquet(path), COLS) is None  # not from read_table
-    assert parquet_scan(df, [*COLS, "y"]) is None  # a string column only where declared
+    with pytest.raises(AttributeError, match="cannot be transformed"):
+        df.filter("a > 0.5")  # a filter must never be skipped: a ParquetInput has none
+    assert parquet_scan(df.df.filter("a > 0.5"), COLS) is None  # a DataFrame is read by Spark
+    assert parquet_scan(df.df, COLS) is None
+    assert parquet_scan(read_table(spark, path), COLS) is None  # the default reader is Spark's
+    assert parquet_scan(spark.read.parquet(path), COLS) is None
+    with pytest.raises(InputError, match="column 'y' has the Parquet type string"):
+        parquet_scan(df, [*COLS, "y"])  # a string column only where declared
     assert parquet_scan(df, [*COLS, "y"], strings=["y"]) is not None
-    assert parquet_scan(df, ["A", "b"]) is None  # Spark resolves case-insensitively; the files do not
+    with pytest.raises(InputError, match="column 'A' is not a column of the Parquet files"):
+        parquet_scan(df, ["A", "b"])  # Spark resolves case-insensitively; the files do not
+    assert parquet_scan(read_table(spark, path, reader="auto"), ["A", "b"]) is None  # auto: Spark reads
     csv = tmp_path / "t.csv"
     pdf.to_csv(csv, index=False)
-    assert parquet_scan(read_table(spark, str(csv)), COLS) is None
+    assert parquet_scan(read_table(spark, str(csv), reader="auto"), COLS) is None
     hive = tmp_path / "hive"
     spark.createDataFrame(pdf).write.partitionBy("k").parquet(str(hive))
-    assert parquet_scan(read_table(spark, str(hive)), ["a", "k"]) is None  # partition column
+    assert parquet_scan(read_table(spark, str(hive), reader="auto"), ["a", "k"]) is None  # partition column
 
 
 @pytest.mark.parametrize("labels", [None, "public"])
@@ -79,10 +86,10 @@ def test_gram_direct_equals_mapinarrow_and_numpy(spark, dataset, labels):
     classes = ("p", "q") if labels else None
     plan = _plan(labels, classes)
     label = "y" if labels else None
-    df = read_table(spark, path)
+    df = read_table(spark, path, reader="arrow")
     with spark_errors():
         direct = gram_pass(df, plan, COLS, label, None)
-        arrow = gram_pass(df.select(*df.columns), plan, COLS, label, None)  # not registered: mapInArrow
+        arrow = gram_pass(df.df, plan, COLS, label, None)  # a DataFrame: mapInArrow
     np.testing.assert_allclose(direct, arrow, rtol=1e-12)
     counts, grams = core.gram_from_partial(direct, plan.d_aug, plan.n_groups)
     U = np.clip((pdf[COLS].to_numpy(float) - LOWER) / (np.array(UPPER) - LOWER), 0, 1)
@@ -98,33 +105,33 @@ def test_nulls_and_missing_columns_behave_as_in_spark(spark, tmp_path):
     f1.loc[3, "b"] = None
     f2 = pd.DataFrame({"a": rng.random(40), "n": rng.integers(0, 9, 40)})  # no column b
     path = _write_dataset(tmp_path / "t", [f1, f2], row_group_size=16)
-    df = read_table(spark, path)
+    df = read_table(spark, path, reader="arrow")
     assert parquet_scan(df, COLS) is not None
     plan = _plan()
-    for frame in (df, df.select(*df.columns)):  # direct scan, then mapInArrow: same error
+    for frame in (df, df.df):  # direct scan, then mapInArrow: same error
         with pytest.raises(InputError, match="column 'b' has null values"):
             with spark_errors():
                 gram_pass(frame, plan, COLS, None, None)
     fill = np.array([0.5, 1.0, 2.0])
     direct = gram_pass(df, plan, COLS, None, fill)
-    arrow = gram_pass(df.select(*df.columns), plan, COLS, None, fill)
+    arrow = gram_pass(df.df, plan, COLS, None, fill)
     np.testing.assert_allclose(direct, arrow, rtol=1e-12)
     assert direct[0] == 90
     # the DP-means pass goes through the same dispatch
     tot_d = aggregate(df, COLS, _impute_fn(plan, COLS), 2 * 3 + 1)
-    tot_a = aggregate(df.select(*df.columns), COLS, _impute_fn(plan, COLS), 2 * 3 + 1)
+    tot_a = aggregate(df.df, COLS, _impute_fn(plan, COLS), 2 * 3 + 1)
     np.testing.assert_allclose(tot_d, tot_a, rtol=1e-12)
 
 
 def test_release_is_the_same_whichever_pass_reads_the_input(spark, dataset, test_seed):
     path, _ = dataset
-    df = read_table(spark, path)
+    df = read_table(spark, path, reader="arrow")
     kw = dict(columns=COLS, epsilon=2.0, delta=1e-5, lower=LOWER, upper=UPPER, keep_columns=["k"])
     a = release_dprp(df, **kw).df.toPandas()
     from sparkpriv.privacy import random as sprandom
 
     sprandom.reset_test_counter()
-    b = release_dprp(df.select(*df.columns), **kw).df.toPandas()
+    b = release_dprp(df.df, **kw).df.toPandas()
     # same second pass (same partitions, same keyed noise); only the Gram's summation order differs
     assert len(a) == len(b) == 2001
     np.testing.assert_allclose(a[COLS].to_numpy(float), b[COLS].to_numpy(float), rtol=1e-6, atol=1e-6)
@@ -136,14 +143,14 @@ def test_kmeans_feature_cache_and_final_pass_scan_directly(spark, dataset, caplo
     from sparkpriv.spark.engine import SparkEngine
 
     path, pdf = dataset
-    df = read_table(spark, path)
+    df = read_table(spark, path, reader="arrow")
     fmap = km.make_feature_map("linear", Bounds(3, tuple(LOWER), tuple(UPPER), 60.0))
     centres = km.initial_centres(fmap, 3, np.random.default_rng(6))
     size, size_in = 3 * (fmap.dim + 1), 3 * (3 + 1)
     caplog.set_level("INFO", logger="sparkpriv.spark.engine")
     engine = SparkEngine()
     direct = engine.open(df, columns=COLS, fill=None, caller="t")
-    arrow = engine.open(df.select(*df.columns), columns=COLS, fill=None, caller="t")
+    arrow = engine.open(df.df, columns=COLS, fill=None, caller="t")
     got = {}
     for name, src in (("direct", direct), ("arrow", arrow)):
         cache = engine.cache(src, km._features_fn(fmap, None), fmap.dim)
