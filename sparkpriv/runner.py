@@ -28,6 +28,7 @@ class MechanismSpec:
     summary: str
     options: tuple[Option, ...]
     release: Callable  # (df, cfg: ReleaseConfig, source: str) -> Release
+    row_level: bool = True  # its table is computed in Python (the Arrow writer can write it); False: an aggregate
 
 
 MECHANISMS: dict[str, MechanismSpec] = {}
@@ -304,7 +305,7 @@ def run_release(cfg: ReleaseConfig, spark=None) -> RunResult:
     and jobs never publish a release made with a fixed seed.
     """
     from sparkpriv.io.inputs import read_table
-    from sparkpriv.io.writer import RECEIPT_FILE, check_output_path
+    from sparkpriv.io.writer import RECEIPT_FILE, check_output_path, check_writer
     from sparkpriv.privacy.random import refuse_fixed_seed
     from sparkpriv.spark.session import get_spark
 
@@ -313,7 +314,8 @@ def run_release(cfg: ReleaseConfig, spark=None) -> RunResult:
     cfg = apply_bounds_file(cfg, options_for(cfg.mechanism))  # parameter errors before Spark starts
     check_budget_exists(cfg.get("ledger"), cfg.get("table_id"))
     spark = spark or get_spark(cfg.spark)
-    check_output_path(spark, cfg.get("output"), bool(cfg.get("overwrite")))
+    out_q = check_output_path(spark, cfg.get("output"), bool(cfg.get("overwrite")))
+    check_writer(spark, out_q, spec.row_level, cfg.get("writer") or "auto")  # before any data is read
     df = read_table(spark, cfg.get("input"), cfg.get("input_format"), null_value=cfg.get("null_value"))
     release = spec.release(df, cfg, cfg.get("input"))
     entry = release.hold.reservation.id if release.hold.reservation is not None else None
@@ -381,4 +383,5 @@ register(MechanismSpec(
                "points of the declared domain)"),
     ) + EVENT_OPTIONS,
     release=_kmeans,
+    row_level=False,
 ))

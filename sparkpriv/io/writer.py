@@ -117,6 +117,7 @@ __all__ = [
     "publish",
     "check_output_path",
     "choose_writer",
+    "check_writer",
     "RECEIPT_FILE",
     "RECEIPT_KEY",
     "SUCCESS_FILE",
@@ -450,6 +451,15 @@ def choose_writer(spark, output: str, rows, writer: str = "auto") -> str:
     if writer == "arrow":
         raise ParameterError(f"writer='arrow' cannot be used here: {why}. Use writer='auto' or 'spark'.")
     return "spark"
+
+
+def check_writer(spark, output: str, row_level: bool, writer: str = "auto") -> str:
+    """:func:`choose_writer` before the release is made (the command line, before any
+    data is read): ``row_level`` says whether it will be a table computed in Python."""
+    return choose_writer(spark, output, _ROW_LEVEL if row_level else None, writer)
+
+
+_ROW_LEVEL = object()  # stands for a release's rows in check_writer
 
 
 def _part_writer(fn, schema, fs, staging: str, token: str, rename: bool):
