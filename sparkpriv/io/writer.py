@@ -678,8 +678,10 @@ def publish(df, output: str, *, receipt: dict, overwrite: bool = False, rows=Non
     files = {RECEIPT_FILE: json.dumps(receipt, indent=2, sort_keys=True).encode(),
              "_common_metadata": receipt_metadata_bytes(df.schema, receipt), **(extra_files or {})}
     if how == "arrow":
-        # the raw path: the store keeps its options (endpoint_override=... in the URI's query)
-        _publish_with_arrow(rows, _ArrowStore(raw), output, receipt, files, overwrite, if_no_rows)
+        # the given URI when it is one (its query may hold options: endpoint_override=...);
+        # else the qualified path (a plain path may be on Hadoop's default filesystem, e.g. HDFS)
+        store = _ArrowStore(raw if _scheme(raw) == _scheme(output) else output)
+        _publish_with_arrow(rows, store, output, receipt, files, overwrite, if_no_rows)
         _log.info("published the release to %s (arrow writer)", output)
         return output
     fs = filesystem_for(spark, output)
