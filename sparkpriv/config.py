@@ -60,7 +60,7 @@ COMMON_OPTIONS = (
     Option("output", "str", "destination directory of the private Parquet table", required=True),
     Option("overwrite", "bool", "replace an existing output", default=False),
     Option("writer", "str", "who writes the part files: arrow (the Python tasks; row-level releases "
-           "to local paths), spark, or auto (arrow where it applies)", default="auto",
+           "to local paths, s3:// and gs://), spark, or auto (arrow where it applies)", default="auto",
            choices=("auto", "spark", "arrow")),
     Option("reader", "str", "who reads a Parquet input's rows: arrow (the Python workers read the row "
            "groups; local files), spark, or auto (arrow where it applies, else spark)", default="auto",

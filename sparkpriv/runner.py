@@ -33,6 +33,7 @@ class MechanismSpec:
 
     def all_options(self) -> tuple[Option, ...]:
         return self.options if self.lazy_options is None else self.lazy_options()
+    row_level: bool = True  # its table is computed in Python (the Arrow writer can write it); False: an aggregate
 
 
 MECHANISMS: dict[str, MechanismSpec] = {}
@@ -309,7 +310,7 @@ def run_release(cfg: ReleaseConfig, spark=None, on_step=None) -> RunResult:
     and jobs never publish a release made with a fixed seed.
     """
     from sparkpriv.io.inputs import read_table
-    from sparkpriv.io.writer import RECEIPT_FILE, check_output_path
+    from sparkpriv.io.writer import RECEIPT_FILE, check_output_path, check_writer
     from sparkpriv.privacy.random import refuse_fixed_seed
     from sparkpriv.spark.session import get_spark
 
@@ -320,7 +321,8 @@ def run_release(cfg: ReleaseConfig, spark=None, on_step=None) -> RunResult:
         spec.precheck(cfg)
     check_budget_exists(cfg.get("ledger"), cfg.get("table_id"))
     spark = spark or get_spark(cfg.spark)
-    check_output_path(spark, cfg.get("output"), bool(cfg.get("overwrite")))
+    out_q = check_output_path(spark, cfg.get("output"), bool(cfg.get("overwrite")))
+    check_writer(spark, out_q, spec.row_level, cfg.get("writer") or "auto")  # before any data is read
     # event tables are bounded by Spark SQL (bound_contributions): always Spark's reader
     if cfg.get("events") and cfg.get("reader") == "arrow":
         raise ParameterError("--reader arrow does not apply to --events: an event table is bounded by Spark "
@@ -353,7 +355,8 @@ def _option_of(s) -> Option:
                   required_unless=s.required_unless)
 
 
-def register_protocol(name: str, summary: str, *, extra: tuple[Option, ...] = (), adapt=None) -> None:
+def register_protocol(name: str, summary: str, *, row_level: bool, extra: tuple[Option, ...] = (),
+                      adapt=None) -> None:
     """Register a protocol mechanism: options from its parameters class, one release call.
 
     A parameter that is also a common option (columns, fill, epsilon, delta)
@@ -362,7 +365,9 @@ def register_protocol(name: str, summary: str, *, extra: tuple[Option, ...] = ()
     are command-line-only options (files to read), turned into parameters by
     ``adapt(cfg, params)``. The mechanism module is imported when its options
     are first needed (commands that do not release do not pay for it);
-    ``summary`` is its one-line help (a test checks it is the mechanism's).
+    ``summary`` is its one-line help and ``row_level`` whether its table is
+    computed in Python (the Arrow writer can write it); a test checks both
+    against the mechanism.
     """
     from functools import lru_cache
 
@@ -404,7 +409,7 @@ def register_protocol(name: str, summary: str, *, extra: tuple[Option, ...] = ()
         p.validate(caller)
 
     register(MechanismSpec(name=name, summary=summary, options=(), release=run, precheck=precheck,
-                           lazy_options=lambda: resolved()[3]))
+                           lazy_options=lambda: resolved()[3], row_level=row_level))
 
 
 def _kmeans_adapt(cfg: ReleaseConfig, params: dict) -> dict:
@@ -414,7 +419,7 @@ def _kmeans_adapt(cfg: ReleaseConfig, params: dict) -> dict:
 
 
 register_protocol("kmeans", "DP k-means (kernel: random Fourier features; linear: DPLloyd); releases "
-                  "noisy centres", adapt=_kmeans_adapt, extra=(
+                  "noisy centres", row_level=False, adapt=_kmeans_adapt, extra=(
     Option("init_file", "str", "CSV of k PUBLIC rows used as initial centres (default: random "
            "points of the declared domain)"),
 ))

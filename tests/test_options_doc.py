@@ -17,6 +17,7 @@ def test_cli_summaries_are_the_mechanisms_own():
 
     for name, mech in registered().items():
         assert MECHANISMS[name].summary == mech.summary
+        assert MECHANISMS[name].row_level == mech.row_level
 
 
 def test_commands_that_do_not_release_do_not_import_the_mechanisms():

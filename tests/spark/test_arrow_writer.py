@@ -69,8 +69,10 @@ def test_auto_uses_arrow_for_local_row_releases_only(spark, table, tmp_path):
     assert W.choose_writer(spark, local, rel.rows, "spark") == "spark"
     with pytest.raises(ParameterError, match="not a row-level table"):
         W.choose_writer(spark, local, None, "arrow")
-    with pytest.raises(ParameterError, match="local .file:. paths only"):
-        W.choose_writer(spark, "hdfs://nn:8020/x", rel.rows, "arrow")
+    with pytest.raises(ParameterError, match="local .file:. paths"):
+        W.choose_writer(spark, "s3a://bucket/x", rel.rows, "arrow")  # Hadoop's S3: pyarrow's is s3://
+    assert W.choose_writer(spark, "hdfs://nn:8020/x", rel.rows, "arrow") == "arrow"  # asked for: pyarrow's HDFS
+    assert W.choose_writer(spark, "s3://bucket/x", rel.rows) == "arrow"
     with pytest.raises(ParameterError, match="writer must be one of auto, spark, arrow"):
         rel.write(str(tmp_path / "y"), writer="fast")
     assert not (tmp_path / "y").exists()
@@ -132,7 +134,7 @@ def test_task_failure_and_invisible_files_leave_nothing(spark, table, tmp_path, 
             yield pa.RecordBatch.from_arrays([b.column(0)], ["z0"])
 
     rows = BatchMap(table.select("a"), copy, schema)
-    monkeypatch.setattr(W.os.path, "isfile", lambda p: False)  # as if the executors wrote elsewhere
+    monkeypatch.setattr(W, "_missing_files", lambda store, paths: paths)  # as if the executors wrote elsewhere
     with pytest.raises(OSError, match="not visible on the driver"):
         W.publish(rows.to_df(), str(tmp_path / "out"), receipt={}, rows=rows, writer="arrow")
     assert list(tmp_path.iterdir()) == []
