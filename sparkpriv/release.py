@@ -266,49 +266,45 @@ class Release:
         (Spark's writer checks the input first; the Arrow writer checks it
         only when its tasks wrote no rows, saving a Spark job).
         """
-        if self.engine == "local":
-            return self._write_local(path, overwrite=overwrite, owner_report=owner_report)
+        publish = self._publish_local if self.engine == "local" else self._publish_spark
+        try:
+            out = publish(path, overwrite, writer)
+        except BaseException as exc:
+            self.hold.abort(f"publishing failed: {type(exc).__name__}")
+            self.hold.close()
+            raise
+        self.hold.commit(out, {"epsilon": self.epsilon, "delta": self.delta})
+        self.hold.close()
+        self.written_to = out
+        self._owner_report(out, owner_report)
+        return out
+
+    def _publish_spark(self, path: str, overwrite: bool, writer: str) -> str:
         from sparkpriv.io.writer import check_output_path, choose_writer, publish
 
         def refuse_empty_input():
             if self.source_df is not None and self.source_df.limit(1).count() == 0:
                 raise InputError("The input table is empty: there is nothing to release.")
 
-        try:
-            path_q = check_output_path(self.df.sparkSession, path, overwrite)
-            how = choose_writer(self.df.sparkSession, path_q, self.rows, writer)
-            if how != "arrow":
-                refuse_empty_input()
-            # the Arrow writer's tasks report their row counts: the input is only
-            # looked at (one more Spark job) when the release came out with no rows
-            receipt = self.receipt(path_q)
-            out = publish(self.df, path, receipt=receipt, overwrite=overwrite, rows=self.rows, writer=how,
-                          extra_files=self.extra_files(), if_no_rows=refuse_empty_input)
-        except BaseException as exc:
-            self.hold.abort(f"publishing failed: {type(exc).__name__}")
-            self.hold.close()
-            raise
-        self.hold.commit(out, {"epsilon": self.epsilon, "delta": self.delta})
-        self.hold.close()
-        self.written_to = out
-        self._owner_report(out, owner_report)
-        return out
+        path_q = check_output_path(self.df.sparkSession, path, overwrite)
+        how = choose_writer(self.df.sparkSession, path_q, self.rows, writer)
+        if how != "arrow":
+            refuse_empty_input()
+        # the Arrow writer's tasks report their row counts: the input is only
+        # looked at (one more Spark job) when the release came out with no rows
+        return publish(self.df, path, receipt=self.receipt(path_q), overwrite=overwrite, rows=self.rows,
+                       writer=how, extra_files=self.extra_files(), if_no_rows=refuse_empty_input)
 
-    def _write_local(self, path: str, *, overwrite: bool, owner_report: str | None) -> str:
+    def _publish_local(self, path: str, overwrite: bool, writer: str) -> str:
         from sparkpriv.io.local_writer import publish_local
 
-        try:
-            out = publish_local(self.df, path, receipt_for=self.receipt, overwrite=overwrite,
-                                extra_files=self.extra_files())
-        except BaseException as exc:
-            self.hold.abort(f"publishing failed: {type(exc).__name__}")
-            self.hold.close()
-            raise
-        self.hold.commit(out, {"epsilon": self.epsilon, "delta": self.delta})
-        self.hold.close()
-        self.written_to = out
-        self._owner_report(out, owner_report)
-        return out
+        if writer not in ("auto", "arrow"):
+            from sparkpriv.errors import ParameterError
+
+            raise ParameterError(f"An in-memory release is written by this process (pyarrow); "
+                                 f"writer={writer!r} does not apply. Leave writer out.")
+        return publish_local(self.df, path, receipt_for=self.receipt, overwrite=overwrite,
+                             extra_files=self.extra_files())
 
     def extra_files(self) -> dict[str, bytes]:
         """Public files published with the table (name -> bytes), inside the same atomic step."""
