@@ -95,8 +95,13 @@ class TableSource:
         return {"columns": list(self.columns)}
 
     def input_info(self, source: str | None) -> dict:
-        return {"source": source, "schema_fingerprint": schema_fingerprint(self.df.schema),
+        info = {"source": source, "schema_fingerprint": schema_fingerprint(self.df.schema),
                 "columns": list(self.columns), "fill_for_nulls": self.fill}
+        if self.labels is not None:
+            info["label"] = self.labels[0]
+        if self.keep:
+            info["kept_public_columns"] = list(self.keep)
+        return info
 
     def diagnostics(self) -> dict:
         return {}

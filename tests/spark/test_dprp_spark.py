@@ -96,6 +96,32 @@ def test_spark_reconstruction_equals_numpy_before_noise(spark, table):
     assert str(got["age"].dtype) == "int32" and str(got["y"].dtype) == "int32"
 
 
+def test_spark_release_equals_the_local_engine_for_a_test_seed(spark, test_seed):
+    """The same mechanism on both engines: one Spark partition (partition id 0, one Arrow batch)
+    and the local engine draw the same secrets, the same Gram noise and the same keyed row noise,
+    so the released tables agree (noise included) up to floating-point summation order."""
+    from sparkpriv.privacy import random as sprandom
+
+    rng = np.random.default_rng(11)
+    n = 800
+    pdf = pd.DataFrame({"a": rng.random(n), "b": rng.normal(0, 1.5, n), "c": rng.uniform(0, 10, n),
+                        "age": rng.integers(18, 91, n).astype("int32"), "y": rng.choice(["u", "v"], n)})
+    kw = dict(columns=COLS, label="y", labels="private", classes=["u", "v"], epsilon=2.0, delta=1e-5,
+              lower=LOWER, upper=UPPER)
+    on_spark = release_dprp(spark.createDataFrame(pdf).coalesce(1), **kw)
+    got = on_spark.df.toPandas()
+    sprandom.reset_test_counter()
+    local = release_dprp(pdf, **kw)
+    ref = local.df.to_pandas()
+    assert on_spark.engine == "spark" and local.engine == "local"
+    assert list(got.columns) == list(ref.columns) == [*COLS, "y"]
+    np.testing.assert_allclose(got[COLS].to_numpy(float), ref[COLS].to_numpy(float), rtol=1e-9, atol=1e-9)
+    assert (got["y"] == ref["y"]).all() and str(got["age"].dtype) == str(ref["age"].dtype) == "int32"
+    assert on_spark.event == local.event
+    # and it is noisy: far from the noise-free reconstruction of the same rows
+    assert np.abs(got["a"].to_numpy() - pdf["a"].to_numpy()).mean() > 0.05
+
+
 def test_release_exact_reconstruction_path_and_keyed_noise(spark, table, test_seed):
     df, _, pdf = table
     rel = release_dprp(df, columns=COLS, epsilon=2.0, delta=1e-5, lower=LOWER, upper=UPPER,
