@@ -317,6 +317,8 @@ def _kmeans_adapt(cfg: ReleaseConfig, params: dict) -> dict:
 
 
 def _dprp_adapt(cfg: ReleaseConfig, params: dict) -> dict:
+    if params.get("threshold") is not None and not cfg.get("events"):  # before Spark starts
+        raise ParameterError("--threshold applies to --events only (the released items of a person).")
     if cfg.get("fill_dp_mean"):
         if params.get("fill") is not None:
             raise ParameterError("Give either --fill (a public constant) or --fill-dp-mean, not both.")
