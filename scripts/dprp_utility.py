@@ -1,9 +1,10 @@
 """Utility of the DPRP release, measured honestly (results in docs/dprp.md).
 
 Train on the release, test on real data: for each run, a stratified 80/20
-split; the 80 % is released with :func:`sparkpriv.mechanisms.dprp.release_dprp_array`
-(the same numpy functions the Spark path runs per Arrow batch: prepare_rows,
-gram_partial, reconstruct_rows, decode_rows, and the same driver solve); a
+split; the 80 % is released with :func:`sparkpriv.api.release_dprp_array` on the
+local engine (the same mechanism and per-block numpy functions the Spark engine runs
+per Arrow batch: prepare_rows, gram_partial, reconstruct_rows, decode_rows, and the
+same driver solve; :func:`sparkpriv.api.table_arrays` gives the rows back); a
 scikit-learn RandomForestClassifier with default parameters is trained on the
 released rows and labels and scored on the real 20 %. Accuracy and AUPRC
 (average precision; binary: the disease / "yes" class is positive; several
@@ -39,7 +40,7 @@ from sklearn.ensemble import RandomForestClassifier
 from sklearn.metrics import accuracy_score, average_precision_score
 from sklearn.model_selection import train_test_split
 
-from sparkpriv.mechanisms.dprp import release_dprp_array
+from sparkpriv.api import release_dprp_array, table_arrays
 
 DATA = os.environ.get("SPARKPRIV_DATASETS",
                       os.path.join(os.path.dirname(__file__), "..", "..", "shared", "datasets"))
@@ -134,8 +135,9 @@ def evaluate(X, y, positive, *, runs, epsilons, label_modes, seed0=0, log=print)
             for e in epsilons:
                 rel = release_dprp_array(Xtr, ytr, labels=mode, classes=classes, epsilon=e, delta=DELTA,
                                          lower=lower, upper=upper, integer_columns=ints, fill=fill)
-                assert rel.epsilon() <= e * (1 + 1e-3)
-                res[f"{mode}:{e:g}"].append(score(rel.X, rel.y, Xte_f, yte, positive, classes, seed))
+                assert rel.epsilon <= e * (1 + 1e-3)
+                Xr, yr = table_arrays(rel)
+                res[f"{mode}:{e:g}"].append(score(Xr, yr, Xte_f, yte, positive, classes, seed))
         log(f"  run {r + 1}/{runs} done")
     return res
 

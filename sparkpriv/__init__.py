@@ -5,7 +5,9 @@ or imports Spark):
 
 * :func:`release_projection` (Spark DataFrames), :func:`release_projection_array`
   (numpy), :func:`recover_sq_distances`
-* :func:`release_dprp` / :func:`release_dprp_array` (DPRP private table)
+* :func:`release_dprp` (DPRP private table: Spark DataFrames, event records, or
+  in-memory arrays and tables; ``release_dprp_array`` is the same function),
+  :func:`table_arrays` (the released features and labels back as numpy arrays)
 * :func:`release` (any registered mechanism, either engine), :func:`release_kmeans`
   (Spark DataFrames, event records, or in-memory arrays and tables;
   ``release_kmeans_array`` is the same function), :class:`KMeansModel`
@@ -30,8 +32,9 @@ _LAZY = {
     "release_projection": "sparkpriv.spark.projection",
     "release_projection_array": "sparkpriv.mechanisms.projection",
     "recover_sq_distances": "sparkpriv.mechanisms.projection",
-    "release_dprp": "sparkpriv.spark.dprp",
-    "release_dprp_array": "sparkpriv.mechanisms.dprp",
+    "release_dprp": "sparkpriv.api",
+    "release_dprp_array": "sparkpriv.api",
+    "table_arrays": "sparkpriv.api",
     "release": "sparkpriv.api",
     "release_kmeans": "sparkpriv.api",
     "release_kmeans_array": "sparkpriv.api",

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from sparkpriv.release import Release, release
 
-__all__ = ["release", "release_kmeans", "release_kmeans_array"]
+__all__ = ["release", "release_kmeans", "release_kmeans_array", "release_dprp", "release_dprp_array",
+           "table_arrays"]
 
 
 def release_kmeans(data, *, ledger=None, table_id: str | None = None, source: str | None = None,
@@ -44,3 +45,113 @@ def release_kmeans(data, *, ledger=None, table_id: str | None = None, source: st
 
 
 release_kmeans_array = release_kmeans  # the same function: in-memory data runs on the local engine
+
+
+def release_dprp(data, y=None, *, ledger=None, table_id: str | None = None, source: str | None = None,
+                 on_step=None, **params) -> Release:
+    """DPRP private release of a table: the same columns, on the same scale (docs/dprp.md;
+    docs/math.md section 3).
+
+    ``data``: a Spark DataFrame (one row per person), bounded event records
+    (:func:`~sparkpriv.spark.events.bound_contributions`: the output is one
+    row per person, ``items array<int>``, the items whose reconstructed value
+    is at least ``threshold``), or in-memory data on the local engine (a
+    numpy array, a pandas DataFrame or a pyarrow Table). ``y``: labels of a
+    numpy array (one per row), given with ``labels``; with public labels and
+    no ``classes`` the classes are the values of ``y`` (public data).
+
+    Parameters are those of :class:`sparkpriv.mechanisms.dprp.DPRPParams`:
+    ``epsilon``, ``delta`` (required), ``columns`` (required for a DataFrame
+    or table), ``lower``/``upper`` (the declared per-column bounds, required
+    for a table), ``label``/``labels``/``classes`` (a label column: public,
+    one run per class with the class sizes released, or private, one-hot
+    scaled by ``label_scale`` and decoded by argmax), ``k1``/``k2``,
+    ``row_bound``, ``budget_split``, ``fill`` (a public constant or
+    ``"dp-mean"``, which spends ``impute_share``), ``keep_columns``,
+    ``threshold`` (event records), ``integer_columns`` (in-memory float
+    arrays), ``neighbors`` ("replace-one" only: a row-level release).
+
+    Returns a :class:`~sparkpriv.release.Release`: ``df`` the private table
+    (a lazy DataFrame on Spark, whose evaluations all give the same noise; a
+    pyarrow Table on the local engine: :func:`table_arrays` gives ``X`` and
+    ``y`` back as numpy arrays). The Gram pass runs inside this call (input
+    errors such as NaN surface here); the budget is reserved before any data
+    is read.
+
+    Privacy: replace-one neighbours; the sensitivities are the exact suprema
+    over the declared domain (``sqrt(d) s_max(R)`` for the projection with the
+    realized secret ``R``, ``sqrt(d (d + 1) / 2)`` for the Gram's unique
+    entries, at the default ``row_bound``, without labels; docs/dprp.md,
+    "Sensitivity"); Gaussian noise composed exactly in Gaussian DP to
+    (epsilon, delta). Public: the bounds, d, k1, k2, the noise scales, the
+    classes, the class sizes with public labels, ``keep_columns``. Secret:
+    ``R`` and the noise seed.
+    """
+    if y is not None:
+        data, params = _with_labels(data, y, params)
+    return release("dprp", data, ledger=ledger, table_id=table_id, source=source, on_step=on_step,
+                   caller="release_dprp", **params)
+
+
+release_dprp_array = release_dprp  # the same function: in-memory data runs on the local engine
+
+
+def _with_labels(X, y, params: dict):
+    """A numpy ``X`` and its labels ``y`` as one Arrow table (NaN as nulls): columns, then the label."""
+    import numpy as np
+    import pyarrow as pa
+
+    from sparkpriv.errors import ParameterError
+
+    caller = "release_dprp"
+    X = np.asarray(X)
+    if X.ndim != 2:
+        raise ParameterError(f"X must be a 2-D array (n_samples, n_features) when labels y are given. "
+                             f"Got shape {X.shape}.")
+    y = np.asarray(y)
+    if y.shape != (X.shape[0],):
+        raise ParameterError(f"y must have shape ({X.shape[0]},). Got {y.shape}.")
+    if params.get("label") is not None:
+        raise ParameterError(f"{caller} got both y and label: give the labels one way.")
+    if params.get("labels") is None:
+        raise ParameterError(
+            f"{caller} got labels y: declare them labels='public' (released as they are, one run "
+            "per class, class sizes released) or labels='private' (protected, decoded by argmax)."
+        )
+    names = list(params.get("columns") or [f"x{j}" for j in range(X.shape[1])])
+    if len(names) != X.shape[1]:
+        raise ParameterError(f"The 'columns' parameter of {caller} names {len(names)} columns; X has "
+                             f"{X.shape[1]}.")
+    label = "y" if "y" not in names else "label"
+    if params.get("classes") is None and params["labels"] == "public":
+        classes = tuple(np.unique(y).tolist())  # public labels are public data
+        if len(classes) < 2:
+            raise ParameterError(f"The label column has one class only ({classes[0]!r}): there is "
+                                 "nothing to separate; release without labels.")
+        params = dict(params, classes=classes)
+    cols = {c: pa.array(X[:, j], from_pandas=True) for j, c in enumerate(names)}
+    cols[label] = pa.array(y.tolist() if y.dtype == object else y)
+    return pa.table(cols), dict(params, columns=names, label=label)
+
+
+def table_arrays(rel: Release):
+    """``(X, y)``: the released feature columns and label of a DPRP release made on the local
+    engine, as numpy arrays (``y`` None without a label); ``X`` is float64 of shape
+    ``(n_samples, n_features)``, in the order of ``columns`` (``x0``, ``x1``, ... for a numpy
+    input)."""
+    import numpy as np
+
+    from sparkpriv.errors import ParameterError
+
+    if rel.engine != "local":
+        raise ParameterError("table_arrays takes a release made on the local engine (in-memory data); "
+                             "a Spark release's df is a DataFrame: select its columns there.")
+    params = rel.public.get("parameters", {})
+    columns, label = params.get("columns"), params.get("label")
+    if not columns:
+        raise ParameterError("table_arrays takes a release of table columns (not event records).")
+    t = rel.df
+    X = np.column_stack([t.column(c).to_numpy().astype(np.float64) for c in columns]) if t.num_rows else \
+        np.zeros((0, len(columns)))
+    y = None if label is None else np.asarray(t.column(label).to_pylist())
+    return X, y

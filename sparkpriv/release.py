@@ -381,10 +381,11 @@ def release(mechanism, data, *, ledger=None, table_id: str | None = None, source
         resolve_neighbors(p.neighbors, mech, caller)
     p.validate(caller)
     eng = engine if engine is not None else choose_engine(data, mech, caller)
-    src = eng.open(data, columns=getattr(p, "columns", None), fill=getattr(p, "fill", None), caller=caller)
+    src = eng.open(data, caller=caller, **mech.open_args(p))
     mech.check_input(p, src.facts, caller)
     plan = mech.plan(p, src.facts, caller)
-    parameters = {**src.public_params(), **p.public_dict(), "bounds": plan.public.get("bounds")}
+    parameters = {**src.public_params(), **p.public_dict(), "bounds": plan.public.get("bounds"),
+                  **plan.parameters}
     hold = reserve(event=plan.events, mechanism=mech.name, parameters=parameters, ledger=ledger,
                    table_id=table_id)
     progress = Progress(caller, logging.getLogger(f"sparkpriv.{mech.name}"), on_step,
@@ -403,6 +404,7 @@ def release(mechanism, data, *, ledger=None, table_id: str | None = None, source
     owner = outcome.extras.pop("diagnostics", {})
     return Release(df=outcome.table, mechanism=mech.name, event=plan.events, epsilon=plan.epsilon,
                    delta=plan.delta, public=public, input_info=src.input_info(source), hold=hold,
-                   diagnostics=lambda: {**src.diagnostics(), **owner}, source_df=src.source_df,
+                   diagnostics=lambda: {**src.diagnostics(), **(owner() if callable(owner) else owner)},
+                   source_df=src.source_df,
                    rows=outcome.rows, model=outcome.model, files=outcome.files, extras=outcome.extras,
                    engine=eng.name)

@@ -188,82 +188,6 @@ register(MechanismSpec(
 ))
 
 
-def _dprp(df, cfg: ReleaseConfig, source: str):
-    from sparkpriv.mechanisms.dprp import DEFAULT_BUDGET_SPLIT, DEFAULT_IMPUTE_SHARE
-    from sparkpriv.spark.dprp import release_dprp
-
-    cols = cfg.get("columns")
-    if cfg.get("delta") is None:
-        raise ParameterError("DPRP adds Gaussian noise and needs a delta: give --delta (e.g. 1e-6).")
-    fill = cfg.get("fill")
-    if cfg.get("fill_dp_mean"):
-        if fill is not None:
-            raise ParameterError("Give either --fill (a public constant) or --fill-dp-mean, not both.")
-        fill = "dp-mean"
-    events = cfg.get("events")
-    if events:  # release_dprp refuses columns, bounds and labels for event records, naming them
-        df = _event_records(df, cfg, source)
-    elif cfg.get("threshold") is not None:
-        raise ParameterError("--threshold applies to --events only (the released items of a person).")
-    return release_dprp(
-        df,
-        columns=cols,
-        label=cfg.get("label"),
-        labels=cfg.get("labels"),
-        classes=cfg.get("classes"),
-        epsilon=cfg.get("epsilon"),
-        delta=cfg.get("delta"),
-        lower=cfg.get("lower") if events else per_column(cfg.get("lower"), len(cols), "lower"),
-        upper=cfg.get("upper") if events else per_column(cfg.get("upper"), len(cols), "upper"),
-        k1=cfg.get("k1"),
-        k2=cfg.get("k2"),
-        row_bound=cfg.get("row_bound"),
-        budget_split=cfg.get("budget_split", DEFAULT_BUDGET_SPLIT),
-        fill=fill,
-        impute_share=cfg.get("impute_share", DEFAULT_IMPUTE_SHARE),
-        label_scale=cfg.get("label_scale", 1.0),
-        keep_columns=cfg.get("keep_columns", ()),
-        threshold=cfg.get("threshold"),
-        ledger=cfg.get("ledger"),
-        table_id=cfg.get("table_id"),
-        source=source,
-    )
-
-
-register(MechanismSpec(
-    name="dprp",
-    summary="DPRP private table release: noisy random projection + noisy Gram, same columns and scale",
-    options=(
-        Option("lower", "floats", "declared per-column lower bounds (one value for all columns, or one "
-               "per column); features are mapped to [0, 1] by them", required=True,
-               required_unless="events"),
-        Option("upper", "floats", "declared per-column upper bounds (one value for all columns, or one "
-               "per column)", required=True, required_unless="events"),
-        Option("label", "str", "label column (integer, string or boolean)"),
-        Option("labels", "str", "how the label is treated: public (released as is, one run per class, "
-               "class sizes released) or private (protected, decoded by argmax)",
-               choices=("public", "private")),
-        Option("classes", "strs", "the declared label values, comma-separated (required with --label)"),
-        Option("k1", "int", "projection dimension [default: 4 k2]"),
-        Option("k2", "int", "eigenvectors kept [default: round(0.6 d); with --events min(d, 64)]"),
-        Option("row_bound", "float", "L2 bound of a row on the [0, 1] scale (rows are clipped to it) "
-               "[default: the largest norm the bounds allow: no clipping]"),
-        Option("budget_split", "floats", "shares of the Gaussian-DP budget for projection,Gram "
-               "(sum 1) [default: 0.8,0.2]"),
-        Option("fill_dp_mean", "bool", "replace nulls by DP column means (spends --impute-share of the "
-               "budget; one more read of the input)", default=False),
-        Option("impute_share", "float", "share of the Gaussian-DP budget (mu^2) for --fill-dp-mean "
-               "[default: 0.05]"),
-        Option("label_scale", "float", "value of the one-hot label entry with private labels "
-               "[default: 1.0]"),
-        Option("threshold", "float", "event tables: a released person visited an item when its "
-               "reconstructed value (events; 1 for binary) is at least this; the output is "
-               "items array<int> [default: 0.5]"),
-    ) + EVENT_OPTIONS,
-    release=_dprp,
-))
-
-
 @dataclass(frozen=True)
 class RunResult:
     output: str
@@ -351,8 +275,8 @@ def _read_init_file(path: str):
 def _option_of(s) -> Option:
     """A command-line/config option from a mechanism's parameter (sparkpriv.mechanisms.protocol)."""
     help_ = s.help + (f" [default: {s.doc_default}]" if s.doc_default else "")
-    return Option(s.name, s.kind, help_, default=s.default, required=s.required, choices=s.choices,
-                  required_unless=s.required_unless)
+    return Option(s.name, s.kind, help_, default=s.default, required=s.required or s.required_unless is not None,
+                  choices=s.choices, required_unless=s.required_unless)
 
 
 def register_protocol(name: str, summary: str, *, row_level: bool, extra: tuple[Option, ...] = (),
@@ -418,6 +342,21 @@ def _kmeans_adapt(cfg: ReleaseConfig, params: dict) -> dict:
     return params
 
 
+def _dprp_adapt(cfg: ReleaseConfig, params: dict) -> dict:
+    if params.get("threshold") is not None and not cfg.get("events"):  # before Spark starts
+        raise ParameterError("--threshold applies to --events only (the released items of a person).")
+    if cfg.get("fill_dp_mean"):
+        if params.get("fill") is not None:
+            raise ParameterError("Give either --fill (a public constant) or --fill-dp-mean, not both.")
+        params["fill"] = "dp-mean"
+    return params
+
+
+register_protocol("dprp", "DPRP private table release: noisy random projection + noisy Gram, same columns and "
+                  "scale", row_level=True, adapt=_dprp_adapt, extra=(
+    Option("fill_dp_mean", "bool", "replace nulls by DP column means (spends --impute-share of the "
+           "budget; one more read of the input)", default=False),
+))
 register_protocol("kmeans", "DP k-means (kernel: random Fourier features; linear: DPLloyd); releases "
                   "noisy centres", row_level=False, adapt=_kmeans_adapt, extra=(
     Option("init_file", "str", "CSV of k PUBLIC rows used as initial centres (default: random "

@@ -234,3 +234,25 @@ def test_spark_log_noise_stays_out_of_the_terminal(tmp_path):
     assert lines[-1].startswith("sparkpriv: error: column 'b' has null values")
     assert len(lines) < 15 and "Traceback" not in out.stderr and "Exception in task" not in out.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("extra,msg", [
+    ([], "needs a delta"),
+    (["--delta", "1e-6", "--threshold", "1"], "--threshold applies to --events only"),
+    (["--delta", "1e-6", "--fill", "0", "--fill-dp-mean"], "either --fill .* or --fill-dp-mean, not both"),
+    (["--delta", "1e-6", "--budget-split", "0.9,0.2"], "'budget_split' parameter of sparkpriv release dprp"),
+    (["--delta", "1e-6", "--label", "y"], "declare labels='public'"),
+])
+def test_dprp_parameter_errors_before_spark_starts(tmp_path, capsys, monkeypatch, extra, msg):
+    import re
+
+    import sparkpriv.spark.session as session
+
+    def no_spark(*a, **k):
+        raise AssertionError("Spark must not start for a parameter error")
+
+    monkeypatch.setattr(session, "get_spark", no_spark)
+    rc = main(["release", "dprp", "--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "o"),
+               "--columns", "a", "--lower", "0", "--upper", "1", "--epsilon", "1", *extra])
+    assert rc == 2
+    assert re.search(msg, capsys.readouterr().err)

@@ -4,7 +4,7 @@ On one Parquet table of ``--rows`` Gaussian-blob rows x ``--cols`` features
 (generated once under ``--data-dir`` and reused), in one run, on one
 SparkSession and the same cores:
 
-a. ``sparkpriv_gram``: the Gram pass of :func:`~sparkpriv.spark.dprp.release_dprp`
+a. ``sparkpriv_gram``: the Gram pass of :func:`~sparkpriv.api.release_dprp`
    on the table as :func:`~sparkpriv.io.inputs.read_table` (``reader="arrow"``) returns it (read the
    columns, per Arrow batch scale to [0, 1], clip and compute the upper
    triangle of ``X^T X`` in float64 numpy, merge by tree aggregation); for a
@@ -157,12 +157,16 @@ def _plan(cols: int, bound: float, epsilon: float, delta: float):
 
 def _run_gram(spark, src, columns, bound, direct=True):
     from sparkpriv.io.inputs import read_table
-    from sparkpriv.spark.dprp import gram_pass
+    from sparkpriv.mechanisms import dprp as core
+    from sparkpriv.spark.engine import SparkEngine
 
     plan = _plan(len(columns), bound, 1.0, 1e-6)
     df = read_table(spark, src, "parquet", reader="arrow")
-    # the release's own Gram pass; a DataFrame (df.df) is read by Spark (mapInArrow)
-    return gram_pass(df if direct else df.df, plan, columns, None, None)
+    # the release's own Gram pass (the engine's aggregate of the mechanism's Gram partial); the
+    # DataFrame of the same read (df.df) is read by Spark (mapInArrow)
+    eng = SparkEngine()
+    source = eng.open(df if direct else df.df, columns=columns, fill=None, caller="bench")
+    return eng.aggregate(source, core._gram_fn(plan, None), 1 + plan.d_aug * (plan.d_aug + 1) // 2)
 
 
 def _run_mllib_gram(spark, src, columns):
@@ -176,7 +180,7 @@ def _run_mllib_gram(spark, src, columns):
 
 
 def _run_release(spark, src, out, columns, bound, epsilon, delta):
-    from sparkpriv.spark.dprp import release_dprp
+    from sparkpriv.api import release_dprp
 
     d = len(columns)
     from sparkpriv.io.inputs import read_table

@@ -15,10 +15,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from sparkpriv.errors import InputError, ParameterError
-from sparkpriv.mechanisms.protocol import InputFacts
+from sparkpriv.errors import InputError, ParameterError, SchemaError
+from sparkpriv.mechanisms.protocol import InputFacts, TableRows
 
-__all__ = ["LocalEngine", "LocalSource", "accepts"]
+__all__ = ["LocalEngine", "LocalSource", "accepts", "coerce_classes", "label_codes"]
 
 BLOCK_ROWS = 65_536
 
@@ -53,18 +53,35 @@ class LocalSource:
     columns: tuple
     kind: str = "table"
     fill: float | None = None
+    labels: tuple | None = None  # (label column, declared classes coerced to its type)
+    missing: bool = False  # blocks are TableRows with the null mask (nulls 0.0)
+    keep: tuple = ()
     source_df = None  # no Spark input to check for emptiness
 
     @property
     def facts(self) -> InputFacts:
-        return InputFacts("table", len(self.columns), self.columns)
+        return InputFacts("table", len(self.columns), self.columns, integer_columns=self.integer_columns,
+                          classes=self.labels[1] if self.labels else ())
+
+    @property
+    def integer_columns(self) -> tuple:
+        if isinstance(self.data, np.ndarray):
+            ints = np.issubdtype(self.data.dtype, np.integer) or self.data.dtype == bool
+            return tuple(range(len(self.columns))) if ints else ()
+        import pyarrow as pa
+
+        return tuple(j for j, c in enumerate(self.columns) if pa.types.is_integer(self.data.schema.field(c).type))
 
     def public_params(self) -> dict:
         return {"columns": list(self.columns)}
 
     def input_info(self, source: str | None) -> dict:
-        return {"source": source or "in-memory data", "columns": list(self.columns),
-                "fill_for_nulls": self.fill}
+        info = {"source": source or "in-memory data", "columns": list(self.columns), "fill_for_nulls": self.fill}
+        if self.labels is not None:
+            info["label"] = self.labels[0]
+        if self.keep:
+            info["kept_public_columns"] = list(self.keep)
+        return info
 
     def diagnostics(self) -> dict:
         return {}
@@ -77,7 +94,37 @@ class LocalSource:
         for i in range(0, self.rows, block_rows):
             yield self._block(i, block_rows)
 
-    def _block(self, start: int, size: int) -> np.ndarray:
+    def _block(self, start: int, size: int):
+        if self.labels is None and not self.missing:
+            return self._matrix(start, size)
+        if isinstance(self.data, np.ndarray):  # no label column in a numpy array (open refuses labels)
+            X = np.array(self.data[start:start + size], dtype=np.float64)
+            miss = np.isnan(X)
+            X[miss] = 0.0
+            _check_finite(X, self.columns)
+            return TableRows(X, None, miss)
+        import pyarrow as pa
+
+        part = self.data.slice(start, size)
+        X = np.empty((part.num_rows, len(self.columns)), dtype=np.float64)
+        miss = np.zeros(X.shape, dtype=bool) if self.missing else None
+        for j, c in enumerate(self.columns):
+            arr = part.column(c)
+            if arr.null_count:
+                if miss is None:
+                    raise InputError(f"column {c!r} has null values; declare a public fill value "
+                                     "(fill=...) or remove them before the release")
+                miss[:, j] = arr.is_null().to_numpy(zero_copy_only=False)
+                arr = arr.cast(pa.float64()).fill_null(0.0)
+            X[:, j] = arr.to_numpy().astype(np.float64)
+        _check_finite(X, self.columns)
+        codes = None
+        if self.labels is not None:
+            col, classes = self.labels
+            codes = label_codes(part.column(col), classes, col, InputError)
+        return TableRows(X, codes, miss)
+
+    def _matrix(self, start: int, size: int) -> np.ndarray:
         fill = self.fill
         if isinstance(self.data, np.ndarray):
             X = np.array(self.data[start:start + size], dtype=np.float64)
@@ -106,6 +153,83 @@ class LocalSource:
                 raise InputError(f"column {c!r} has NaN or infinite values; they have no place in a "
                                  "bounded domain: remove or replace them")
         return out
+
+
+def _check_finite(X: np.ndarray, columns) -> None:
+    bad = np.flatnonzero(~np.isfinite(X).all(axis=0))
+    if bad.size:
+        j = int(bad[0])
+        raise InputError(f"column {columns[j]!r} (index {j}) has NaN or infinite values; they have no place "
+                         "in a bounded domain: remove or replace them")
+
+
+def _type_kind(t) -> str:
+    """``integer``, ``fractional``, ``string``, ``boolean`` or ``other`` for an Arrow type."""
+    import pyarrow as pa
+
+    if pa.types.is_integer(t):
+        return "integer"
+    if pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return "fractional"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
+    if pa.types.is_boolean(t):
+        return "boolean"
+    return "other"
+
+
+def coerce_classes(classes, kind: str, column: str, type_name: str) -> tuple:
+    """The declared ``classes`` as values of the label column's type (``kind`` from the schema).
+
+    Public parameters and the schema only: ``--classes 0,1`` against an
+    integer column gives ``(0, 1)``. A mismatch is a ParameterError naming the
+    column; a label column of another type is a SchemaError.
+    """
+    if kind == "other":
+        raise SchemaError(f"The label column {column!r} has type {type_name}; use an integer, string or "
+                          "boolean label column.")
+    try:
+        if kind == "integer":
+            out = []
+            for c in classes:
+                f = float(c)
+                if not f.is_integer():
+                    raise ValueError
+                out.append(int(f))
+        elif kind == "fractional":
+            out = [float(c) for c in classes]
+        elif kind == "string":
+            out = [str(c) for c in classes]
+        else:
+            out = [c if isinstance(c, bool) else str(c).lower() in ("true", "1") for c in classes]
+    except (TypeError, ValueError):
+        raise ParameterError(
+            f"The declared classes {list(classes)!r} do not match the type {type_name} of the label "
+            f"column {column!r}."
+        ) from None
+    return tuple(out)
+
+
+def label_codes(col, classes: tuple, label: str, error) -> np.ndarray:
+    """The class index (int64) of each value of the Arrow array ``col`` of the label column.
+
+    A null or a value that is not a declared class raises ``error(message)``
+    naming the column (values of the data are never in the message, except
+    the first undeclared one, which the data owner needs to fix the call).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    if col.null_count:
+        raise error(f"the label column {label!r} has null values; remove those rows or give them a class")
+    idx = pc.index_in(col, value_set=pa.array(list(classes)).cast(col.type))
+    if idx.null_count:
+        bad = col.filter(pc.is_null(idx))[0].as_py()
+        raise error(f"the label column {label!r} holds a value that is not a declared class "
+                    f"(e.g. {bad!r}); declare every class (classes / --classes)")
+    return idx.to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 def _open(data, columns, caller) -> tuple[Any, tuple]:
@@ -140,6 +264,18 @@ def _open(data, columns, caller) -> tuple[Any, tuple]:
     return data, tuple(columns)
 
 
+def _as_type(v: np.ndarray, t):
+    """Float64 values as an Arrow array of the input column's type: integer and float types
+    kept (integer values are already rounded), others double."""
+    import pyarrow as pa
+
+    if pa.types.is_integer(t):
+        return pa.array(v.astype(np.int64)).cast(t)
+    if pa.types.is_float32(t):
+        return pa.array(v).cast(t)
+    return pa.array(v, pa.float64())
+
+
 class _Cache:
     def __init__(self, blocks: list[np.ndarray]):
         self.blocks = blocks
@@ -163,14 +299,38 @@ class LocalEngine:
     def __init__(self, block_rows: int = BLOCK_ROWS):
         self.block_rows = int(block_rows)
 
-    def open(self, data, *, columns: Sequence[str] | None, fill: float | None, caller: str) -> LocalSource:
+    def open(self, data, *, columns: Sequence[str] | None, fill: float | None, caller: str,
+             labels: tuple | None = None, missing: bool = False, keep: Sequence[str] = ()) -> LocalSource:
+        """A source (schema checked, no value read).
+
+        ``labels=(column, classes)``: blocks are :class:`TableRows` with the
+        class code of each row (the classes coerced to the column's type, in
+        ``facts.classes``). ``missing=True``: blocks are :class:`TableRows`
+        with the null mask (nulls read as 0.0) instead of nulls filled or
+        refused. ``keep``: columns a row-level output copies (checked present).
+        """
         data, names = _open(data, columns, caller)
-        return LocalSource(data, names, fill=fill)
+        if (labels is not None or keep) and isinstance(data, np.ndarray):
+            what = "a label column" if labels is not None else "kept columns (keep_columns)"
+            raise ParameterError(f"{caller}: {what} need a pandas or Arrow table input (a numpy array has no "
+                                 "other columns).")
+        for c in keep:
+            if c not in data.column_names:
+                raise ParameterError(f"The kept (public) column {c!r} is not in the input table. Columns: "
+                                     f"{', '.join(data.column_names)}.")
+        if labels is not None:
+            col, classes = labels
+            if col not in data.column_names:
+                raise ParameterError(f"The label column {col!r} is not in the input table. Columns: "
+                                     f"{', '.join(data.column_names)}.")
+            t = data.schema.field(col).type
+            labels = (col, coerce_classes(classes, _type_kind(t), col, str(t)))
+        return LocalSource(data, names, fill=fill, labels=labels, missing=missing, keep=tuple(keep))
 
     def counters(self, names: Sequence[str]) -> list:
         return [_Counter() for _ in names]
 
-    def aggregate(self, source: LocalSource, fn, size: int) -> np.ndarray:
+    def aggregate(self, source: LocalSource, fn, size: int, *, count: bool = False) -> np.ndarray:
         acc = np.zeros(size, dtype=np.float64)
         for X in source.blocks(self.block_rows):
             acc += fn(X)
@@ -179,11 +339,15 @@ class LocalEngine:
     def cache(self, source: LocalSource, fn, dim: int) -> _Cache:
         return _Cache([np.ascontiguousarray(fn(X), dtype=np.float64) for X in source.blocks(self.block_rows)])
 
-    def map_rows(self, source: LocalSource, row_map, columns: Sequence[tuple], *, keep: Sequence[str] = ()):
+    def map_rows(self, source: LocalSource, row_map, columns: Sequence[tuple], *, keep: Sequence[str] = (),
+                 count: bool = True):
         """A row-level output (the Spark engine's ``map_rows``): the whole input is partition 0.
 
         ``keep`` copies declared public input columns (Arrow inputs only).
-        Returns ``(table, None)``.
+        Column type ``"as-input"``: the type of the input column of that name
+        (integer and float types kept, others double); ``"label"``: the row
+        map gives class codes, the output holds the declared classes in the
+        label column's type. Returns ``(table, None)``.
         """
         import pyarrow as pa
 
@@ -198,6 +362,14 @@ class LocalEngine:
             pieces = [o[j] for o in outs]
             if pieces and isinstance(pieces[0], pa.Array):
                 out[name] = pa.concat_arrays(pieces)
+            elif t == "label":
+                col, classes = source.labels
+                codes = np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, np.int64)
+                out[name] = pa.array(list(classes)).cast(source.data.schema.field(col).type).take(pa.array(codes))
+            elif t == "as-input":
+                v = np.concatenate(pieces) if pieces else np.zeros(0)
+                out[name] = pa.array(v, pa.float64()) if isinstance(source.data, np.ndarray) else \
+                    _as_type(v, source.data.schema.field(name).type)
             else:
                 out[name] = pa.array(np.concatenate(pieces) if pieces else np.zeros(0), types[t])
         return pa.table(out), None

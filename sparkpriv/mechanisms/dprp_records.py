@@ -1,12 +1,12 @@
-"""DPRP of sparse event records (docs/math.md section 8; the Spark layer is
-:mod:`sparkpriv.spark.dprp_records`, the DPRP core :mod:`sparkpriv.mechanisms.dprp`).
+"""DPRP of sparse event records (docs/math.md section 8; the mechanism, whose records
+branch runs these functions per block on the Spark engine, is :mod:`sparkpriv.mechanisms.dprp`).
 
 A person's bounded record is a sparse vector over a public vocabulary of
 ``d`` items with values in ``[0, c]`` (``c = 1`` binary) and
 ``||x||_2 <= c sqrt(L)``. Divided by ``c`` it is a prepared row with the box
 ``[0, 1]`` and ``Z = sqrt(L)``, so the sensitivities of
 :mod:`sparkpriv.mechanisms.dprp` hold unchanged (the cap bounds the record; the Spark
-path still applies ``clip_sparse_rows``, which changes nothing on capped
+mechanism still applies ``clip_sparse_rows``, which changes nothing on capped
 records). On that domain they are ``sqrt(min(2 L, d)) s_max(R)`` (two
 records on disjoint items) and, for ``d >= 2 L``, ``sqrt(L (L + 1))`` for
 the Gram's unique entries: exact, checked against every pair of binary

@@ -46,7 +46,7 @@ from sparkpriv.errors import ParameterError
 __all__ = [
     "Neighbors", "ReplaceOne", "AddRemove", "Element", "REPLACE_ONE", "ADD_REMOVE", "ELEMENT",
     "resolve_neighbors", "option", "Params", "OptionSpec", "option_table", "Plan", "Outcome",
-    "SparseRows", "InputFacts", "Mechanism", "Progress", "register", "registered", "get_mechanism", "REQUIRED",
+    "SparseRows", "TableRows", "InputFacts", "Mechanism", "Progress", "register", "registered", "get_mechanism", "REQUIRED",
 ]
 
 
@@ -287,7 +287,7 @@ def option_table(mechanism: "Mechanism") -> str:
     """The docs' option table of a mechanism's parameters (generated, never hand-written)."""
     rows = ["| option | TOML key | type | default | meaning |", "|---|---|---|---|---|"]
     for s in mechanism.specs():
-        if s.required:
+        if s.required or s.required_unless:
             default = "required" + (f" unless `{s.required_unless}`" if s.required_unless else "")
         elif s.doc_default is not None:
             default = s.doc_default
@@ -311,6 +311,9 @@ class InputFacts:
     ``kind`` is ``"table"`` (one row per person: dense ``columns``) or
     ``"records"`` (bounded person records of an event table: ``d`` items,
     each person at most ``value_cap`` per item and ``l2_bound`` in L2).
+    ``integer_columns``: indices of the declared columns of an integer type
+    (a table). ``classes``: the declared label values, coerced to the label
+    column's type (when ``engine.open`` got ``labels=(column, classes)``).
     """
 
     kind: str
@@ -318,6 +321,8 @@ class InputFacts:
     columns: tuple = ()
     value_cap: float | None = None
     l2_bound: float | None = None
+    integer_columns: tuple = ()
+    classes: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -335,6 +340,26 @@ class SparseRows:
         return len(self.offsets) - 1
 
 
+@dataclass(frozen=True)
+class TableRows:
+    """A dense block with what ``engine.open`` was asked for beyond the matrix.
+
+    ``X``: the ``(n, d)`` float64 matrix of the declared columns (with
+    ``missing=True``, nulls are 0.0 and marked in ``missing``, the ``(n, d)``
+    bool mask; a numpy input's NaN count as nulls). ``codes``: the class index
+    of each row's label (``labels=(column, classes)``), int64; a null label or
+    a value that is not a declared class is an InputError naming the column.
+    """
+
+    X: np.ndarray
+    codes: np.ndarray | None = None
+    missing: np.ndarray | None = None
+
+    @property
+    def n(self) -> int:
+        return int(self.X.shape[0])
+
+
 @dataclass
 class Plan:
     """What :meth:`Mechanism.plan` returns: events, the accounted guarantee, public facts.
@@ -342,6 +367,9 @@ class Plan:
     ``state`` holds what :meth:`Mechanism.run` needs (calibrated noise, public
     matrices); ``secrets`` what must never leave the process (seeds, secret
     matrices): neither is ever written, logged or shown in ``repr``.
+    ``parameters``: public parameters as the plan resolved them (defaults
+    computed from the schema, e.g. ``k1 = 4 k2``), recorded in the receipt's
+    and the ledger's parameters over the values given.
     """
 
     events: Any
@@ -351,6 +379,7 @@ class Plan:
     neighbors: Neighbors
     state: Any = field(default=None, repr=False)
     secrets: Any = field(default=None, repr=False)
+    parameters: dict = field(default_factory=dict)  # public parameters as resolved (defaults filled in)
 
     def forget_secrets(self) -> None:
         self.secrets = None
@@ -404,6 +433,15 @@ class Mechanism:
             out.append(s)
         return tuple(out)
 
+    def open_args(self, params: Params) -> dict:
+        """The keyword arguments of ``engine.open`` for these parameters (public only).
+
+        Default: the declared ``columns`` and the public ``fill``. A mechanism
+        that needs more of the input (a label column decoded to class codes,
+        the null mask, columns kept in a row-level output) says so here.
+        """
+        return {"columns": getattr(params, "columns", None), "fill": getattr(params, "fill", None)}
+
     def plan(self, params: Params, facts: InputFacts, caller: str) -> Plan:  # pragma: no cover
         raise NotImplementedError
 
@@ -455,6 +493,7 @@ def register(mechanism: Mechanism) -> Mechanism:
 
 def registered() -> dict[str, Mechanism]:
     """Every registered mechanism, by name (imports the built-in ones)."""
+    import sparkpriv.mechanisms.dprp  # noqa: F401  (registers itself)
     import sparkpriv.mechanisms.kmeans  # noqa: F401  (registers itself)
 
     return dict(_REGISTRY)

@@ -36,12 +36,14 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from sparkpriv.mechanisms.protocol import InputFacts, SparseRows
-from sparkpriv.spark.batches import batch_matrix, has_rdd, map_batches, owner_counters, spark_errors, sum_partials
+from sparkpriv.local.engine import coerce_classes, label_codes
+from sparkpriv.mechanisms.protocol import InputFacts, SparseRows, TableRows
+from sparkpriv.spark.batches import (_marked, batch_matrix, has_rdd, map_batches, owner_counters, spark_errors,
+                                     sum_partials)
 from sparkpriv.spark.events import BoundedRecords, counters_dict, make_counters
 from sparkpriv.spark.parquet_scan import ParquetInput, dataframe_of, parquet_scan, scan_rdd
-from sparkpriv.spark.parquet_scan import row_map as scan_row_map
 from sparkpriv.spark.parquet_scan import aggregate as scan_aggregate
+from sparkpriv.spark.parquet_scan import row_map as scan_row_map
 from sparkpriv.spark.schema import check_numeric_columns, schema_fingerprint
 
 __all__ = ["SparkEngine", "TableSource", "RecordsSource", "accepts"]
@@ -71,6 +73,9 @@ class TableSource:
     columns: tuple
     fill: float | None
     kind: str = "table"
+    labels: tuple | None = None  # (label column, declared classes coerced to its type)
+    missing: bool = False  # blocks are TableRows with the null mask (nulls 0.0)
+    keep: tuple = ()
     input: Any = field(default=None, repr=False)
 
     def __post_init__(self):
@@ -79,7 +84,16 @@ class TableSource:
 
     @property
     def facts(self) -> InputFacts:
-        return InputFacts("table", len(self.columns), self.columns)
+        from pyspark.sql.types import IntegralType
+
+        ints = tuple(j for j, c in enumerate(self.columns) if isinstance(self.df.schema[c].dataType, IntegralType))
+        return InputFacts("table", len(self.columns), self.columns, integer_columns=ints,
+                          classes=self.labels[1] if self.labels else ())
+
+    @property
+    def read_columns(self) -> list:
+        """The input columns a block is made of (the declared ones, then the label column)."""
+        return list(self.columns) + ([self.labels[0]] if self.labels else [])
 
     @property
     def spark(self):
@@ -93,19 +107,46 @@ class TableSource:
         return {"columns": list(self.columns)}
 
     def input_info(self, source: str | None) -> dict:
-        return {"source": source, "schema_fingerprint": schema_fingerprint(self.df.schema),
+        info = {"source": source, "schema_fingerprint": schema_fingerprint(self.df.schema),
                 "columns": list(self.columns), "fill_for_nulls": self.fill}
+        if self.labels is not None:
+            info["label"] = self.labels[0]
+        if self.keep:
+            info["kept_public_columns"] = list(self.keep)
+        return info
 
     def diagnostics(self) -> dict:
         return {}
 
+    def block_fn(self):
+        """``batch -> block`` (a matrix, or :class:`TableRows` when labels or the null mask were
+        asked for), built from plain values (it is pickled into the tasks)."""
+        columns, fill, labels, missing = list(self.columns), self.fill, self.labels, self.missing
+        if labels is None and not missing:
+            return lambda batch: batch_matrix(batch, columns, fill=fill)
+
+        def block(batch):
+            if missing:
+                X = batch_matrix(batch, columns, fill=0.0)
+                miss = np.zeros(X.shape, dtype=bool)
+                for j, c in enumerate(columns):
+                    col = batch.column(c)
+                    if col.null_count:
+                        miss[:, j] = col.is_null().to_numpy(zero_copy_only=False)
+            else:
+                X, miss = batch_matrix(batch, columns, fill=fill), None
+            codes = None if labels is None else label_codes(batch.column(labels[0]), labels[1], labels[0], _marked)
+            return TableRows(X, codes, miss)
+
+        return block
+
     def batch_fn(self, fn):
         """Per-partition ``(batches, pid) -> iterator of fn(block)`` over this source's blocks."""
-        columns, fill = list(self.columns), self.fill
+        block = self.block_fn()
 
         def blocks(batches):
             for batch in batches:
-                yield fn(batch_matrix(batch, columns, fill=fill))
+                yield fn(block(batch))
 
         return blocks
 
@@ -220,13 +261,34 @@ class _Cache:
         (self.rdd if self.rdd is not None else self.df).unpersist()
 
 
+def _out_array(batch, name: str, kind: str, values, label):
+    """One output column of ``map_rows`` as Arrow (``as-input``/``label`` typed from the batch)."""
+    if isinstance(values, pa.Array):
+        return values
+    if kind == "label":
+        t = batch.column(label[0]).type
+        return pa.array(list(label[1])).cast(t).take(pa.array(np.asarray(values, np.int64)))
+    if kind == "as-input":
+        t = batch.column(name).type
+        if pa.types.is_integer(t):
+            return pa.array(np.asarray(values).astype(np.int64)).cast(t)
+        if pa.types.is_float32(t):
+            return pa.array(values).cast(t)
+        return pa.array(values, pa.float64())
+    return pa.array(values)
+
+
 class SparkEngine:
     """The engine interface (docs/architecture.md) over Spark DataFrames."""
 
     name = "spark"
 
-    def open(self, data, *, columns: Sequence[str] | None, fill: float | None, caller: str):
+    def open(self, data, *, columns: Sequence[str] | None, fill: float | None, caller: str,
+             labels: tuple | None = None, missing: bool = False, keep: Sequence[str] = ()):
+        """A source, schema only. ``labels``, ``missing``, ``keep``: as the local engine's ``open``
+        (ignored for bounded event records: the mechanism refuses them by name)."""
         from sparkpriv.errors import ParameterError
+        from sparkpriv.spark.schema import check_present_columns
 
         if isinstance(data, BoundedRecords):
             self._spark = data.grouped.sparkSession
@@ -238,7 +300,18 @@ class SparkEngine:
                                  "the numeric feature columns (--columns).")
         columns = tuple(columns)
         check_numeric_columns(data, columns)
-        return TableSource(data, columns, fill, input=given)
+        check_present_columns(data, list(keep), role="kept (public)")
+        if labels is not None:
+            from pyspark.sql.types import BooleanType, FractionalType, IntegralType, StringType
+
+            col, classes = labels
+            check_present_columns(data, [col], role="label")
+            t = data.schema[col].dataType
+            kind = ("integer" if isinstance(t, IntegralType) else "fractional" if isinstance(t, FractionalType)
+                    else "string" if isinstance(t, StringType) else "boolean" if isinstance(t, BooleanType)
+                    else "other")
+            labels = (col, coerce_classes(classes, kind, col, t.simpleString()))
+        return TableSource(data, columns, fill, labels=labels, missing=missing, keep=tuple(keep), input=given)
 
     def __init__(self) -> None:
         self._spark = None  # the session of the opened source
@@ -247,7 +320,10 @@ class SparkEngine:
         """Accumulators for owner diagnostics (None under Spark Connect: no diagnostics)."""
         return owner_counters(self._spark, len(names))
 
-    def aggregate(self, source, fn, size: int) -> np.ndarray:
+    def aggregate(self, source, fn, size: int, *, count: bool = False) -> np.ndarray:
+        """``count``: event records add this pass to the owner counters (people, truncated: count
+        them in one pass only)."""
+
         def sparkpriv_partial(batches, pid):
             acc = np.zeros(size, dtype=np.float64)
             for v in blocks(batches):
@@ -256,10 +332,11 @@ class SparkEngine:
 
         with spark_errors():
             if source.kind == "records":
-                blocks = source.batch_fn(fn, counted=False)
+                blocks = source.batch_fn(fn, counted=count)
                 return sum_partials(source.records.grouped, sparkpriv_partial, size)
             blocks = source.batch_fn(fn)
-            return scan_aggregate(source.input, list(source.columns), sparkpriv_partial, size)
+            strings = [source.labels[0]] if source.labels else []
+            return scan_aggregate(source.input, source.read_columns, sparkpriv_partial, size, strings=strings)
 
     def cache(self, source, fn, dim: int) -> _Cache:
         def sparkpriv_features(batches, pid):
@@ -281,7 +358,8 @@ class SparkEngine:
             return _Cache(dim, rdd=blocks_df.rdd.map(_block_bytes))
         return _Cache(dim, df=blocks_df)
 
-    def map_rows(self, source, row_map, columns: Sequence[tuple], *, keep: Sequence[str] = ()):
+    def map_rows(self, source, row_map, columns: Sequence[tuple], *, keep: Sequence[str] = (),
+                 count: bool = True):
         """A row-level output: ``row_map(pid, blocks)`` yields one list of output columns per block.
 
         ``row_map`` is a generator function built from plain values: it gets
@@ -293,7 +371,12 @@ class SparkEngine:
         unchanged in front (declared public). Returns ``(df, rows)``: the lazy
         DataFrame and the :class:`~sparkpriv.spark.batches.BatchMap` the
         Arrow writer runs in the Python tasks. Event records are read in the
-        keyed person layout (``BoundedRecords.layout``, in ``_pk`` order).
+        keyed person layout (``BoundedRecords.layout``, in ``_pk`` order);
+        ``count=False`` leaves them out of the owner counters (counted by an
+        earlier pass). Column type ``"as-input"``: the type of the input
+        column of that name (integer and float types kept, others double);
+        ``"label"``: the row map gives class codes, the output holds the
+        declared classes in the label column's type.
         """
         from pyspark.sql.types import StructField, StructType
 
@@ -302,10 +385,12 @@ class SparkEngine:
 
         keep = list(keep)
         kept = [source.df.schema[c] for c in keep]
-        out = StructType(kept + [StructField(n, self._type(t), nb) for n, t, nb in columns])
+        out = StructType(kept + [StructField(n, self._out_type(source, n, t), nb) for n, t, nb in columns])
         names = keep + [n for n, _, _ in columns]
+        kinds = [t for _, t, _ in columns]
+        label = source.labels if getattr(source, "labels", None) else None
         if source.kind == "records":
-            bound = source.records.record_fn(source.counters)
+            bound = source.records.record_fn(source.counters if count else None)
             d = source.records.d
             frame = source.records.layout
 
@@ -313,12 +398,13 @@ class SparkEngine:
                 for b in in_person_hash_order(batches):
                     yield b, SparseRows(*bound(b), d)
         else:
-            cols, fill = list(source.columns), source.fill
-            read = [*keep, *[c for c in cols if c not in keep]]
+            make_block = source.block_fn()
+            read = [*keep, *[c for c in source.read_columns if c not in keep]]
+            passthrough = keep + ([label[0]] if label else [])
 
             def decode_all(batches):
                 for b in batches:
-                    yield b, batch_matrix(b, cols, fill=fill)
+                    yield b, make_block(b)
 
         def sparkpriv_rows(batches, pid):
             current = []
@@ -330,14 +416,25 @@ class SparkEngine:
 
             for outcols in row_map(pid, blocks()):
                 b = current[0]
-                arrays = [b.column(c) for c in keep] + [pa.array(c) for c in outcols]
+                arrays = [b.column(c) for c in keep] + [_out_array(b, n, k, c, label)
+                                                        for n, k, c in zip(names[len(keep):], kinds, outcols)]
                 yield pa.RecordBatch.from_arrays(arrays, names)
 
         if source.kind == "records":
             rows = BatchMap(frame, sparkpriv_rows, out)
         else:  # a DataFrame, or the direct Parquet reader (same partition indices and batches)
-            rows = scan_row_map(source.input, read, sparkpriv_rows, out, passthrough=keep)
+            rows = scan_row_map(source.input, read, sparkpriv_rows, out, passthrough=passthrough)
         return rows.to_df(), rows
+
+    def _out_type(self, source, name: str, t: str):
+        from pyspark.sql.types import DoubleType, FloatType, IntegralType
+
+        if t == "label":
+            return source.df.schema[source.labels[0]].dataType
+        if t == "as-input":
+            it = source.df.schema[name].dataType
+            return it if isinstance(it, (IntegralType, FloatType, DoubleType)) else DoubleType()
+        return self._type(t)
 
     @staticmethod
     def _type(t: str):

@@ -121,18 +121,17 @@ def offered_projection_events() -> set:
 
 
 def offered_dprp() -> set:
-    from sparkpriv.mechanisms import dprp as core
+    from sparkpriv.api import release_dprp_array
+    from sparkpriv.mechanisms.protocol import get_mechanism, resolve_neighbors
 
     out = set()
     for rel in NEIGHBORS:
-        if _accepts(lambda: core.release_dprp_array(X, epsilon=1.0, delta=1e-6, lower=[-1.0] * 3,
+        if _accepts(lambda: release_dprp_array(X, epsilon=1.0, delta=1e-6, lower=[-1.0] * 3,
                                                     upper=[1.0] * 3, neighbors=rel)):
             out.add(("dprp", GAU, rel, "table"))
-        if _accepts(lambda: core.validate_params(
-                d=5, epsilon=1.0, delta=1e-6, lower=(0.0,) * 5, upper=(1.0,) * 5, k1=None, k2=None,
-                row_bound=1.0, budget_split=core.DEFAULT_BUDGET_SPLIT, labels=None, classes=None,
-                label_scale=1.0, fill=None, impute_share=core.DEFAULT_IMPUTE_SHARE, neighbors=rel,
-                caller="probe")):
+        # event records take the same release path: the relation is resolved before the input's kind
+        # matters (resolve_neighbors), and the plan of records calibrates for replace-one
+        if _accepts(lambda: resolve_neighbors(rel, get_mechanism("dprp"), "probe")):
             out.add(("dprp", GAU, rel, "records"))
     return out
 
@@ -217,7 +216,7 @@ REFUSED = [
      .release_projection_array(X, k=2, epsilon=1.0, neighbors="element", row_bound=1.0, element_bound=0.5)),
     ("event-records projection add-remove", lambda: __import__("sparkpriv.spark.sparse_projection", fromlist=["x"])
      .release_sparse_projection(None, k=2, epsilon=1.0, neighbors="add-remove")),
-    ("dprp add-remove", lambda: __import__("sparkpriv.mechanisms.dprp", fromlist=["x"])
+    ("dprp add-remove", lambda: __import__("sparkpriv.api", fromlist=["x"])
      .release_dprp_array(X, epsilon=1.0, delta=1e-6, lower=[-1.0] * 3, upper=[1.0] * 3,
                          neighbors="add-remove")),
 ]

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from dp_accounting import dp_event
 
-from sparkpriv.errors import ParameterError
+from sparkpriv.errors import InputError, ParameterError
 from sparkpriv.mechanisms import dprp as core
 from sparkpriv.mechanisms import dprp_records as rcore
-from sparkpriv.mechanisms.dprp import release_dprp_array
+from sparkpriv.api import release_dprp_array, table_arrays
 from sparkpriv.mechanisms.projection import draw_projection_matrix
 from sparkpriv.privacy.accounting import compose, epsilon_of
 from sparkpriv.privacy.calibration import gdp_mu_for
@@ -33,6 +33,39 @@ def _plan(d=6, k1=None, k2=None, row_bound=None, epsilon=2.0, delta=1e-5, labels
                           labels=labels, classes=classes, label_scale=label_scale, fill=fill,
                           impute_share=0.05)
     return plan, R
+
+
+def _release(X, y=None, *, _noise_free=False, **params):
+    """``(X', y', release)`` of the DPRP release of in-memory ``X`` (and labels ``y``).
+
+    ``_noise_free``: the same passes on the local engine without any noise (the
+    plan's state marked by hand; no public parameter turns the noise off).
+    """
+    if not _noise_free:
+        rel = release_dprp_array(X, y, **params)
+        return (*table_arrays(rel), rel)
+    import dataclasses
+
+    from sparkpriv.api import _with_labels
+    from sparkpriv.local.engine import LocalEngine
+    from sparkpriv.mechanisms.protocol import Progress, get_mechanism
+    from sparkpriv.release import Release
+
+    data = X
+    if y is not None:
+        data, params = _with_labels(X, y, params)
+    mech = get_mechanism("dprp")
+    p = mech.Params.from_mapping(params, "t")
+    p.validate("t")
+    eng = LocalEngine()
+    src = eng.open(data, caller="t", **mech.open_args(p))
+    plan = mech.plan(p, src.facts, "t")
+    plan.state = dataclasses.replace(plan.state, noise_free=True)
+    out = mech.run(eng, src, plan, Progress("t", logging.getLogger("t")))
+    parameters = {**src.public_params(), **p.public_dict(), **plan.parameters}
+    rel = Release(df=out.table, mechanism="dprp", event=plan.events, epsilon=plan.epsilon, delta=plan.delta,
+                  public=dict(plan.public, parameters=parameters, **out.public), input_info={}, engine="local")
+    return (*table_arrays(rel), rel)
 
 
 def test_core_does_not_import_pyspark():
@@ -266,14 +299,13 @@ def test_reconstruction_exact_without_noise_on_low_rank_data(rank, k2):
     W = rng.random((rank, d))
     X = rng.random((500, rank)) @ W
     X /= X.max()  # inside [0, 1]: no clipping
-    rel = release_dprp_array(X, epsilon=1.0, delta=1e-5, lower=[0.0] * d, upper=[1.0] * d, k2=k2,
-                             _noise_free=True)
-    np.testing.assert_allclose(rel.X, X, atol=1e-9)
+    Xo, _, _ = _release(X, epsilon=1.0, delta=1e-5, lower=[0.0] * d, upper=[1.0] * d, k2=k2,
+                        _noise_free=True)
+    np.testing.assert_allclose(Xo, X, atol=1e-9)
     # rank above k2 is not reproduced: the test can fail
     X3 = rng.random((500, d))
-    rel3 = release_dprp_array(X3, epsilon=1.0, delta=1e-5, lower=[0.0] * d, upper=[1.0] * d, k2=2,
-                              _noise_free=True)
-    assert np.abs(rel3.X - X3).max() > 0.05
+    X3o, _, _ = _release(X3, epsilon=1.0, delta=1e-5, lower=[0.0] * d, upper=[1.0] * d, k2=2, _noise_free=True)
+    assert np.abs(X3o - X3).max() > 0.05
 
 
 def test_scaling_round_trip_integer_columns_and_private_labels():
@@ -283,13 +315,13 @@ def test_scaling_round_trip_integer_columns_and_private_labels():
     X = np.column_stack([rng.uniform(-5, 5, n), rng.uniform(10, 20, n), rng.random(n),
                          rng.integers(18, 91, n).astype(float)])
     y = np.where(X[:, 0] > 0, "sick", "well")
-    rel = release_dprp_array(X, y, labels="private", classes=["well", "sick"], epsilon=1.0, delta=1e-5,
-                             lower=lower, upper=upper, k2=d + 2, integer_columns=[3], _noise_free=True)
-    np.testing.assert_allclose(rel.X, X, atol=1e-9)
-    assert np.all(rel.X[:, 3] == np.rint(rel.X[:, 3]))
-    assert (rel.y == y).all()
-    assert rel.plan.d_aug == d + 2
-    assert rel.plan.row_bound == pytest.approx(math.sqrt(d + 1))
+    Xo, yo, rel = _release(X, y, labels="private", classes=["well", "sick"], epsilon=1.0, delta=1e-5,
+                           lower=lower, upper=upper, k2=d + 2, integer_columns=[3], _noise_free=True)
+    np.testing.assert_allclose(Xo, X, atol=1e-9)
+    assert np.all(Xo[:, 3] == np.rint(Xo[:, 3]))
+    assert (yo == y).all()
+    assert rel.public["k2"] == d + 2 and rel.public["integer_columns_rounded"] == [3]
+    assert rel.public["row_bound"] == pytest.approx(math.sqrt(d + 1))
 
 
 def test_private_label_block_inside_row_bound():
@@ -304,19 +336,18 @@ def test_public_labels_run_per_class_and_release_sizes():
     rng = np.random.default_rng(9)
     X = np.vstack([rng.random((300, 5)) * 0.3, 0.7 + rng.random((200, 5)) * 0.3])
     y = np.array([0] * 300 + [1] * 200)
-    rel = release_dprp_array(X, y, labels="public", epsilon=4.0, delta=1e-4, lower=[0.0] * 5,
-                             upper=[1.0] * 5)
-    assert rel.class_sizes == {0: 300, 1: 200}
-    assert (rel.y == y).all()
+    _, yo, rel = _release(X, y, labels="public", epsilon=4.0, delta=1e-4, lower=[0.0] * 5, upper=[1.0] * 5)
+    assert rel.public["class_sizes"] == {"0": 300, "1": 200}
+    assert (yo == y).all()
     nolab = release_dprp_array(X, epsilon=4.0, delta=1e-4, lower=[0.0] * 5, upper=[1.0] * 5)
     # parallel composition: the event of the labelled release is that of ONE run
     assert rel.event == nolab.event
-    assert rel.epsilon() == pytest.approx(nolab.epsilon()) and rel.epsilon() <= 4.0 * (1 + 1e-3)
+    assert rel.epsilon == pytest.approx(nolab.epsilon) and rel.epsilon <= 4.0 * (1 + 1e-3)
     # noise-free per-class reconstruction of rank-1-per-class data is exact
     Z = np.vstack([np.outer(rng.random(300), rng.random(5)), np.outer(rng.random(200), rng.random(5))])
-    ex = release_dprp_array(Z, y, labels="public", epsilon=4.0, delta=1e-4, lower=[0.0] * 5,
-                            upper=[1.0] * 5, k2=1, _noise_free=True)
-    np.testing.assert_allclose(ex.X, Z, atol=1e-9)
+    Zo, _, _ = _release(Z, y, labels="public", epsilon=4.0, delta=1e-4, lower=[0.0] * 5,
+                        upper=[1.0] * 5, k2=1, _noise_free=True)
+    np.testing.assert_allclose(Zo, Z, atol=1e-9)
 
 
 def test_dp_mean_fill_noise_free_is_the_mean_and_noisy_is_not():
@@ -324,9 +355,9 @@ def test_dp_mean_fill_noise_free_is_the_mean_and_noisy_is_not():
     X = rng.random((1000, 3))
     X[::7, 1] = np.nan
     mean = np.nanmean(X[:, 1])
-    ex = release_dprp_array(X, epsilon=1.0, delta=1e-5, lower=[0.0] * 3, upper=[1.0] * 3, k2=3,
-                            fill="dp-mean", _noise_free=True)
-    np.testing.assert_allclose(ex.X[::7, 1], mean, atol=1e-9)
+    Xo, _, _ = _release(X, epsilon=1.0, delta=1e-5, lower=[0.0] * 3, upper=[1.0] * 3, k2=3,
+                        fill="dp-mean", _noise_free=True)
+    np.testing.assert_allclose(Xo[::7, 1], mean, atol=1e-9)
     plan, _ = _plan(d=3, fill="dp-mean", epsilon=1.0)
     nz = plan.impute_noise(1000)
     assert nz.std == pytest.approx(math.sqrt(6) / plan.mu["impute"], rel=1e-6)
@@ -379,7 +410,7 @@ _BASE = dict(epsilon=1.0, delta=1e-5, lower=[0.0] * 3, upper=[1.0] * 3)
 
 
 @pytest.mark.parametrize("kw,msg", [
-    ({"delta": 0.0}, "'delta' parameter of release_dprp_array must be in \\(0, 1\\)"),
+    ({"delta": 0.0}, "'delta' parameter of release_dprp must be in \\(0, 1\\)"),
     ({"delta": 1.0}, "'delta'"),
     ({"epsilon": -1.0}, "'epsilon'"),
     ({"lower": None}, "needs declared public per-column bounds"),
@@ -407,21 +438,21 @@ def test_label_errors():
         release_dprp_array(X, np.zeros(20), labels="public", **_BASE)
     with pytest.raises(ParameterError, match="at least two distinct"):
         release_dprp_array(X, np.zeros(20), labels="private", classes=[0], **_BASE)
-    with pytest.raises(ParameterError, match="'classes' parameter .* required with private labels"):
+    with pytest.raises(ParameterError, match="'classes' parameter .* required with a label column"):
         release_dprp_array(X, np.arange(20) % 2, labels="private", **_BASE)
     with pytest.raises(ParameterError, match="declare them labels='public'"):
         release_dprp_array(X, np.arange(20) % 2, **_BASE)
-    with pytest.raises(ParameterError, match="not a declared class"):
+    with pytest.raises(InputError, match="not a declared class"):
         release_dprp_array(X, np.arange(20) % 3, labels="private", classes=[0, 1], **_BASE)
 
 
 def test_missing_values_need_a_fill():
     X = np.random.default_rng(0).random((20, 3))
     X[3, 2] = np.nan
-    with pytest.raises(ParameterError, match="missing values \\(NaN\\) in column index 2"):
+    with pytest.raises(InputError, match="column 'x2' \\(index 2\\) has NaN"):
         release_dprp_array(X, **_BASE)
-    out = release_dprp_array(X, fill=0.5, **_BASE)
-    assert np.isfinite(out.X).all()
+    Xo, _, _ = _release(X, fill=0.5, **_BASE)
+    assert np.isfinite(Xo).all()
 
 
 def test_nominal_event_is_gaussian_per_step():

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from sparkpriv.errors import InputError, ParameterError
-from sparkpriv.mechanisms.dprp import release_dprp_array
+from sparkpriv.api import release_dprp_array
 from sparkpriv.mechanisms.projection import (
     draw_projection_matrix,
     plan_projection,

@@ -181,7 +181,7 @@ def test_arrow_writer_takes_large_string_batches(spark, table, tmp_path):
 
 def test_dprp_table_with_both_writers_is_the_same(spark, tmp_path, test_seed):
     """DPRP output has typed columns (an integer column, private string labels, a kept key)."""
-    from sparkpriv.spark.dprp import release_dprp
+    from sparkpriv.api import release_dprp
 
     rng = np.random.default_rng(12)
     rows = [(f"p{i:04d}", int(rng.integers(0, 10)), float(rng.random()), ["u", "v"][i % 2]) for i in range(600)]

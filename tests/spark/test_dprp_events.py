@@ -16,9 +16,8 @@ from sparkpriv.mechanisms.projection import draw_projection_matrix
 from sparkpriv.mechanisms.sparse import densify_rows, sparse_rows_from_lists
 from sparkpriv.privacy import random as sprandom
 from sparkpriv.privacy.random import derive_seed
-from sparkpriv.spark import dprp_records as sdr
-from sparkpriv.spark.batches import map_batches
-from sparkpriv.spark.dprp import release_dprp
+from sparkpriv.api import release_dprp
+from sparkpriv.spark.engine import SparkEngine
 from sparkpriv.spark.events import bound_contributions
 
 pytestmark = pytest.mark.spark
@@ -49,6 +48,14 @@ def _records(events, weights="binary"):
                                source="events", **kw)
 
 
+def _rows(recs, R, M, noise, seed):
+    """The release's row pass (the engine's keyed layout and the mechanism's row map) and its task function."""
+    eng = SparkEngine()
+    src = eng.open(recs, columns=None, fill=None, caller="t")
+    return eng.map_rows(src, core._records_rows_fn(R, M, noise, seed, recs.cap, D_VOC, 0.5),
+                        [("items", "array<int>", False)], count=False)
+
+
 def _dense(recs):
     """The records as collected through ``recs.df`` (same keyed choice), densified in numpy."""
     rows = recs.df.collect()
@@ -60,7 +67,9 @@ def _dense(recs):
 @pytest.mark.parametrize("weights", ["binary", "counts"])
 def test_spark_gram_of_records_equals_dense_numpy(spark, events, weights):
     recs = _records(events, weights)
-    total = sdr.gram_pass_records(recs)
+    eng = SparkEngine()
+    total = eng.aggregate(eng.open(recs, columns=None, fill=None, caller="t"),
+                          core._records_gram_fn(recs.cap, D_VOC), 1 + D_VOC * (D_VOC + 1) // 2)
     sizes, (G,) = core.gram_from_partial(total, D_VOC, 1)
     X = _dense(recs) / recs.cap.value_cap  # [0, 1] scale (c = 2 for counts: every value dyadic)
     assert sizes[0] == X.shape[0] == 240
@@ -80,8 +89,8 @@ def test_spark_reconstruction_of_records_equals_dense_numpy_before_noise(spark, 
     X = _dense(recs)
     R = draw_projection_matrix(D_VOC, 64, 21)
     for M, exact in ((core.solve([X.T @ X], R, 6)[0], False), (np.linalg.pinv(R), True)):
-        fn = sdr._records_batch_fn(R, M, None, 1, recs.record_fn(), recs.cap, D_VOC, 0.5)
-        out = map_batches(recs.grouped, fn, sdr.items_schema())
+        out, _ = _rows(recs, R, M, None, 1)
+        assert out.schema.simpleString() == "struct<items:array<int>>"
         got = sorted(tuple(r["items"]) for r in out.collect())
         ref_vals = X @ R @ M  # independent dense numpy
         assert np.abs(ref_vals - 0.5).min() > 1e-9
@@ -110,7 +119,7 @@ def test_record_noise_does_not_depend_on_arrival_order(spark, events):
     M = np.linalg.pinv(R)
 
     def run(noise, t, size):
-        fn = sdr._records_batch_fn(R, M, noise, 77, recs.record_fn(), recs.cap, D_VOC, 0.5)
+        fn = _rows(recs, R, M, noise, 77)[1].fn  # the task function of the rows pass
         return [tuple(x) for b in fn(iter(t.to_batches(max_chunksize=size)), 5)
                 for x in b.column(0).to_pylist()]
 

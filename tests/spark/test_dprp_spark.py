@@ -13,9 +13,10 @@ import pytest
 from sparkpriv.errors import InputError, ParameterError, SchemaError
 from sparkpriv.mechanisms import dprp as core
 from sparkpriv.mechanisms.projection import draw_projection_matrix
+from sparkpriv.api import release_dprp
 from sparkpriv.privacy.random import derive_seed
-from sparkpriv.spark.batches import map_batches, spark_errors, sum_partials
-from sparkpriv.spark.dprp import _batch_fn, _gram_fn, dprp_schema, release_dprp
+from sparkpriv.spark.batches import spark_errors
+from sparkpriv.spark.engine import SparkEngine
 
 pytestmark = pytest.mark.spark
 
@@ -58,8 +59,10 @@ def test_spark_gram_equals_numpy(spark, table):
     df, _, pdf = table
     plan, _ = _plan(labels="public", classes=(0, 1))
     size = 2 * (1 + D * (D + 1) // 2)
+    eng = SparkEngine()
+    src = eng.open(df, columns=COLS, fill=None, caller="t", labels=("y", (0, 1)))
     with spark_errors():
-        total = sum_partials(df.select(*COLS, "y"), _gram_fn(plan, COLS, "y", None), size)
+        total = eng.aggregate(src, core._gram_fn(plan, None), size)
     counts, grams = core.gram_from_partial(total, D, 2)
     X = pdf[COLS].to_numpy(float)
     y = pdf["y"].to_numpy()
@@ -78,8 +81,11 @@ def test_spark_reconstruction_equals_numpy_before_noise(spark, table):
     rng = np.random.default_rng(0)
     A = rng.standard_normal((30, plan.d_aug))
     Ms = core.solve([A.T @ A], R, plan.k2)
-    fn = _batch_fn(plan, R, Ms, None, 1, COLS, "y", ["person"], None, None)
-    out = map_batches(df.select("person", *COLS, "y"), fn, dprp_schema(df, COLS, "y", ["person"]))
+    eng = SparkEngine()
+    src = eng.open(df, columns=COLS, fill=None, caller="t", labels=("y", ("0", "1")), keep=["person"])
+    fn = core._rows_fn(plan, R, Ms, None, 1, None, None, True)
+    out, _ = eng.map_rows(src, fn, [(c, "as-input", True) for c in COLS] + [("y", "label", True)], keep=["person"])
+    assert out.columns == ["person", *COLS, "y"]
     got = out.toPandas().sort_values("person").reset_index(drop=True)
     src = pdf.sort_values("person").reset_index(drop=True)
     codes = src["y"].to_numpy()
@@ -87,7 +93,33 @@ def test_spark_reconstruction_equals_numpy_before_noise(spark, table):
     ref, ref_codes = core.decode_rows(core.reconstruct_rows(Xp, R, Ms, None, None, None), plan)
     np.testing.assert_allclose(got[COLS].to_numpy(float), ref, rtol=1e-12, atol=1e-12)
     np.testing.assert_array_equal(got["y"].to_numpy(), np.array([0, 1])[ref_codes])
-    assert str(got["age"].dtype) == "int32"
+    assert str(got["age"].dtype) == "int32" and str(got["y"].dtype) == "int32"
+
+
+def test_spark_release_equals_the_local_engine_for_a_test_seed(spark, test_seed):
+    """The same mechanism on both engines: one Spark partition (partition id 0, one Arrow batch)
+    and the local engine draw the same secrets, the same Gram noise and the same keyed row noise,
+    so the released tables agree (noise included) up to floating-point summation order."""
+    from sparkpriv.privacy import random as sprandom
+
+    rng = np.random.default_rng(11)
+    n = 800
+    pdf = pd.DataFrame({"a": rng.random(n), "b": rng.normal(0, 1.5, n), "c": rng.uniform(0, 10, n),
+                        "age": rng.integers(18, 91, n).astype("int32"), "y": rng.choice(["u", "v"], n)})
+    kw = dict(columns=COLS, label="y", labels="private", classes=["u", "v"], epsilon=2.0, delta=1e-5,
+              lower=LOWER, upper=UPPER)
+    on_spark = release_dprp(spark.createDataFrame(pdf).coalesce(1), **kw)
+    got = on_spark.df.toPandas()
+    sprandom.reset_test_counter()
+    local = release_dprp(pdf, **kw)
+    ref = local.df.to_pandas()
+    assert on_spark.engine == "spark" and local.engine == "local"
+    assert list(got.columns) == list(ref.columns) == [*COLS, "y"]
+    np.testing.assert_allclose(got[COLS].to_numpy(float), ref[COLS].to_numpy(float), rtol=1e-9, atol=1e-9)
+    assert (got["y"] == ref["y"]).all() and str(got["age"].dtype) == str(ref["age"].dtype) == "int32"
+    assert on_spark.event == local.event
+    # and it is noisy: far from the noise-free reconstruction of the same rows
+    assert np.abs(got["a"].to_numpy() - pdf["a"].to_numpy()).mean() > 0.05
 
 
 def test_release_exact_reconstruction_path_and_keyed_noise(spark, table, test_seed):

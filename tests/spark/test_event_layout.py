@@ -19,7 +19,7 @@ import pytest
 from sparkpriv.mechanisms.projection import secret_matrix_and_seed
 from sparkpriv.privacy.prf import siphash24_u64, split_key
 from sparkpriv.privacy.random import derive_seed
-from sparkpriv.spark.dprp import release_dprp
+from sparkpriv.api import release_dprp
 from sparkpriv.spark.events import LAYOUT_LABEL, bound_contributions
 from sparkpriv.spark.projection import release_projection
 

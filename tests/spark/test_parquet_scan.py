@@ -12,8 +12,9 @@ from sparkpriv.errors import InputError
 from sparkpriv.io.inputs import read_table
 from sparkpriv.mechanisms import dprp as core
 from sparkpriv.spark.batches import spark_errors
-from sparkpriv.spark.dprp import _impute_fn, gram_pass, release_dprp
-from sparkpriv.spark.parquet_scan import aggregate, parquet_scan
+from sparkpriv.api import release_dprp
+from sparkpriv.spark.engine import SparkEngine
+from sparkpriv.spark.parquet_scan import parquet_scan
 
 pytestmark = pytest.mark.spark
 
@@ -51,6 +52,20 @@ def _plan(labels=None, classes=None):
     return core.plan_dprp(R, d=3, epsilon=2.0, delta=1e-5, lower=v["lower"], upper=v["upper"], k2=v["k2"],
                           row_bound=v["row_bound"], budget_split=v["budget_split"], labels=labels,
                           classes=classes, label_scale=1.0)
+
+
+def gram_pass(df, plan, columns, label, fill_values):
+    """The release's Gram pass: the engine's aggregate of the DPRP Gram partial."""
+    eng = SparkEngine()
+    src = eng.open(df, columns=columns, fill=None, caller="t", missing=fill_values is not None,
+                   labels=(label, plan.classes) if label else None)
+    return eng.aggregate(src, core._gram_fn(plan, fill_values), plan.n_groups * (1 + plan.d_aug * (plan.d_aug + 1) // 2))
+
+
+def means_pass(df, plan, columns):
+    eng = SparkEngine()
+    return eng.aggregate(eng.open(df, columns=columns, fill=None, caller="t", missing=True), core._impute_fn(plan),
+                         2 * len(columns) + 1)
 
 
 def test_scan_applies_only_to_the_explicit_direct_reader(spark, dataset, tmp_path):
@@ -118,8 +133,8 @@ def test_nulls_and_missing_columns_behave_as_in_spark(spark, tmp_path):
     np.testing.assert_allclose(direct, arrow, rtol=1e-12)
     assert direct[0] == 90
     # the DP-means pass goes through the same dispatch
-    tot_d = aggregate(df, COLS, _impute_fn(plan, COLS), 2 * 3 + 1)
-    tot_a = aggregate(df.df, COLS, _impute_fn(plan, COLS), 2 * 3 + 1)
+    tot_d = means_pass(df, plan, COLS)
+    tot_a = means_pass(df.df, plan, COLS)
     np.testing.assert_allclose(tot_d, tot_a, rtol=1e-12)
 
 

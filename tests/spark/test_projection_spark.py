@@ -292,7 +292,7 @@ def test_add_remove_refused_before_the_input_is_read():
 
 
 def test_add_remove_refused_by_dprp_rows(spark, table):
-    from sparkpriv.spark.dprp import release_dprp
+    from sparkpriv.api import release_dprp
 
     df, _ = table
     with pytest.raises(ParameterError, match=r"'add-remove'.*DPRP.*number of output rows"):
