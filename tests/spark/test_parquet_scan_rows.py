@@ -15,7 +15,7 @@ import pytest
 from sparkpriv.errors import InputError
 from sparkpriv.io.inputs import read_table
 from sparkpriv.privacy.random import reset_test_counter
-from sparkpriv.spark.dprp import release_dprp
+from sparkpriv.api import release_dprp
 from sparkpriv.spark.parquet_scan import ParquetInput, parquet_scan, row_map
 from sparkpriv.spark.projection import release_projection
 
