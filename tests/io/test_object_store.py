@@ -123,6 +123,27 @@ def test_failed_task_leaves_nothing_on_s3(spark, table, bucket):
     assert _left_behind(bucket) == []
 
 
+def test_a_task_after_the_staging_was_deleted_leaves_nothing_on_s3(spark, table, bucket, s3_endpoint):
+    """A task of a failed job can still run when the driver deletes the staging prefix: it must
+    fail and leave no object behind. Here the task deletes the staging prefix itself first."""
+    name = bucket.name
+
+    def late(batches, pid):
+        from pyarrow import fs
+
+        s3 = fs.S3FileSystem(endpoint_override=s3_endpoint, scheme="http", region="us-east-1")
+        for info in s3.get_file_info(fs.FileSelector(f"{name}/rel", recursive=False)):
+            if ".sparkpriv-staging-" in info.path:
+                s3.delete_dir(info.path)
+        for b in batches:
+            yield pa.RecordBatch.from_arrays([b.column(0)], ["z0"])
+
+    rows = BatchMap(table.select("a").coalesce(1), late, _z0(None))
+    with pytest.raises(Exception, match="staging directory .* is not there"):
+        W.publish(rows.to_df(), bucket.uri("rel/out"), receipt={}, rows=rows, writer="arrow")
+    assert _left_behind(bucket) == []
+
+
 def test_refused_empty_input_leaves_nothing_on_s3(spark, bucket):
     from sparkpriv.spark.events import bound_contributions
 
