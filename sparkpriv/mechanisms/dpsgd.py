@@ -266,3 +266,53 @@ class Adam:
         mh = self.m / (1 - self.beta1**self.t)
         vh = self.v / (1 - self.beta2**self.t)
         return theta - self.lr * mh / (np.sqrt(vh) + self.eps)
+
+
+MODEL_STAGE = 23  # stream(seed, MODEL_STAGE, cluster, step): the model's own randomness (VAE eps, chains)
+
+
+def dp_step(model, X: np.ndarray, theta: np.ndarray, state, *, clip: float, sampling_rate: float,
+            noise: _noise.GaussianNoise | None, n_pub: float, seed: int, cluster: int, step: int):
+    """One DP-SGD gradient estimate: ``(grad, new_state, batch_size)``.
+
+    ``model`` has ``clipped_sum(Xb, theta, clip, rng) -> (sum, sq_norms)`` and
+    ``model_term(theta, state, rng) -> (grad, state)`` (data-independent).
+    The batch is a Poisson sample of the rows of ``X`` from ``stream(seed,
+    SAMPLE_STAGE, cluster, step)``; the noise is drawn from ``stream(seed,
+    NOISE_STAGE, cluster, step)``; ``grad = noisy sum / (q n_pub) + model
+    term``. ``noise=None``: the non-private step (the exact clipped sum over the
+    realised batch size; the benchmark's reference).
+    """
+    from sparkpriv.privacy.random import stream
+
+    mask = poisson_mask(X.shape[0], sampling_rate, stream(seed, SAMPLE_STAGE, cluster, step))
+    Xb = X[mask]
+    mrng = stream(seed, MODEL_STAGE, cluster, step)
+    s, _ = model.clipped_sum(Xb, theta, clip, mrng)
+    if noise is None:
+        g = s / max(Xb.shape[0], 1)
+    else:
+        g = noisy_sum(s, noise, stream(seed, NOISE_STAGE, cluster, step)) / (sampling_rate * float(n_pub))
+    t, state = model.model_term(theta, state, mrng)
+    return g + t, state, int(Xb.shape[0])
+
+
+def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate: float, steps: int,
+          noise: _noise.GaussianNoise | None, n_pub: float, seed: int, cluster: int = 0,
+          lr: float = 1e-3, state=None, init_rng: np.random.Generator | None = None):
+    """``steps`` DP-SGD steps with Adam (post-processing); returns the final ``theta``.
+
+    ``X`` is one cluster's rows (a Spark task's partition); everything random
+    is keyed by ``(seed, stage, cluster, step)``, so a retried task reproduces
+    the same model. ``state`` (RBM chains) starts data-independently.
+    """
+    from sparkpriv.privacy.random import stream
+
+    if state is None:
+        state = model.init_state(init_rng if init_rng is not None else stream(seed, MODEL_STAGE, cluster, 0))
+    opt = Adam(lr=lr)
+    for t in range(1, int(steps) + 1):
+        g, state, _ = dp_step(model, X, theta, state, clip=clip, sampling_rate=sampling_rate, noise=noise,
+                              n_pub=n_pub, seed=seed, cluster=cluster, step=t)
+        theta = opt.step(theta, g)
+    return theta
