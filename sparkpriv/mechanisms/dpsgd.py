@@ -77,7 +77,7 @@ from dp_accounting import dp_event
 from sparkpriv._validation import Interval, Options, check_param
 from sparkpriv.errors import ParameterError
 from sparkpriv.privacy import noise as _noise
-from sparkpriv.privacy.accounting import epsilon_of
+from sparkpriv.privacy.accounting import compose, epsilon_of
 
 __all__ = [
     "NEIGHBORS",
@@ -145,9 +145,13 @@ def accounted_epsilon(event: dp_event.DpEvent, delta: float, accountant: str = "
 
 def calibrate_noise_multiplier(*, epsilon: float, delta: float, sampling_rate: float, steps: int,
                                neighbors: str = "replace-one", accountant: str = "pld",
-                               rtol: float = 1e-3, caller: str = "calibrate_noise_multiplier") -> float:
+                               rtol: float = 1e-3, base_event: dp_event.DpEvent | None = None,
+                               caller: str = "calibrate_noise_multiplier") -> float:
     """The smallest ``sigma = noise std / C`` (to ``rtol``, rounded up) whose DP-SGD event
     has accounted epsilon at most ``epsilon`` at ``delta``.
+
+    ``base_event`` (e.g. the k-means part of a DPGM release) is composed with
+    the DP-SGD event before accounting, so the whole release meets the request.
 
     Bisection on ``log sigma`` (epsilon falls as sigma grows). Depends only on
     public parameters.
@@ -158,15 +162,31 @@ def calibrate_noise_multiplier(*, epsilon: float, delta: float, sampling_rate: f
     check_param("accountant", accountant, [Options(ACCOUNTANTS)], caller)
     check_param("rtol", rtol, [Interval("real", 1e-9, 0.5, "both")], caller)
 
+    def event(s: float):
+        e = dpsgd_event(sampling_rate, s, steps, neighbors)
+        return e if base_event is None else compose([base_event, e])
+
     def eps(s: float) -> float:
-        return accounted_epsilon(dpsgd_event(sampling_rate, s, steps, neighbors), delta, accountant)
+        # the search uses a 10x coarser PLD grid (pessimistic: it states more, never less);
+        # the result is then checked with the library's accountant
+        return _coarse_pld_epsilon(event(s), delta) if accountant == "pld" else \
+            accounted_epsilon(event(s), delta, accountant)
+
+    if base_event is not None and accounted_epsilon(base_event, delta, accountant) >= epsilon:
+        raise ParameterError(
+            f"{caller}: the other parts of the release already spend epsilon={epsilon!r} at "
+            f"delta={delta!r}; nothing is left for DP-SGD. Give the other parts a smaller share."
+        )
 
     # bracket: the RDP calibration is cheap; for the PLD it is a good first guess
     start = 1.0
     if accountant == "pld":
-        start = calibrate_noise_multiplier(epsilon=epsilon, delta=delta, sampling_rate=sampling_rate,
-                                           steps=steps, neighbors=neighbors, accountant="rdp",
-                                           rtol=rtol, caller=caller)
+        try:
+            start = calibrate_noise_multiplier(epsilon=epsilon, delta=delta, sampling_rate=sampling_rate,
+                                               steps=steps, neighbors=neighbors, accountant="rdp",
+                                               rtol=rtol, base_event=base_event, caller=caller)
+        except ParameterError:  # RDP states more than PLD: search from 1
+            start = 1.0
     hi, e_hi = start, eps(start)
     lo, e_lo = hi, e_hi
     while e_hi > epsilon:
@@ -205,7 +225,22 @@ def calibrate_noise_multiplier(*, epsilon: float, delta: float, sampling_rate: f
             if side == -1:
                 f_hi /= 2.0
             side = -1
+    while accounted_epsilon(event(hi), delta, accountant) > epsilon:  # rare: coarse grid said yes
+        hi *= 1.0 + rtol
     return hi
+
+
+def _coarse_pld_epsilon(event: dp_event.DpEvent, delta: float) -> float:
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    from sparkpriv.privacy.accounting import _discretization_for
+
+    acc = pld_privacy_accountant.PLDAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+        value_discretization_interval=10.0 * _discretization_for(event, delta))
+    acc.compose(event)
+    return float(acc.get_epsilon(delta))
 
 
 def step_noise(*, clip: float, noise_multiplier: float, dim: int, neighbors: str = "replace-one",
@@ -276,7 +311,7 @@ def dp_step(model, X: np.ndarray, theta: np.ndarray, state, *, clip: float, samp
     """One DP-SGD gradient estimate: ``(grad, new_state, batch_size)``.
 
     ``model`` has ``clipped_sum(Xb, theta, clip, rng) -> (sum, sq_norms)`` and
-    ``model_term(theta, state, rng) -> (grad, state)`` (data-independent).
+    ``model_term(theta, state, rng, clip) -> (grad, state)`` (data-independent).
     The batch is a Poisson sample of the rows of ``X`` from ``stream(seed,
     SAMPLE_STAGE, cluster, step)``; the noise is drawn from ``stream(seed,
     NOISE_STAGE, cluster, step)``; ``grad = noisy sum / (q n_pub) + model
@@ -293,7 +328,7 @@ def dp_step(model, X: np.ndarray, theta: np.ndarray, state, *, clip: float, samp
         g = s / max(Xb.shape[0], 1)
     else:
         g = noisy_sum(s, noise, stream(seed, NOISE_STAGE, cluster, step)) / (sampling_rate * float(n_pub))
-    t, state = model.model_term(theta, state, mrng)
+    t, state = model.model_term(theta, state, mrng, clip)
     return g + t, state, int(Xb.shape[0])
 
 

@@ -81,7 +81,7 @@ class VAE:
     def init_state(self, rng):
         return None
 
-    def model_term(self, theta, state, rng):
+    def model_term(self, theta, state, rng, clip=None):
         return 0.0, state
 
     # ------------------------------------------------------------------ forward / backward
