@@ -121,14 +121,17 @@ class RBM:
 
     # ------------------------------------------------------------------ sampling
 
-    def gibbs(self, theta, V, steps: int, rng: np.random.Generator) -> np.ndarray:
-        W, b, c = self.unpack(theta)
+    def gibbs(self, theta, V, steps: int, rng: np.random.Generator, dtype=np.float64) -> np.ndarray:
+        """``steps`` block-Gibbs sweeps (h | v, then v | h) from the rows of ``V``."""
+        W, b, c = (np.asarray(a, dtype=dtype) for a in self.unpack(theta))
+        V = np.asarray(V, dtype=dtype)
         for _ in range(int(steps)):
-            H = (rng.random((V.shape[0], self.hidden)) < _sigmoid(V @ W + c)).astype(np.float64)
-            V = (rng.random((V.shape[0], self.d)) < _sigmoid(H @ W.T + b)).astype(np.float64)
-        return V
+            H = (rng.random((V.shape[0], self.hidden), dtype=dtype) < _sigmoid(V @ W + c)).astype(dtype)
+            V = (rng.random((V.shape[0], self.d), dtype=dtype) < _sigmoid(H @ W.T + b)).astype(dtype)
+        return V.astype(np.float64)
 
-    def sample(self, theta: np.ndarray, n: int, rng: np.random.Generator, burn_in: int = 200) -> np.ndarray:
-        """``n`` binary records (n, d) from ``burn_in`` Gibbs sweeps of independent chains."""
+    def sample(self, theta: np.ndarray, n: int, rng: np.random.Generator, burn_in: int = 50) -> np.ndarray:
+        """``n`` binary records (n, d) after ``burn_in`` Gibbs sweeps of independent chains
+        (float32 arithmetic: post-processing, only the speed matters)."""
         V0 = (rng.random((int(n), self.d)) < self.chain_init_p).astype(np.float64)
-        return self.gibbs(theta, V0, burn_in, rng)
+        return self.gibbs(theta, V0, burn_in, rng, dtype=np.float32)
