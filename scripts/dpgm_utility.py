@@ -55,7 +55,7 @@ def answers(X, qs):
 
 
 def baseline(X, eps, k, iterations, max_items, n_out, seed):
-    from sparkpriv.mechanisms.kmeans import release_kmeans_array
+    from sparkpriv import release_kmeans_array
     from sparkpriv.privacy.random import insecure_fixed_seed
 
     d = X.shape[1]
@@ -90,6 +90,10 @@ def main(argv=None):
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--skip-huge", action="store_true")
+    ap.add_argument("--only-dpgm", action="store_true")
+    ap.add_argument("--huge", type=float, default=1e4)
+    ap.add_argument("--synthetic", type=int, default=None, help="synthetic people (answers scaled to n)")
+    ap.add_argument("--baseline-seeds", type=int, default=1)
     args = ap.parse_args(argv)
     threadpool_limits(1)
     t0 = time.perf_counter()
@@ -103,17 +107,20 @@ def main(argv=None):
     results = {}
 
     def score(name, S):
-        e = relative_errors(true, answers(S, qs), n)
+        e = relative_errors(true, answers(S, qs) * (n / S.shape[0]), n)
         results[name] = {g["group"]: g["mean_relative_error"] for g in group_summary(e, qs)}
         results[name]["all"] = float(e.mean())
         print(f"{name:40s} " + " ".join(f"{results[name][g]:.4f}" for g in range(1, 6)) +
               f"  mean {e.mean():.4f}  ({time.perf_counter() - t0:.0f} s)", flush=True)
 
-    score("empty release", np.zeros((n, d)))
-    eps_list = [args.epsilon] + ([] if args.skip_huge else [1e4])
+    m = n if args.synthetic is None else args.synthetic
+    if not args.only_dpgm:
+        score("empty release", np.zeros((n, d)))
+    eps_list = [args.epsilon] + ([] if args.skip_huge else [args.huge])
     for eps in eps_list:
-        score(f"k-means + Bernoulli, eps={eps:g}", baseline(X, eps, args.baseline_k, 8, args.max_items, n,
-                                                           args.seed))
+        for b in range(0 if args.only_dpgm else args.baseline_seeds):
+            score(f"k-means + Bernoulli, eps={eps:g}, seed {args.seed + b}",
+                  baseline(X, eps, args.baseline_k, 8, args.max_items, n, args.seed + b))
         params = DPGMParams(epsilon=eps, delta=1e-5, k=args.k, model="rbm", kmeans_share=args.kmeans_share,
                             row_bound=float(np.sqrt(args.max_items)), clip=args.clip,
                             sampling_rate=args.sampling_rate, epochs=args.epochs, learning_rate=args.lr,
@@ -121,7 +128,7 @@ def main(argv=None):
         model, plan = fit_dpgm_array(X, params, seed=args.seed)
         print(f"  DPGM plan: noise multiplier {plan.noise_multiplier:.3f}, steps {plan.steps}, "
               f"epsilon spent {plan.epsilon_spent():.4f}, cluster sizes {np.round(model.sizes).astype(int)}")
-        score(f"DPGM (k-means + RBM), eps={eps:g}", synthesize(model, n, seed=args.seed))
+        score(f"DPGM (k-means + RBM), eps={eps:g}", synthesize(model, m, seed=args.seed))
     print("groups 1..5 mean relative error; paper CDR eps=1: 0.017 (short) .. 0.0012 (long)")
     print(json.dumps({"args": vars(args), "results": results}))
 

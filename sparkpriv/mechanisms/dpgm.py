@@ -60,7 +60,7 @@ from sparkpriv.privacy.bounds import Bounds
 from sparkpriv.privacy.random import new_secret_seed, stream
 
 __all__ = ["MODELS", "FORMAT_VERSION", "DPGMParams", "DPGMPlan", "DPGMModel", "plan_dpgm",
-           "fit_dpgm_array", "synthesize"]
+           "fit_dpgm_array", "assign_clusters", "train_clusters", "synthesize"]
 
 MODELS = ("rbm", "vae")
 FORMAT_VERSION = 1
@@ -247,10 +247,19 @@ def fit_dpgm_array(X, params: DPGMParams, *, seed: int | None = None, log=None) 
     centers = np.asarray(kmodel.centers, float)
     sizes = np.maximum(np.asarray(kmodel.counts, float), 0.0)
     # 2. internal assignment to the released centres (never released)
-    labels = kmodel.predict(X, include_unreliable=True)
+    labels = assign_clusters(X, centers, _bounds(params, d, caller).row_bound)
     # 3. one model per cluster, same (q, sigma, T)
     thetas = train_clusters(X, labels, sizes, centers, plan, seed, log=log)
     return DPGMModel(params, d, thetas, sizes, centers, plan.to_public_dict()), plan
+
+
+def assign_clusters(X: np.ndarray, centers: np.ndarray, row_bound: float) -> np.ndarray:
+    """The nearest released centre of each row after the k-means clip (box [0, 1], then the
+    row bound): internal, never released. The Spark path calls the same function per block."""
+    from sparkpriv.mechanisms.kmeans import assign_nearest, project_to_ball
+
+    Xc = project_to_ball(np.clip(np.asarray(X, dtype=np.float64), 0.0, 1.0), float(row_bound))
+    return assign_nearest(Xc, np.asarray(centers, dtype=np.float64))
 
 
 def train_clusters(X: np.ndarray, labels: np.ndarray, sizes: np.ndarray, centers: np.ndarray,
