@@ -344,7 +344,8 @@ def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate
     from sparkpriv.privacy.random import stream
 
     if state is None:
-        state = model.init_state(init_rng if init_rng is not None else stream(seed, MODEL_STAGE, cluster, 0))
+        state = model.init_state(init_rng if init_rng is not None else stream(seed, MODEL_STAGE, cluster, 0),
+                                 theta)
     opt = Adam(lr=lr)
     for t in range(1, int(steps) + 1):
         g, state, _ = dp_step(model, X, theta, state, clip=clip, sampling_rate=sampling_rate, noise=noise,

@@ -17,7 +17,8 @@ term is the per-example gradient that DP-SGD clips and noises. The second
 randomness; it is clipped with the same ``C`` as the records (for
 consistency, not privacy: see :meth:`RBM.model_term`). Correction to the usual PCD recipe: the chains must NOT be
 started from data records (a common initialisation); they start from a
-data-independent Bernoulli(``chain_init_p``) draw, so the negative phase is
+data-independent Bernoulli draw (of ``sigmoid(b)`` for the public starting
+parameters, e.g. the cluster's released centre), so the negative phase is
 post-processing of released quantities.
 
 Per-example norms without per-example gradients: ``||v h^T||_F = ||v|| ||h||``,
@@ -72,8 +73,14 @@ class RBM:
         theta[self.d * self.hidden: self.d * self.hidden + self.d] = visible_logit
         return theta
 
-    def init_state(self, rng: np.random.Generator):
-        return (rng.random((self.chains, self.d)) < self.chain_init_p).astype(np.float64)
+    def init_state(self, rng: np.random.Generator, theta: np.ndarray | None = None):
+        """Persistent chains, data-independent: Bernoulli(``sigmoid(b)``) of the starting
+        parameters (public), or Bernoulli(``chain_init_p``) without them."""
+        return self._start(self.chains, rng, theta)
+
+    def _start(self, n: int, rng: np.random.Generator, theta: np.ndarray | None):
+        p = self.chain_init_p if theta is None else _sigmoid(self.unpack(theta)[1])
+        return (rng.random((int(n), self.d)) < p).astype(np.float64)
 
     # ------------------------------------------------------------------ energies and gradients
 
@@ -133,5 +140,5 @@ class RBM:
     def sample(self, theta: np.ndarray, n: int, rng: np.random.Generator, burn_in: int = 50) -> np.ndarray:
         """``n`` binary records (n, d) after ``burn_in`` Gibbs sweeps of independent chains
         (float32 arithmetic: post-processing, only the speed matters)."""
-        V0 = (rng.random((int(n), self.d)) < self.chain_init_p).astype(np.float64)
+        V0 = self._start(n, rng, theta)  # from the model's visible biases: shorter burn-in
         return self.gibbs(theta, V0, burn_in, rng, dtype=np.float32)

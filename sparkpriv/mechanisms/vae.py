@@ -78,7 +78,7 @@ class VAE:
                 parts.append(np.zeros(s))
         return np.concatenate(parts)
 
-    def init_state(self, rng):
+    def init_state(self, rng, theta=None):
         return None
 
     def model_term(self, theta, state, rng, clip=None):

@@ -57,7 +57,7 @@ class Identity:
         f = dpsgd.clip_factors(sq, clip)
         return f @ X, sq
 
-    def init_state(self, rng):
+    def init_state(self, rng, theta=None):
         return None
 
     def model_term(self, theta, state, rng, clip=None):
