@@ -121,3 +121,15 @@ def test_fit_end_to_end_recovers_two_clusters():
     assert 0.4 < first.mean() < 0.6
     np.testing.assert_allclose(S[first][:, :6].mean(0), 0.7, atol=0.08)
     np.testing.assert_allclose(S[first][:, 6:].mean(0), 0.05, atol=0.05)
+
+
+def test_fit_with_the_vae_runs_and_generates_in_the_domain():
+    rng = np.random.default_rng(2)
+    X = (rng.random((500, 6)) < 0.3).astype(float)
+    params = dpgm.DPGMParams(epsilon=5.0, k=2, model="vae", hidden=8, latent=2, sampling_rate=0.2, epochs=2,
+                             accountant="rdp", kmeans_iterations=2)
+    model, plan = dpgm.fit_dpgm_array(X, params, seed=4)
+    assert model.thetas.shape == (2, model.generator().dim)
+    S = dpgm.synthesize(model, 300, seed=1)
+    assert S.shape == (300, 6) and set(np.unique(S)) <= {0.0, 1.0}
+    assert np.array_equal(S, dpgm.synthesize(model, 300, seed=1))
