@@ -39,6 +39,7 @@ accountant's epsilon of the whole release is at most the request.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -122,6 +123,7 @@ class DPGMPlan:
     kmeans: KMeansPlan
     noise_multiplier: float
     step_noise: _noise.GaussianNoise
+    epsilon_accounted: float = math.nan  # epsilon_of(dp_event(), delta), computed once by plan_dpgm
 
     @property
     def steps(self) -> int:
@@ -135,7 +137,9 @@ class DPGMPlan:
         return compose([self.kmeans.dp_event(), self.dpsgd_event()])
 
     def epsilon_spent(self) -> float:
-        return epsilon_of(self.dp_event(), self.params.delta)
+        if math.isnan(self.epsilon_accounted):
+            return epsilon_of(self.dp_event(), self.params.delta)
+        return self.epsilon_accounted
 
     def to_public_dict(self) -> dict:
         return {
@@ -174,6 +178,7 @@ def plan_dpgm(params: DPGMParams, *, n: int, d: int, caller: str = "dpgm") -> DP
     dim = _make_model(params, d).dim
     noise = dpsgd.step_noise(clip=params.clip, noise_multiplier=sigma, dim=dim, max_abs=float(n) * params.clip)
     plan = DPGMPlan(params, int(n), int(d), kplan, float(sigma), noise)
+    plan = dataclasses.replace(plan, epsilon_accounted=plan.epsilon_spent())
     if plan.epsilon_spent() > params.epsilon:  # the discrete noise's multiplier is >= sigma: cannot happen
         raise ParameterError(f"{caller}: calibration failed to meet epsilon={params.epsilon!r}.")
     return plan
