@@ -83,7 +83,7 @@ def main(argv=None):
     ap.add_argument("--hidden", type=int, default=32)
     ap.add_argument("--sampling-rate", type=float, default=0.05)
     ap.add_argument("--epochs", type=float, default=5.0)
-    ap.add_argument("--clip", type=float, default=1.0)
+    ap.add_argument("--clip", type=float, default=10.0)
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--kmeans-share", type=float, default=0.3)
     ap.add_argument("--baseline-k", type=int, default=20)

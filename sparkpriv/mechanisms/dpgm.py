@@ -43,7 +43,7 @@ import dataclasses
 import io
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 from dp_accounting import dp_event
@@ -51,6 +51,7 @@ from dp_accounting import dp_event
 from sparkpriv._validation import Interval, Options, check_param
 from sparkpriv.errors import ParameterError
 from sparkpriv.mechanisms import dpsgd
+from sparkpriv.mechanisms import protocol as _proto
 from sparkpriv.mechanisms.kmeans import (cluster_stats, fit_from_stats, initial_centres,
                                          make_feature_map, plan_kmeans, KMeansPlan)
 from sparkpriv.mechanisms.rbm import RBM
@@ -69,38 +70,41 @@ SYNTH_STAGE = 31  # stream(seed, SYNTH_STAGE, j) samples cluster j's synthetic r
 _POS = Interval("real", 0, None, "neither")
 
 
-def _p(default, help, *constraints):
-    return field(default=default, metadata={"help": help, "constraints": list(constraints)})
+@dataclass(frozen=True, kw_only=True)
+class DPGMParams(_proto.Params):
+    """Public parameters of a DPGM release (fields made with the protocol's ``option``)."""
 
-
-@dataclass(frozen=True)
-class DPGMParams:
-    """Public parameters of a DPGM release (one field per option)."""
-
-    epsilon: float = _p(1.0, "total epsilon of the release (k-means + DP-SGD)", _POS)
-    delta: float = _p(1e-5, "total delta (at most 1/n is advised)", Interval("real", 0, 1, "neither"))
-    k: int = _p(10, "clusters of the DP k-means (at most floor(sqrt(n)))", Interval("integer", 2, None, "left"))
-    model: str = _p("rbm", "generative model per cluster: rbm (binary records) or vae", Options(MODELS))
-    kmeans_share: float = _p(0.3, "share of epsilon the k-means is calibrated to (DP-SGD gets the rest "
-                             "of the composition)", Interval("real", 0, 1, "neither"))
-    kmeans_iterations: int = _p(8, "Lloyd iterations", Interval("integer", 1, 1000, "both"))
-    row_bound: float | None = _p(None, "public L2 bound on a record (binary records with at most L "
-                                 "items: sqrt(L)); default sqrt(d)", _POS, None)
-    clip: float = _p(1.0, "per-example gradient clip C", _POS)
-    sampling_rate: float = _p(0.05, "Poisson sampling rate q of DP-SGD (every cluster)",
-                              Interval("real", 0, 1, "right"))
-    epochs: float = _p(5.0, "passes over the data: steps T = ceil(epochs / q)", _POS)
-    learning_rate: float = _p(0.01, "Adam learning rate", _POS)
-    hidden: int = _p(32, "hidden units (rbm) or hidden layer width (vae; paper 200)",
-                     Interval("integer", 1, 100_000, "both"))
-    latent: int = _p(2, "vae latent dimension", Interval("integer", 1, 1000, "both"))
-    chains: int = _p(100, "rbm persistent chains", Interval("integer", 1, 1_000_000, "both"))
-    gibbs_steps: int = _p(1, "rbm Gibbs sweeps per update", Interval("integer", 1, 1000, "both"))
-    accountant: str = _p("pld", "accountant used to calibrate the noise multiplier", Options(dpsgd.ACCOUNTANTS))
-
-    def validate(self, caller: str = "dpgm") -> None:
-        for f in self.__dataclass_fields__.values():
-            check_param(f.name, getattr(self, f.name), list(f.metadata.get("constraints", [])), caller)
+    epsilon: float = _proto.option(help="the total epsilon of the release (k-means + DP-SGD)", constraints=[_POS])
+    delta: float = _proto.option(help="the total delta of the release, in (0, 1) (at most 1/n is advised)",
+                                 constraints=[Interval("real", 0, 1, "neither")])
+    k: int = _proto.option(10, help="clusters of the DP k-means (2 .. floor(sqrt(rows)))",
+                           constraints=[Interval("integer", 2, None, "left")])
+    model: str = _proto.option("rbm", help="generative model per cluster: rbm (binary records) or vae",
+                               constraints=[Options(MODELS)])
+    kmeans_share: float = _proto.option(0.3, help="share of epsilon the k-means is calibrated to (DP-SGD "
+                                        "gets the rest of the composition)",
+                                        constraints=[Interval("real", 0, 1, "neither")])
+    kmeans_iterations: int = _proto.option(8, help="Lloyd iterations of the k-means",
+                                           constraints=[Interval("integer", 1, 1000, "both")])
+    row_bound: float | None = _proto.option(None, help="declared L2 bound on a record (binary records with at "
+                                            "most L items: sqrt(L))", doc_default="sqrt(d)", constraints=[_POS])
+    clip: float = _proto.option(10.0, help="per-example gradient clip C of DP-SGD", constraints=[_POS])
+    sampling_rate: float = _proto.option(0.05, help="Poisson sampling rate q of DP-SGD (every cluster)",
+                                         constraints=[Interval("real", 0, 1, "right")])
+    epochs: float = _proto.option(5.0, help="passes over the data: steps T = ceil(epochs / q)",
+                                  constraints=[_POS])
+    learning_rate: float = _proto.option(0.01, help="Adam learning rate", constraints=[_POS])
+    hidden: int = _proto.option(32, help="hidden units (rbm) or hidden layer width (vae; the paper: 200)",
+                                constraints=[Interval("integer", 1, 100_000, "both")])
+    latent: int = _proto.option(2, help="vae latent dimension", constraints=[Interval("integer", 1, 1000, "both")])
+    chains: int = _proto.option(100, help="rbm persistent chains",
+                                constraints=[Interval("integer", 1, 1_000_000, "both")])
+    gibbs_steps: int = _proto.option(1, help="rbm Gibbs sweeps per update",
+                                     constraints=[Interval("integer", 1, 1000, "both")])
+    accountant: str = _proto.option("pld", help="accountant used to calibrate the noise multiplier",
+                                    constraints=[Options(dpsgd.ACCOUNTANTS)])
+    neighbors: str = _proto.option("replace-one", help="neighbour relation: replace-one (n is public; the "
+                                   "k-means rule k <= floor(sqrt(n)) uses it)", kind="neighbors")
 
     @property
     def steps(self) -> int:
@@ -144,7 +148,7 @@ class DPGMPlan:
     def to_public_dict(self) -> dict:
         return {
             "mechanism": "dpgm", "neighbors": "replace-one", "n": self.n, "d": self.d,
-            "params": asdict(self.params), "steps": self.steps,
+            "params": self.params.public_dict(), "steps": self.steps,
             "noise_multiplier": self.noise_multiplier,
             "step_noise": self.step_noise.to_public_dict(),
             "kmeans": self.kmeans.to_public_dict(),
@@ -153,6 +157,17 @@ class DPGMPlan:
                           "every cluster trains with the same (q, sigma, T) (parallel composition); "
                           "replace-one is dominated by an add/remove step of sensitivity 2C",
         }
+
+
+class _Relations:
+    """What DPGM declares (the protocol's ``resolve_neighbors`` reads it)."""
+
+    title = "DPGM"
+    neighbors = (_proto.REPLACE_ONE,)
+    refused_neighbors = {"add-remove": "its k-means takes n as public (k <= floor(sqrt(n)) and the noise "
+                                       "grid's cap), and one DP-SGD rate and step count for every cluster "
+                                       "is calibrated for replace-one"}
+    row_level = False
 
 
 def _bounds(params: DPGMParams, d: int, caller: str) -> Bounds:
@@ -164,6 +179,7 @@ def _bounds(params: DPGMParams, d: int, caller: str) -> Bounds:
 def plan_dpgm(params: DPGMParams, *, n: int, d: int, caller: str = "dpgm") -> DPGMPlan:
     """Validate and calibrate (public facts only: ``n`` rows, ``d`` columns)."""
     params.validate(caller)
+    _proto.resolve_neighbors(params.neighbors, _Relations, caller)
     check_param("n", n, [Interval("integer", 1, None, "left")], caller)
     check_param("d", d, [Interval("integer", 1, None, "left")], caller)
     from sparkpriv.mechanisms.kmeans import check_k_for_n
@@ -205,7 +221,7 @@ class DPGMModel:
     def save(self, path) -> None:
         """A ``.npz`` with the arrays and a JSON header (``format_version``)."""
         header = {"format": "sparkpriv-dpgm", "format_version": FORMAT_VERSION,
-                  "params": asdict(self.params), "d": self.d, "public": self.plan_public}
+                  "params": self.params.public_dict(), "d": self.d, "public": self.plan_public}
         buf = io.BytesIO()
         np.savez(buf, header=np.frombuffer(json.dumps(header, default=float).encode(), np.uint8),
                  thetas=self.thetas, sizes=self.sizes, centers=self.centers)

@@ -112,7 +112,7 @@ def test_fit_end_to_end_recovers_two_clusters():
     z = rng.random(n) < 0.5
     p = np.where(z[:, None], np.r_[np.full(6, 0.7), np.full(6, 0.05)], np.r_[np.full(6, 0.05), np.full(6, 0.7)])
     X = (rng.random((n, d)) < p).astype(float)
-    params = dpgm.DPGMParams(epsilon=50.0, k=2, sampling_rate=0.1, epochs=3, hidden=4, accountant="rdp",
+    params = dpgm.DPGMParams(epsilon=50.0, delta=1e-5, k=2, sampling_rate=0.1, epochs=3, hidden=4, accountant="rdp",
                              kmeans_iterations=4)
     model, plan = dpgm.fit_dpgm_array(X, params, seed=11)
     assert plan.epsilon_spent() <= 50.0
@@ -126,10 +126,24 @@ def test_fit_end_to_end_recovers_two_clusters():
 def test_fit_with_the_vae_runs_and_generates_in_the_domain():
     rng = np.random.default_rng(2)
     X = (rng.random((500, 6)) < 0.3).astype(float)
-    params = dpgm.DPGMParams(epsilon=5.0, k=2, model="vae", hidden=8, latent=2, sampling_rate=0.2, epochs=2,
+    params = dpgm.DPGMParams(epsilon=5.0, delta=1e-5, k=2, model="vae", hidden=8, latent=2, sampling_rate=0.2, epochs=2,
                              accountant="rdp", kmeans_iterations=2)
     model, plan = dpgm.fit_dpgm_array(X, params, seed=4)
     assert model.thetas.shape == (2, model.generator().dim)
     S = dpgm.synthesize(model, 300, seed=1)
     assert S.shape == (300, 6) and set(np.unique(S)) <= {0.0, 1.0}
     assert np.array_equal(S, dpgm.synthesize(model, 300, seed=1))
+
+
+def test_params_are_protocol_params_and_refuse_add_remove():
+    from sparkpriv.mechanisms.protocol import Params
+
+    assert isinstance(P, Params)
+    names = {s.name for s in dpgm.DPGMParams.specs()}
+    assert {"epsilon", "delta", "k", "model", "clip", "sampling_rate", "epochs"} <= names
+    import dataclasses
+
+    with pytest.raises(ParameterError, match="add-remove"):
+        dpgm.plan_dpgm(dataclasses.replace(P, neighbors="add-remove"), n=400, d=10)
+    with pytest.raises(ParameterError, match="'delta'.*required"):
+        dpgm.plan_dpgm(dataclasses.replace(P, delta=None), n=400, d=10)

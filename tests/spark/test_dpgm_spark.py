@@ -16,7 +16,7 @@ def test_spark_per_cluster_training_equals_numpy(spark):
     rng = np.random.default_rng(3)
     n, d = 600, 8
     X = (rng.random((n, d)) < np.where(np.arange(n)[:, None] % 2 == 0, 0.7, 0.1)).astype(float)
-    params = dpgm.DPGMParams(epsilon=3.0, k=3, sampling_rate=0.1, epochs=1, hidden=3, accountant="rdp",
+    params = dpgm.DPGMParams(epsilon=3.0, delta=1e-5, k=3, sampling_rate=0.1, epochs=1, hidden=3, accountant="rdp",
                              kmeans_iterations=2, chains=10)
     plan = dpgm.plan_dpgm(params, n=n, d=d)
     centers = np.vstack([np.full(d, 0.7), np.full(d, 0.1), np.full(d, 5.0)])  # cluster 2 gets no rows
