@@ -91,10 +91,10 @@ class DPGMParams(_proto.Params):
     clip: float = _proto.option(10.0, help="per-example gradient clip C of DP-SGD", constraints=[_POS])
     sampling_rate: float = _proto.option(0.05, help="Poisson sampling rate q of DP-SGD (every cluster)",
                                          constraints=[Interval("real", 0, 1, "right")])
-    epochs: float = _proto.option(5.0, help="passes over the data: steps T = ceil(epochs / q)",
+    epochs: float = _proto.option(20.0, help="passes over the data: steps T = ceil(epochs / q)",
                                   constraints=[_POS])
     learning_rate: float = _proto.option(0.01, help="Adam learning rate", constraints=[_POS])
-    hidden: int = _proto.option(32, help="hidden units (rbm) or hidden layer width (vae; the paper: 200)",
+    hidden: int = _proto.option(64, help="hidden units (rbm) or hidden layer width (vae; the paper: 200)",
                                 constraints=[Interval("integer", 1, 100_000, "both")])
     latent: int = _proto.option(2, help="vae latent dimension", constraints=[Interval("integer", 1, 1000, "both")])
     chains: int = _proto.option(100, help="rbm persistent chains",
