@@ -1,0 +1,320 @@
+"""DP mixture of generative models (Acs et al., Alg. 1 and 4; docs/math.md section 5).
+
+1. DP k-means (:mod:`~sparkpriv.mechanisms.kmeans`, ``linear`` variant on the
+   declared box ``[0, 1]^d`` and row bound) partitions the records; each
+   record's assignment to its nearest released centre is internal (never
+   released).
+2. One generative model per cluster (:class:`~sparkpriv.mechanisms.rbm.RBM`
+   for binary records, :class:`~sparkpriv.mechanisms.vae.VAE` for binary or
+   continuous columns), trained with DP-SGD (:mod:`~sparkpriv.mechanisms.dpsgd`)
+   at ONE public sampling rate ``q`` and ONE number of steps ``T`` for every
+   cluster, normalised by the cluster's noisy size (public).
+3. Released: the k models' parameters, the noisy cluster sizes (the k-means
+   counts) and the k-means centres, in a versioned ``.npz`` file
+   (:meth:`DPGMModel.save`). :func:`synthesize` samples a cluster by noisy size,
+   then a record from that cluster's model (post-processing: no budget).
+
+Privacy (replace-one; ``n`` public)
+-----------------------------------
+The release is ``Composed[k-means event, SelfComposed(PoissonSampled(q,
+Gaussian(sigma / 2)), T)]``. The k-means part is as in section 4. Training:
+if the replaced record ``x`` and its replacement ``x'`` fall in the same
+cluster, that cluster's training sees a replace-one change, dominated step by
+step by a Poisson-sampled Gaussian of sensitivity ``2C`` (dpsgd module
+docstring). If they fall in clusters ``a != b``, cluster ``a`` loses a record and
+``b`` gains one; step ``t`` of both clusters together is one mechanism on the
+pair of data sets whose output pair is ``P = (1-q) A + q B``, ``Q = (1-q) A +
+q B'`` with ``A`` the product of the two clusters' outputs without the record,
+``B`` with ``x`` sampled in ``a``, ``B'`` with ``x'`` sampled in ``b``:
+``||B - B'|| <= sqrt(2) C``, ``||B - A|| <= C``. The same argument bounds it by
+the sensitivity-``2C`` pair. Every cluster runs the same ``(q, sigma, T)``,
+so either case is the event above: the "maximum over clusters" of
+docs/math.md is attained by every cluster (parallel composition). The
+assignment depends on the data only through the released centres
+(post-processing), and clusters never exchange anything.
+
+The noise multiplier ``sigma`` is calibrated on the composition, so the
+accountant's epsilon of the whole release is at most the request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from dp_accounting import dp_event
+
+from sparkpriv._validation import Interval, Options, check_param
+from sparkpriv.errors import ParameterError
+from sparkpriv.mechanisms import dpsgd
+from sparkpriv.mechanisms import protocol as _proto
+from sparkpriv.mechanisms.kmeans import (cluster_stats, fit_from_stats, initial_centres,
+                                         make_feature_map, plan_kmeans, KMeansPlan)
+from sparkpriv.mechanisms.rbm import RBM
+from sparkpriv.mechanisms.vae import VAE
+from sparkpriv.privacy import noise as _noise
+from sparkpriv.privacy.accounting import compose, epsilon_of
+from sparkpriv.privacy.bounds import Bounds
+from sparkpriv.privacy.random import new_secret_seed, stream
+
+__all__ = ["MODELS", "FORMAT_VERSION", "DPGMParams", "DPGMPlan", "DPGMModel", "plan_dpgm",
+           "fit_dpgm_array", "assign_clusters", "train_clusters", "synthesize"]
+
+MODELS = ("rbm", "vae")
+FORMAT_VERSION = 1
+SYNTH_STAGE = 31  # stream(seed, SYNTH_STAGE, j) samples cluster j's synthetic records
+_POS = Interval("real", 0, None, "neither")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DPGMParams(_proto.Params):
+    """Public parameters of a DPGM release (fields made with the protocol's ``option``)."""
+
+    epsilon: float = _proto.option(help="the total epsilon of the release (k-means + DP-SGD)", constraints=[_POS])
+    delta: float = _proto.option(help="the total delta of the release, in (0, 1) (at most 1/n is advised)",
+                                 constraints=[Interval("real", 0, 1, "neither")])
+    k: int = _proto.option(10, help="clusters of the DP k-means (2 .. floor(sqrt(rows)))",
+                           constraints=[Interval("integer", 2, None, "left")])
+    model: str = _proto.option("rbm", help="generative model per cluster: rbm (binary records) or vae",
+                               constraints=[Options(MODELS)])
+    kmeans_share: float = _proto.option(0.3, help="share of epsilon the k-means is calibrated to (DP-SGD "
+                                        "gets the rest of the composition)",
+                                        constraints=[Interval("real", 0, 1, "neither")])
+    kmeans_iterations: int = _proto.option(8, help="Lloyd iterations of the k-means",
+                                           constraints=[Interval("integer", 1, 1000, "both")])
+    row_bound: float | None = _proto.option(None, help="declared L2 bound on a record (binary records with at "
+                                            "most L items: sqrt(L))", doc_default="sqrt(d)", constraints=[_POS])
+    clip: float = _proto.option(10.0, help="per-example gradient clip C of DP-SGD", constraints=[_POS])
+    sampling_rate: float = _proto.option(0.05, help="Poisson sampling rate q of DP-SGD (every cluster)",
+                                         constraints=[Interval("real", 0, 1, "right")])
+    epochs: float = _proto.option(20.0, help="passes over the data: steps T = ceil(epochs / q)",
+                                  constraints=[_POS])
+    learning_rate: float = _proto.option(0.01, help="Adam learning rate", constraints=[_POS])
+    hidden: int = _proto.option(64, help="hidden units (rbm) or hidden layer width (vae; the paper: 200)",
+                                constraints=[Interval("integer", 1, 100_000, "both")])
+    latent: int = _proto.option(2, help="vae latent dimension", constraints=[Interval("integer", 1, 1000, "both")])
+    chains: int = _proto.option(100, help="rbm persistent chains",
+                                constraints=[Interval("integer", 1, 1_000_000, "both")])
+    gibbs_steps: int = _proto.option(1, help="rbm Gibbs sweeps per update",
+                                     constraints=[Interval("integer", 1, 1000, "both")])
+    accountant: str = _proto.option("pld", help="accountant used to calibrate the noise multiplier",
+                                    constraints=[Options(dpsgd.ACCOUNTANTS)])
+    neighbors: str = _proto.option("replace-one", help="neighbour relation: replace-one (n is public; the "
+                                   "k-means rule k <= floor(sqrt(n)) uses it)", kind="neighbors")
+
+    @property
+    def steps(self) -> int:
+        return int(math.ceil(self.epochs / self.sampling_rate))
+
+
+def _make_model(params: DPGMParams, d: int):
+    if params.model == "rbm":
+        return RBM(d, params.hidden, gibbs_steps=params.gibbs_steps, chains=params.chains)
+    return VAE(d, params.hidden, params.latent)
+
+
+@dataclass(frozen=True)
+class DPGMPlan:
+    """Everything public about a calibrated DPGM release (no secrets, no data)."""
+
+    params: DPGMParams
+    n: int
+    d: int
+    kmeans: KMeansPlan
+    noise_multiplier: float
+    step_noise: _noise.GaussianNoise
+    epsilon_accounted: float = math.nan  # epsilon_of(dp_event(), delta), computed once by plan_dpgm
+
+    @property
+    def steps(self) -> int:
+        return self.params.steps
+
+    def dpsgd_event(self) -> dp_event.DpEvent:
+        return dpsgd.dpsgd_event(self.params.sampling_rate, self.noise_multiplier, self.steps,
+                                 step_event=self.step_noise.dp_event())
+
+    def dp_event(self) -> dp_event.DpEvent:
+        return compose([self.kmeans.dp_event(), self.dpsgd_event()])
+
+    def epsilon_spent(self) -> float:
+        if math.isnan(self.epsilon_accounted):
+            return epsilon_of(self.dp_event(), self.params.delta)
+        return self.epsilon_accounted
+
+    def to_public_dict(self) -> dict:
+        return {
+            "mechanism": "dpgm", "neighbors": "replace-one", "n": self.n, "d": self.d,
+            "params": self.params.public_dict(), "steps": self.steps,
+            "noise_multiplier": self.noise_multiplier,
+            "step_noise": self.step_noise.to_public_dict(),
+            "kmeans": self.kmeans.to_public_dict(),
+            "epsilon_spent": self.epsilon_spent(), "delta": self.params.delta,
+            "accounting": "Composed[k-means, SelfComposed(PoissonSampled(q, Gaussian(sigma/2)), T)]: "
+                          "every cluster trains with the same (q, sigma, T) (parallel composition); "
+                          "replace-one is dominated by an add/remove step of sensitivity 2C",
+        }
+
+
+class _Relations:
+    """What DPGM declares (the protocol's ``resolve_neighbors`` reads it)."""
+
+    title = "DPGM"
+    neighbors = (_proto.REPLACE_ONE,)
+    refused_neighbors = {"add-remove": "its k-means takes n as public (k <= floor(sqrt(n)) and the noise "
+                                       "grid's cap), and one DP-SGD rate and step count for every cluster "
+                                       "is calibrated for replace-one"}
+    row_level = False
+
+
+def _bounds(params: DPGMParams, d: int, caller: str) -> Bounds:
+    """The declared domain of the k-means: the box [0, 1]^d and the row bound (default sqrt(d))."""
+    row_bound = math.sqrt(d) if params.row_bound is None else float(params.row_bound)
+    return Bounds(d, (0.0,) * d, (1.0,) * d, row_bound, "l2", None, _caller=caller)
+
+
+def plan_dpgm(params: DPGMParams, *, n: int, d: int, caller: str = "dpgm") -> DPGMPlan:
+    """Validate and calibrate (public facts only: ``n`` rows, ``d`` columns)."""
+    params.validate(caller)
+    _proto.resolve_neighbors(params.neighbors, _Relations, caller)
+    check_param("n", n, [Interval("integer", 1, None, "left")], caller)
+    check_param("d", d, [Interval("integer", 1, None, "left")], caller)
+    from sparkpriv.mechanisms.kmeans import check_k_for_n
+
+    check_k_for_n(params.k, n, caller)
+    fmap = make_feature_map("linear", _bounds(params, d, caller), caller=caller)
+    kplan = plan_kmeans(fmap, k=params.k, epsilon=params.kmeans_share * params.epsilon, delta=params.delta,
+                        iterations=params.kmeans_iterations, caller=caller)
+    sigma = dpsgd.calibrate_noise_multiplier(
+        epsilon=params.epsilon, delta=params.delta, sampling_rate=params.sampling_rate, steps=params.steps,
+        neighbors="replace-one", accountant=params.accountant, base_event=kplan.dp_event(), caller=caller)
+    dim = _make_model(params, d).dim
+    noise = dpsgd.step_noise(clip=params.clip, noise_multiplier=sigma, dim=dim, max_abs=float(n) * params.clip)
+    plan = DPGMPlan(params, int(n), int(d), kplan, float(sigma), noise)
+    plan = dataclasses.replace(plan, epsilon_accounted=plan.epsilon_spent())
+    if plan.epsilon_spent() > params.epsilon:  # the discrete noise's multiplier is >= sigma: cannot happen
+        raise ParameterError(f"{caller}: calibration failed to meet epsilon={params.epsilon!r}.")
+    return plan
+
+
+@dataclass
+class DPGMModel:
+    """The released mixture: per-cluster parameters and noisy sizes (public)."""
+
+    params: DPGMParams
+    d: int
+    thetas: np.ndarray  # (k, dim)
+    sizes: np.ndarray  # (k,) noisy cluster sizes, clamped at 0
+    centers: np.ndarray  # (k, d) k-means centres
+    plan_public: dict = field(default_factory=dict)
+
+    @property
+    def k(self) -> int:
+        return self.thetas.shape[0]
+
+    def generator(self):
+        return _make_model(self.params, self.d)
+
+    def save(self, path) -> None:
+        """A ``.npz`` with the arrays and a JSON header (``format_version``)."""
+        header = {"format": "sparkpriv-dpgm", "format_version": FORMAT_VERSION,
+                  "params": self.params.public_dict(), "d": self.d, "public": self.plan_public}
+        buf = io.BytesIO()
+        np.savez(buf, header=np.frombuffer(json.dumps(header, default=float).encode(), np.uint8),
+                 thetas=self.thetas, sizes=self.sizes, centers=self.centers)
+        with open(path, "wb") as f:
+            f.write(buf.getvalue())
+
+    @classmethod
+    def load(cls, path) -> "DPGMModel":
+        with np.load(path, allow_pickle=False) as z:
+            header = json.loads(bytes(z["header"]).decode())
+            if header.get("format") != "sparkpriv-dpgm" or header.get("format_version") != FORMAT_VERSION:
+                raise ParameterError(
+                    f"{path} is not a sparkpriv DPGM model of format version {FORMAT_VERSION} "
+                    f"(found {header.get('format')!r} version {header.get('format_version')!r}).")
+            return cls(DPGMParams(**header["params"]), int(header["d"]), z["thetas"], z["sizes"],
+                       z["centers"], header.get("public", {}))
+
+
+def _logit_init(centre: np.ndarray) -> np.ndarray:
+    p = np.clip(centre, 1e-3, 1 - 1e-3)
+    return np.log(p / (1 - p))
+
+
+def fit_dpgm_array(X, params: DPGMParams, *, seed: int | None = None, log=None) -> tuple[DPGMModel, DPGMPlan]:
+    """In-memory DPGM release of ``X`` (n, d) with entries in [0, 1] (binary for ``rbm``).
+
+    ``seed`` (tests only) fixes every secret; by default they come from OS entropy.
+    """
+    caller = "fit_dpgm_array"
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2 or X.shape[0] == 0:
+        raise ParameterError(f"X must be a non-empty 2-D array (records, columns). Got shape {X.shape}.")
+    if not np.all(np.isfinite(X)) or X.min() < 0 or X.max() > 1:
+        raise ParameterError("X must have finite values in [0, 1]: map columns with public bounds first.")
+    n, d = X.shape
+    plan = plan_dpgm(params, n=n, d=d, caller=caller)
+    seed = new_secret_seed("dpgm") if seed is None else int(seed)
+    # 1. DP k-means (linear), the library's driver loop
+    fmap = make_feature_map("linear", _bounds(params, d, caller), caller=caller)
+    centres0 = initial_centres(fmap, params.k, stream(seed, 1), None, caller)
+    Z, Xc, _ = fmap.features(X)
+    kmodel, _ = fit_from_stats(plan.kmeans, fmap, centres0, lambda c: cluster_stats(Z, c),
+                               lambda c: cluster_stats(Z, c, Xc), seed)
+    centers = np.asarray(kmodel.centers, float)
+    sizes = np.maximum(np.asarray(kmodel.counts, float), 0.0)
+    # 2. internal assignment to the released centres (never released)
+    labels = assign_clusters(X, centers, _bounds(params, d, caller).row_bound)
+    # 3. one model per cluster, same (q, sigma, T)
+    thetas = train_clusters(X, labels, sizes, centers, plan, seed, log=log)
+    return DPGMModel(params, d, thetas, sizes, centers, plan.to_public_dict()), plan
+
+
+def assign_clusters(X: np.ndarray, centers: np.ndarray, row_bound: float) -> np.ndarray:
+    """The nearest released centre of each row after the k-means clip (box [0, 1], then the
+    row bound): internal, never released. The Spark path calls the same function per block."""
+    from sparkpriv.mechanisms.kmeans import assign_nearest, project_to_ball
+
+    Xc = project_to_ball(np.clip(np.asarray(X, dtype=np.float64), 0.0, 1.0), float(row_bound))
+    return assign_nearest(Xc, np.asarray(centers, dtype=np.float64))
+
+
+def train_clusters(X: np.ndarray, labels: np.ndarray, sizes: np.ndarray, centers: np.ndarray,
+                   plan: DPGMPlan, seed: int, clusters=None, log=None) -> np.ndarray:
+    """DP-SGD of every cluster's model on its own rows (a Spark task per cluster does the same
+    for one ``j``): ``(k, dim)`` parameters. Cluster ``j`` sees only ``X[labels == j]``, the
+    public ``sizes[j]``, ``centers[j]`` and its own streams ``(seed, stage, j, step)``."""
+    params, d = plan.params, plan.d
+    gen = _make_model(params, d)
+    clusters = range(params.k) if clusters is None else clusters
+    thetas = np.zeros((params.k, gen.dim))
+    for j in clusters:
+        Xj = X[labels == j]
+        theta0 = gen.init(stream(seed, 2, j))
+        if params.model == "rbm":  # start at the cluster's released centre (independent Bernoullis)
+            theta0[d * params.hidden: d * params.hidden + d] = _logit_init(centers[j])
+        thetas[j] = dpsgd.train(gen, Xj, theta0, clip=params.clip, sampling_rate=params.sampling_rate,
+                                steps=plan.steps, noise=plan.step_noise, n_pub=max(float(sizes[j]), 1.0),
+                                seed=seed, cluster=j, lr=params.learning_rate)
+        if log is not None:
+            log(j, Xj.shape[0])
+    return thetas
+
+
+def synthesize(model: DPGMModel, n: int, seed: int) -> np.ndarray:
+    """``n`` synthetic records (n, d): cluster ``j`` with probability noisy ``n_j / sum``, then
+    its model's sampler; reproducible from ``seed`` (post-processing: no budget)."""
+    check_param("n", n, [Interval("integer", 0, None, "left")], "synthesize")
+    w = np.asarray(model.sizes, float)
+    if not np.any(w > 0):
+        w = np.ones_like(w)
+    counts = stream(seed, SYNTH_STAGE, model.k).multinomial(int(n), w / w.sum())
+    gen = model.generator()
+    parts = [gen.sample(model.thetas[j], int(c), stream(seed, SYNTH_STAGE, j))
+             for j, c in enumerate(counts) if c > 0]
+    out = np.concatenate(parts) if parts else np.zeros((0, model.d))
+    return out[stream(seed, SYNTH_STAGE, model.k + 1).permutation(out.shape[0])]

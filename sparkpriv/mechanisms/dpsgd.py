@@ -1,0 +1,359 @@
+"""DP-SGD: Poisson sampling, per-example clipping, Gaussian noise (docs/math.md section 5).
+
+One step on a data set of ``n`` records (one cluster of the DPGM mixture):
+
+1. **Poisson sampling** at a public rate ``q``: each record is in the batch
+   independently with probability ``q``, drawn from a keyed stream
+   (``stream(seed, SAMPLE_STAGE, cluster, step)``), so a retried task samples
+   the same batch.
+2. **Per-example clipping** of the data-dependent part ``g_i`` of the gradient
+   to ``||g_i||_2 <= C``: ``g_i min(1, C / ||g_i||)``. The norms are computed
+   without materialising the per-example gradients where the layer allows it
+   (a dense layer's per-example gradient is an outer product, whose Frobenius
+   norm is the product of the two vectors' norms; a bias adds ``||delta_i||^2``);
+   the clipped sum is then one matrix product with the clipping factors
+   (the models in :mod:`~sparkpriv.mechanisms.rbm` and
+   :mod:`~sparkpriv.mechanisms.vae`).
+3. **Gaussian noise** of standard deviation ``sigma C`` on the clipped sum
+   (``sigma`` = the DP-SGD noise multiplier), drawn ONCE per step as a
+   discrete Gaussian on a power-of-two grid (docs/math.md section 7) from
+   ``stream(seed, NOISE_STAGE, cluster, step)``. The update uses
+   ``noisy sum / (q n_pub)`` with ``n_pub`` a public size (the noisy cluster
+   size), plus any data-independent term (an RBM's negative phase).
+
+Privacy
+-------
+Every event is normalised to the sensitivity of the declared neighbour
+relation, as everywhere in the library (:mod:`sparkpriv.privacy.accounting`):
+its PLD accountant runs in add/remove mode, where ``GaussianDpEvent(z)`` is a
+shift by at most one sensitivity under noise ``z`` times it.
+
+* add-remove: the clipped sum changes by at most ``C`` (the record's clipped
+  gradient, if sampled). One step is ``PoissonSampledDpEvent(q,
+  GaussianDpEvent(sigma))``, the standard analysis (Abadi et al. 2016).
+* replace-one (the library's default; ``n`` is public): the noise is
+  calibrated to the replace-one sensitivity ``2C`` and one step is recorded as
+  ``PoissonSampledDpEvent(q, GaussianDpEvent(sigma / 2))``, i.e. as an
+  add/remove step whose sensitivity is ``2C``. Why this dominates: with the
+  other records' coins fixed (a mixture with the same weights on both sides,
+  so joint convexity applies), record ``x`` replaced by ``x'`` gives the pair
+  ``P = (1-q) A + q B``, ``Q = (1-q) A + q B'`` with ``A = N(0, s^2)``,
+  ``B = N(u, s^2)``, ``B' = N(u', s^2)``, ``||u||, ||u'|| <= C``. For every
+  ``alpha >= 1``, writing ``alpha Q = (1-q) A + (alpha-1)(1-q) A + alpha q B'``,
+
+      H_alpha(P || Q) = q H_alpha'(B || (1-b) B' + b A)
+                     <= q [(1-b) H_alpha'(B || B') + b H_alpha'(B || A)]
+                     <= q H_alpha'(N(2C, s^2) || N(0, s^2)),
+
+  ``alpha' = 1 + (alpha - 1) / q``, ``b = (alpha - 1)(1 - q) / (q alpha')``
+  (Balle, Barthe & Gaboardi 2018's advanced joint convexity, then joint
+  convexity and ``||u - u'|| <= 2C``, ``||u|| <= C``). The right-hand side is
+  exactly ``H_alpha`` of the add/remove ("remove") pair of a Poisson-sampled
+  Gaussian of sensitivity ``2C``. So that pair dominates every step, and
+  dominating pairs compose (Zhu, Dong & Wang 2022, Thm. 10): ``T`` steps are
+  ``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(sigma/2)), T)``.
+  At ``q = 1`` this is the Gaussian mechanism with sensitivity ``2C``, exact.
+* The grid: the released vector is ``g (rint(sum / g) + N_Z(0, sigma_g^2))``;
+  the integer centres of the three cases differ by at most ``Delta / g +
+  sqrt(p)`` (``p`` parameters), which is the noise's ``grid_sensitivity``, and
+  its ``dp_event()`` (multiplier at least the requested one, the samplers'
+  slack included) is what is wrapped in the Poisson-sampled event.
+
+Calibration: :func:`calibrate_noise_multiplier` finds, by bisection, the
+smallest multiplier (to a relative 1e-3, rounded up) whose event's epsilon by
+dp_accounting's PLD accountant (the library's :func:`epsilon_of`) or RDP
+accountant is at most the request. The recorded event uses the multiplier of
+the actual discrete noise, which is at least that.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from dp_accounting import dp_event
+
+from sparkpriv._validation import Interval, Options, check_param
+from sparkpriv.errors import ParameterError
+from sparkpriv.privacy import noise as _noise
+from sparkpriv.privacy.accounting import compose, epsilon_of
+
+__all__ = [
+    "NEIGHBORS",
+    "ACCOUNTANTS",
+    "SAMPLE_STAGE",
+    "NOISE_STAGE",
+    "sensitivity_factor",
+    "dpsgd_event",
+    "accounted_epsilon",
+    "calibrate_noise_multiplier",
+    "step_noise",
+    "poisson_mask",
+    "clip_factors",
+    "noisy_sum",
+    "Adam",
+]
+
+NEIGHBORS = ("replace-one", "add-remove")
+ACCOUNTANTS = ("pld", "rdp")
+SAMPLE_STAGE = 21  # public label: stream(seed, SAMPLE_STAGE, cluster, step) draws the batch
+NOISE_STAGE = 22  # stream(seed, NOISE_STAGE, cluster, step) draws the step's noise
+_POS = Interval("real", 0, None, "neither")
+_RATE = Interval("real", 0, 1, "right")
+
+
+def sensitivity_factor(neighbors: str) -> float:
+    """The L2 sensitivity of the clipped sum in units of ``C``: 2 (replace-one) or 1 (add-remove)."""
+    check_param("neighbors", neighbors, [Options(NEIGHBORS)], "dpsgd")
+    return 2.0 if neighbors == "replace-one" else 1.0
+
+
+def _check_common(q, steps, caller):
+    check_param("sampling_rate", q, [_RATE], caller)
+    check_param("steps", steps, [Interval("integer", 1, 10_000_000, "both")], caller)
+
+
+def dpsgd_event(q: float, noise_multiplier: float, steps: int, neighbors: str = "replace-one",
+                step_event: dp_event.DpEvent | None = None) -> dp_event.DpEvent:
+    """``SelfComposed(PoissonSampled(q, Gaussian(noise_multiplier / factor)), steps)``.
+
+    ``noise_multiplier`` is sigma / C (noise std over the clip); ``factor`` is
+    :func:`sensitivity_factor` (module docstring). ``step_event`` (the
+    discrete noise's own ``GaussianDpEvent``, already normalised to the
+    relation's sensitivity) replaces the Gaussian event when given.
+    """
+    caller = "dpsgd_event"
+    _check_common(q, steps, caller)
+    if step_event is None:
+        check_param("noise_multiplier", noise_multiplier, [_POS], caller)
+        step_event = dp_event.GaussianDpEvent(float(noise_multiplier) / sensitivity_factor(neighbors))
+    return dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(float(q), step_event), int(steps))
+
+
+def accounted_epsilon(event: dp_event.DpEvent, delta: float, accountant: str = "pld") -> float:
+    """Epsilon of ``event`` at ``delta``: the library's PLD (default) or dp_accounting's RDP."""
+    check_param("accountant", accountant, [Options(ACCOUNTANTS)], "accounted_epsilon")
+    if accountant == "pld":
+        return epsilon_of(event, delta)
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    acc = rdp_privacy_accountant.RdpAccountant(orders=RDP_ORDERS)
+    acc.compose(event)
+    return float(acc.get_epsilon(delta))
+
+
+# dp_accounting's default orders minus the fractional ones below 12 (their sampled-Gaussian
+# series is slow and often does not converge); integer orders have a closed form
+RDP_ORDERS = [*range(2, 65), 72, 80, 96, 128, 192, 256, 512, 1024]
+
+
+def calibrate_noise_multiplier(*, epsilon: float, delta: float, sampling_rate: float, steps: int,
+                               neighbors: str = "replace-one", accountant: str = "pld",
+                               rtol: float = 1e-3, base_event: dp_event.DpEvent | None = None,
+                               caller: str = "calibrate_noise_multiplier") -> float:
+    """The smallest ``sigma = noise std / C`` (to ``rtol``, rounded up) whose DP-SGD event
+    has accounted epsilon at most ``epsilon`` at ``delta``.
+
+    ``base_event`` (e.g. the k-means part of a DPGM release) is composed with
+    the DP-SGD event before accounting, so the whole release meets the request.
+
+    Bisection on ``log sigma`` (epsilon falls as sigma grows). Depends only on
+    public parameters.
+    """
+    check_param("epsilon", epsilon, [_POS], caller)
+    check_param("delta", delta, [Interval("real", 0, 1, "neither")], caller)
+    _check_common(sampling_rate, steps, caller)
+    check_param("accountant", accountant, [Options(ACCOUNTANTS)], caller)
+    check_param("rtol", rtol, [Interval("real", 1e-9, 0.5, "both")], caller)
+
+    def event(s: float):
+        e = dpsgd_event(sampling_rate, s, steps, neighbors)
+        return e if base_event is None else compose([base_event, e])
+
+    def eps(s: float) -> float:
+        # the search uses a 10x coarser PLD grid (pessimistic: it states more, never less);
+        # the result is then checked with the library's accountant
+        return _coarse_pld_epsilon(event(s), delta) if accountant == "pld" else \
+            accounted_epsilon(event(s), delta, accountant)
+
+    if base_event is not None and accounted_epsilon(base_event, delta, accountant) >= epsilon:
+        raise ParameterError(
+            f"{caller}: the other parts of the release already spend epsilon={epsilon!r} at "
+            f"delta={delta!r}; nothing is left for DP-SGD. Give the other parts a smaller share."
+        )
+
+    # bracket: the RDP calibration is cheap; for the PLD it is a good first guess
+    start = 1.0
+    if accountant == "pld":
+        try:
+            start = calibrate_noise_multiplier(epsilon=epsilon, delta=delta, sampling_rate=sampling_rate,
+                                               steps=steps, neighbors=neighbors, accountant="rdp",
+                                               rtol=rtol, base_event=base_event, caller=caller)
+        except ParameterError:  # RDP states more than PLD: search from 1
+            start = 1.0
+    hi, e_hi = start, eps(start)
+    lo, e_lo = hi, e_hi
+    while e_hi > epsilon:
+        lo, e_lo = hi, e_hi
+        hi *= 1.25 if accountant == "pld" else 2.0
+        if hi > 1e6:
+            raise ParameterError(
+                f"{caller} cannot meet epsilon={epsilon!r} at delta={delta!r} with sampling_rate="
+                f"{sampling_rate!r} and steps={steps!r} (noise multiplier above 1e6): raise epsilon, "
+                "lower the sampling rate or train fewer steps."
+            )
+        e_hi = eps(hi)
+    while e_lo <= epsilon:
+        hi, e_hi = lo, e_lo
+        lo /= 1.25 if accountant == "pld" else 2.0
+        if lo < 1e-4:
+            return hi
+        e_lo = eps(lo)
+    # invariant: eps(hi) <= epsilon < eps(lo); regula falsi on (log s, log eps), Illinois rule
+    side = 0
+    target = math.log(epsilon)
+    f_lo, f_hi = math.log(e_lo) - target, math.log(max(e_hi, 1e-300)) - target
+    while hi / lo > 1.0 + rtol:
+        a, b = math.log(lo), math.log(hi)
+        x = b - f_hi * (b - a) / (f_hi - f_lo) if f_hi != f_lo else 0.5 * (a + b)
+        x = min(max(x, a + 0.01 * (b - a)), b - 0.01 * (b - a))
+        mid = math.exp(x)
+        f_mid = math.log(max(eps(mid), 1e-300)) - target
+        if f_mid <= 0:
+            hi, f_hi = mid, f_mid
+            if side == 1:
+                f_lo /= 2.0
+            side = 1
+        else:
+            lo, f_lo = mid, f_mid
+            if side == -1:
+                f_hi /= 2.0
+            side = -1
+    while accounted_epsilon(event(hi), delta, accountant) > epsilon:  # rare: coarse grid said yes
+        hi *= 1.0 + rtol
+    return hi
+
+
+def _coarse_pld_epsilon(event: dp_event.DpEvent, delta: float) -> float:
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    from sparkpriv.privacy.accounting import _discretization_for
+
+    acc = pld_privacy_accountant.PLDAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+        value_discretization_interval=10.0 * _discretization_for(event, delta))
+    acc.compose(event)
+    return float(acc.get_epsilon(delta))
+
+
+def step_noise(*, clip: float, noise_multiplier: float, dim: int, neighbors: str = "replace-one",
+               max_abs: float | None = None) -> _noise.GaussianNoise:
+    """The discrete Gaussian noise of one step: std at least ``noise_multiplier * C``.
+
+    Its ``dp_event()`` is normalised to the relation's sensitivity ``factor C``
+    (multiplier at least ``noise_multiplier / factor``). ``max_abs`` is a
+    PUBLIC bound on a coordinate of the clipped sum (e.g. ``n_pub C``).
+    """
+    caller = "step_noise"
+    check_param("clip", clip, [_POS], caller)
+    check_param("noise_multiplier", noise_multiplier, [_POS], caller)
+    f = sensitivity_factor(neighbors)
+    return _noise.gaussian_noise_from_multiplier(sensitivity=f * float(clip),
+                                                 noise_multiplier=float(noise_multiplier) / f,
+                                                 dim=int(dim), max_abs=max_abs)
+
+
+def poisson_mask(n: int, q: float, rng: np.random.Generator) -> np.ndarray:
+    """Boolean mask of a Poisson sample: each of ``n`` records independently with probability ``q``."""
+    return rng.random(int(n)) < float(q)
+
+
+def clip_factors(sq_norms: np.ndarray, clip: float) -> np.ndarray:
+    """``min(1, C / ||g_i||)`` from the squared per-example norms (1 for a zero gradient)."""
+    norms = np.sqrt(np.maximum(np.asarray(sq_norms, dtype=np.float64), 0.0))
+    out = np.ones_like(norms)
+    big = norms > clip
+    out[big] = clip / norms[big]
+    return out
+
+
+def noisy_sum(clipped_sum: np.ndarray, noise: _noise.GaussianNoise, rng: np.random.Generator) -> np.ndarray:
+    """The released ``g (rint(sum / g) + N)`` of the clipped sum (flat vector)."""
+    return _noise.add_noise(np.asarray(clipped_sum, dtype=np.float64), noise, rng)
+
+
+@dataclass
+class Adam:
+    """Adam on the (noisy) gradient estimates: post-processing of released vectors."""
+
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    m: np.ndarray | None = None
+    v: np.ndarray | None = None
+    t: int = 0
+
+    def step(self, theta: np.ndarray, grad: np.ndarray) -> np.ndarray:
+        if self.m is None:
+            self.m = np.zeros_like(theta)
+            self.v = np.zeros_like(theta)
+        self.t += 1
+        self.m = self.beta1 * self.m + (1 - self.beta1) * grad
+        self.v = self.beta2 * self.v + (1 - self.beta2) * grad * grad
+        mh = self.m / (1 - self.beta1**self.t)
+        vh = self.v / (1 - self.beta2**self.t)
+        return theta - self.lr * mh / (np.sqrt(vh) + self.eps)
+
+
+MODEL_STAGE = 23  # stream(seed, MODEL_STAGE, cluster, step): the model's own randomness (VAE eps, chains)
+
+
+def dp_step(model, X: np.ndarray, theta: np.ndarray, state, *, clip: float, sampling_rate: float,
+            noise: _noise.GaussianNoise | None, n_pub: float, seed: int, cluster: int, step: int):
+    """One DP-SGD gradient estimate: ``(grad, new_state, batch_size)``.
+
+    ``model`` has ``clipped_sum(Xb, theta, clip, rng) -> (sum, sq_norms)`` and
+    ``model_term(theta, state, rng, clip) -> (grad, state)`` (data-independent).
+    The batch is a Poisson sample of the rows of ``X`` from ``stream(seed,
+    SAMPLE_STAGE, cluster, step)``; the noise is drawn from ``stream(seed,
+    NOISE_STAGE, cluster, step)``; ``grad = noisy sum / (q n_pub) + model
+    term``. ``noise=None``: the non-private step (the exact clipped sum over the
+    realised batch size; the benchmark's reference).
+    """
+    from sparkpriv.privacy.random import stream
+
+    mask = poisson_mask(X.shape[0], sampling_rate, stream(seed, SAMPLE_STAGE, cluster, step))
+    Xb = X[mask]
+    mrng = stream(seed, MODEL_STAGE, cluster, step)
+    s, _ = model.clipped_sum(Xb, theta, clip, mrng)
+    if noise is None:
+        g = s / max(Xb.shape[0], 1)
+    else:
+        g = noisy_sum(s, noise, stream(seed, NOISE_STAGE, cluster, step)) / (sampling_rate * float(n_pub))
+    t, state = model.model_term(theta, state, mrng, clip)
+    return g + t, state, int(Xb.shape[0])
+
+
+def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate: float, steps: int,
+          noise: _noise.GaussianNoise | None, n_pub: float, seed: int, cluster: int = 0,
+          lr: float = 1e-3, state=None, init_rng: np.random.Generator | None = None):
+    """``steps`` DP-SGD steps with Adam (post-processing); returns the final ``theta``.
+
+    ``X`` is one cluster's rows (a Spark task's partition); everything random
+    is keyed by ``(seed, stage, cluster, step)``, so a retried task reproduces
+    the same model. ``state`` (RBM chains) starts data-independently.
+    """
+    from sparkpriv.privacy.random import stream
+
+    if state is None:
+        state = model.init_state(init_rng if init_rng is not None else stream(seed, MODEL_STAGE, cluster, 0),
+                                 theta)
+    opt = Adam(lr=lr)
+    for t in range(1, int(steps) + 1):
+        g, state, _ = dp_step(model, X, theta, state, clip=clip, sampling_rate=sampling_rate, noise=noise,
+                              n_pub=n_pub, seed=seed, cluster=cluster, step=t)
+        theta = opt.step(theta, g)
+    return theta

@@ -1,0 +1,149 @@
+"""DPGM: accounting of the whole release, parallel composition, file format, synthesis."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from dp_accounting import dp_event as ev
+
+from sparkpriv.errors import ParameterError
+from sparkpriv.mechanisms import dpgm, dpsgd
+from sparkpriv.mechanisms.rbm import RBM
+from sparkpriv.privacy.accounting import compose, epsilon_of
+
+P = dpgm.DPGMParams(epsilon=2.0, delta=1e-5, k=2, sampling_rate=0.05, epochs=2, hidden=4,
+                    accountant="rdp", kmeans_iterations=3)
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return dpgm.plan_dpgm(P, n=400, d=10)
+
+
+def test_plan_event_is_kmeans_plus_one_cluster_of_dpsgd(plan):
+    e = plan.dp_event()
+    assert isinstance(e, ev.ComposedDpEvent)
+    km, sgd = e.events[:-1], e.events[-1]
+    assert compose(km) == compose([plan.kmeans.dp_event()])
+    assert sgd.count == plan.steps == 40
+    assert sgd.event.sampling_probability == 0.05
+    # replace-one: an add/remove step of sensitivity 2C, multiplier at least sigma / 2
+    assert sgd.event.event.noise_multiplier >= plan.noise_multiplier / 2
+    assert sgd.event.event.noise_multiplier <= plan.noise_multiplier / 2 * (1 + 1e-6)
+    assert plan.step_noise.std >= plan.noise_multiplier * P.clip
+
+
+def test_plan_meets_the_request_and_the_noise_is_needed(plan):
+    assert plan.epsilon_spent() <= P.epsilon
+    weaker = compose([plan.kmeans.dp_event(),
+                      dpsgd.dpsgd_event(P.sampling_rate, plan.noise_multiplier / 1.05, plan.steps)])
+    assert dpsgd.accounted_epsilon(weaker, P.delta, P.accountant) > P.epsilon
+    pub = plan.to_public_dict()
+    assert pub["epsilon_spent"] <= P.epsilon and pub["neighbors"] == "replace-one"
+
+
+def test_each_record_trains_one_model(plan):
+    """Changing a record of cluster 0 leaves cluster 1's released parameters bit for bit."""
+    rng = np.random.default_rng(0)
+    X = (rng.random((400, 10)) < 0.3).astype(float)
+    labels = (np.arange(400) % 2).astype(int)
+    sizes = np.array([200.0, 200.0])
+    centers = np.full((2, 10), 0.3)
+    a = dpgm.train_clusters(X, labels, sizes, centers, plan, seed=7)
+    Y = X.copy()
+    Y[0] = 1.0 - Y[0]  # row 0 is in cluster 0
+    b = dpgm.train_clusters(Y, labels, sizes, centers, plan, seed=7)
+    assert np.array_equal(a[1], b[1])
+    assert not np.array_equal(a[0], b[0])
+    again = dpgm.train_clusters(X, labels, sizes, centers, plan, seed=7, clusters=[0])
+    assert np.array_equal(again[0], a[0])  # a retried task (one cluster) reproduces its model
+
+
+def _toy_model(sizes, biases):
+    d, h = len(biases[0]), 2
+    gen = RBM(d, h)
+    thetas = np.zeros((len(sizes), gen.dim))
+    for j, b in enumerate(biases):
+        thetas[j, d * h: d * h + d] = b
+    params = dpgm.DPGMParams(k=len(sizes), hidden=h)
+    return dpgm.DPGMModel(params, d, thetas, np.asarray(sizes, float), np.zeros((len(sizes), d)))
+
+
+def test_synthesize_follows_noisy_sizes_and_is_reproducible():
+    m = _toy_model([3000.0, 1000.0, 0.0], [[20.0, -20.0], [-20.0, 20.0], [20.0, 20.0]])
+    S = dpgm.synthesize(m, 20_000, seed=3)
+    assert S.shape == (20_000, 2)
+    first = np.mean((S[:, 0] == 1) & (S[:, 1] == 0))
+    assert abs(first - 0.75) < 5 * np.sqrt(0.75 * 0.25 / 20_000)
+    assert not np.any((S[:, 0] == 1) & (S[:, 1] == 1))  # a zero-size cluster is never drawn
+    assert np.array_equal(S, dpgm.synthesize(m, 20_000, seed=3))
+    assert not np.array_equal(S, dpgm.synthesize(m, 20_000, seed=4))
+
+
+def test_save_load_roundtrip_and_version(tmp_path):
+    m = _toy_model([5.0, 2.0], [[1.0, -1.0], [0.5, 0.5]])
+    m.plan_public = {"epsilon_spent": 1.0}
+    path = tmp_path / "model.npz"
+    m.save(path)
+    back = dpgm.DPGMModel.load(path)
+    assert back.params == m.params and back.d == m.d and back.plan_public == m.plan_public
+    assert np.array_equal(back.thetas, m.thetas) and np.array_equal(back.sizes, m.sizes)
+    assert np.array_equal(dpgm.synthesize(back, 50, 1), dpgm.synthesize(m, 50, 1))
+    np.savez(tmp_path / "bad.npz", header=np.frombuffer(b'{"format": "x"}', np.uint8))
+    with pytest.raises(ParameterError, match="format version"):
+        dpgm.DPGMModel.load(tmp_path / "bad.npz")
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(k=30), "'k'"), (dict(model="gan"), "model"), (dict(sampling_rate=0.0), "sampling_rate"),
+    (dict(clip=-1.0), "clip"), (dict(kmeans_share=1.0), "kmeans_share"),
+])
+def test_bad_parameters_are_named(change, match):
+    import dataclasses
+
+    with pytest.raises(ParameterError, match=match):
+        dpgm.plan_dpgm(dataclasses.replace(P, **change), n=400, d=10)
+
+
+def test_fit_end_to_end_recovers_two_clusters():
+    """Large epsilon: the mixture's synthetic marginals match two well-separated clusters."""
+    rng = np.random.default_rng(1)
+    n, d = 2000, 12
+    z = rng.random(n) < 0.5
+    p = np.where(z[:, None], np.r_[np.full(6, 0.7), np.full(6, 0.05)], np.r_[np.full(6, 0.05), np.full(6, 0.7)])
+    X = (rng.random((n, d)) < p).astype(float)
+    params = dpgm.DPGMParams(epsilon=50.0, delta=1e-5, k=2, sampling_rate=0.1, epochs=3, hidden=4, accountant="rdp",
+                             kmeans_iterations=4)
+    model, plan = dpgm.fit_dpgm_array(X, params, seed=11)
+    assert plan.epsilon_spent() <= 50.0
+    S = dpgm.synthesize(model, 4000, seed=2)
+    first = S[:, :6].sum(1) > S[:, 6:].sum(1)
+    assert 0.4 < first.mean() < 0.6
+    np.testing.assert_allclose(S[first][:, :6].mean(0), 0.7, atol=0.08)
+    np.testing.assert_allclose(S[first][:, 6:].mean(0), 0.05, atol=0.05)
+
+
+def test_fit_with_the_vae_runs_and_generates_in_the_domain():
+    rng = np.random.default_rng(2)
+    X = (rng.random((500, 6)) < 0.3).astype(float)
+    params = dpgm.DPGMParams(epsilon=5.0, delta=1e-5, k=2, model="vae", hidden=8, latent=2, sampling_rate=0.2, epochs=2,
+                             accountant="rdp", kmeans_iterations=2)
+    model, plan = dpgm.fit_dpgm_array(X, params, seed=4)
+    assert model.thetas.shape == (2, model.generator().dim)
+    S = dpgm.synthesize(model, 300, seed=1)
+    assert S.shape == (300, 6) and set(np.unique(S)) <= {0.0, 1.0}
+    assert np.array_equal(S, dpgm.synthesize(model, 300, seed=1))
+
+
+def test_params_are_protocol_params_and_refuse_add_remove():
+    from sparkpriv.mechanisms.protocol import Params
+
+    assert isinstance(P, Params)
+    names = {s.name for s in dpgm.DPGMParams.specs()}
+    assert {"epsilon", "delta", "k", "model", "clip", "sampling_rate", "epochs"} <= names
+    import dataclasses
+
+    with pytest.raises(ParameterError, match="add-remove"):
+        dpgm.plan_dpgm(dataclasses.replace(P, neighbors="add-remove"), n=400, d=10)
+    with pytest.raises(ParameterError, match="'delta'.*required"):
+        dpgm.plan_dpgm(dataclasses.replace(P, delta=None), n=400, d=10)
