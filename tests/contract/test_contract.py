@@ -52,7 +52,24 @@ def _same_kmeans(a, b):
     assert a.model.unreliable == b.model.unreliable
 
 
+def _table_values(rel):
+    t = rel.df if rel.engine == "local" else None
+    if t is None:
+        return rel.df.toPandas().to_numpy(dtype=float)
+    return t.to_pandas().to_numpy(dtype=float)
+
+
+def _same_table(a, b):
+    np.testing.assert_allclose(_table_values(a), _table_values(b), rtol=1e-7, atol=1e-7)
+
+
+def _box(n=900, d=4, seed=2):
+    return np.random.default_rng(seed).uniform(-1.0, 1.0, (n, d))
+
+
 CASES = {
+    "dprp": Case(_box, dict(epsilon=2.0, delta=1e-5, lower=[-1.0] * 4, upper=[1.0] * 4, k2=2),
+                 {"budget_split": (0.5, 0.7)}, _same_table),
     "kmeans": Case(_blobs, dict(k=3, epsilon=2.0, delta=1e-5, iterations=3, variant="kernel",
                                 lower=[-12.0] * 3, upper=[12.0] * 3, kernel_width=4.0, frequencies=8),
                    {"k": 1}, _same_kmeans),
