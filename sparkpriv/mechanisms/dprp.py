@@ -487,15 +487,7 @@ def validate_params(*, d: int, epsilon, delta, lower, upper, k1, k2, row_bound, 
     if row_bound is None:
         row_bound = zmax
     check_param("row_bound", row_bound, [Interval("real", 0, None, "neither")], caller)
-    try:
-        split = tuple(float(x) for x in budget_split)
-    except (TypeError, ValueError):
-        split = ()
-    if len(split) != 2 or not all(math.isfinite(x) and x > 0 for x in split) or abs(sum(split) - 1.0) > 1e-9:
-        raise ParameterError(
-            f"The 'budget_split' parameter of {caller} must be two positive shares (projection, Gram) "
-            f"of the Gaussian-DP budget that sum to 1, e.g. (0.8, 0.2). Got {budget_split!r} instead."
-        )
+    split = _check_split(budget_split, caller)
     if isinstance(fill, str):
         if fill != "dp-mean":
             raise ParameterError(
