@@ -479,6 +479,7 @@ class RegressionRelease:
     sensitivity: float
     fit: RegressionFit
     clip_counts: ClipCounts | None = None
+    release_df: Any = field(default=None, repr=False, compare=False)  # Spark, additive scheme: the noisy rows
 
     @property
     def noise_variance(self) -> float:
