@@ -10,6 +10,7 @@ BENCHMARKS = {
     "noise": ("sparkpriv.bench.noise", "float-safe samplers vs numpy's laplace/normal"),
     "dprp": ("sparkpriv.bench.dprp", "DPRP Gram step vs MLlib computeGramianMatrix, and the whole release"),
     "cdr": ("sparkpriv.bench.cdr", "CDR events: bounding + sparse projection release vs groupBy/collect floor"),
+    "regression": ("sparkpriv.bench.regression", "regression sketch release vs MLlib LinearRegression(normal); --utility"),
 }
 
 
