@@ -105,8 +105,12 @@ def _leaf(sub, name: str, help_: str, handler, options: Sequence[Option] = ()):
     return p
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with ``argv``, the release commands get their options only when
+    ``argv`` releases (their mechanism modules are costly to import)."""
     from sparkpriv.runner import MECHANISMS
+
+    releasing = argv is None or not argv or argv[0] in ("release", "-h", "--help")
 
     parser = _ArgParser(prog="sparkpriv", description="Differentially private releases of large tables on Spark.")
     from sparkpriv import __version__
@@ -119,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, spec in sorted(MECHANISMS.items()):
         from sparkpriv.config import COMMON_OPTIONS
 
-        _leaf(rel, name, spec.summary, _cmd_release, COMMON_OPTIONS + spec.options)
+        _leaf(rel, name, spec.summary, _cmd_release, COMMON_OPTIONS + (spec.all_options() if releasing else ()))
 
     gen = sub.add_parser("generate", help="generate sample tables on Spark").add_subparsers(
         dest="what", required=True, parser_class=_ArgParser)
@@ -201,13 +205,40 @@ def _values(args) -> dict:
     return {o.name: getattr(args, o.name, None) for o in args._options}
 
 
+class ProgressBar:
+    """A one-line progress bar on a terminal for a release's long steps (k-means iterations, ...).
+
+    Without a terminal the steps are log lines (``sparkpriv.<mechanism>`` at INFO,
+    with the release's epsilon and delta).
+    """
+
+    def __init__(self, stream, width: int = 30):
+        self.stream, self.width, self.drawn = stream, width, False
+
+    def __call__(self, what: str, i: int, n: int, message: str = "") -> None:
+        done = int(self.width * i / max(n, 1))
+        self.stream.write(f"\r{what} [{'#' * done}{'.' * (self.width - done)}] {i}/{n} {message[:60]}\x1b[K")
+        self.stream.flush()
+        self.drawn = True
+
+    def close(self) -> None:
+        if self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
 def _cmd_release(args) -> int:
     from sparkpriv.runner import options_for, run_release
 
     cfg = build_config(args.mechanism, options_for(args.mechanism), None, _values(args),
                        source="config file")
     cfg = type(cfg)(mechanism=cfg.mechanism, values=cfg.values, spark=args._spark)
-    res = run_release(cfg)
+    bar = ProgressBar(sys.stderr) if sys.stderr.isatty() else None
+    try:
+        res = run_release(cfg, on_step=bar)
+    finally:
+        if bar is not None:
+            bar.close()
     print(f"private table: {res.output}")
     print(f"receipt:       {res.receipt_path}")
     print(f"guarantee:     epsilon={res.epsilon:.6g} delta={res.delta:.3g}")
@@ -273,7 +304,7 @@ def _cmd_bench(args) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, (args.log_level or "INFO").upper(), logging.INFO),
