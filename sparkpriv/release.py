@@ -385,7 +385,8 @@ def release(mechanism, data, *, ledger=None, table_id: str | None = None, source
         resolve_neighbors(p.neighbors, mech, caller)
     p.validate(caller)
     eng = engine if engine is not None else choose_engine(data, mech, caller)
-    src = eng.open(data, columns=getattr(p, "columns", None), fill=getattr(p, "fill", None), caller=caller)
+    columns = p.input_columns() if hasattr(p, "input_columns") else getattr(p, "columns", None)
+    src = eng.open(data, columns=columns, fill=getattr(p, "fill", None), caller=caller)
     mech.check_input(p, src.facts, caller)
     plan = mech.plan(p, src.facts, caller)
     parameters = {**src.public_params(), **p.public_dict(), "bounds": plan.public.get("bounds")}

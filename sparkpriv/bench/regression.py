@@ -4,8 +4,9 @@ Timing (default): on one generated table of ``--rows`` x ``--cols`` (Parquet
 under ``--data-dir``, reused across runs; the last column is the target), on
 one SparkSession with the same cores:
 
-a. sparkpriv's sketch release (:func:`sparkpriv.spark.regression.release_regression`:
-   count pass, sketch pass, driver noise and fit), ``m = --sketch-rows``;
+a. sparkpriv's sketch release (:func:`sparkpriv.api.release_regression` on the Spark
+   engine: count pass, sketch pass, driver noise and fit; nothing written),
+   ``m = --sketch-rows``;
 b. ``pyspark.ml.regression.LinearRegression(solver="normal")`` on the same
    table (VectorAssembler, fitIntercept=False, regParam=0), assembling included.
 
@@ -107,8 +108,7 @@ def run(*, rows: int, cols: int, sketch_rows: int | None, repeats: int, data_dir
     from pyspark.ml.regression import LinearRegression
 
     from sparkpriv.bench.projection import _loadavg, _mllib_blas, _versions
-    from sparkpriv.mechanisms.regression import RegressionParams
-    from sparkpriv.spark.regression import release_regression
+    from sparkpriv.api import release_regression
     from sparkpriv.spark.session import get_spark
 
     spark = get_spark({"spark.driver.memory": driver_memory}, app_name="sparkpriv-bench-regression",
@@ -116,13 +116,15 @@ def run(*, rows: int, cols: int, sketch_rows: int | None, repeats: int, data_dir
     path = _ensure_table(spark, data_dir, rows, cols)
     df = spark.read.parquet(path)
     features = tuple(c for c in df.columns if c != "y")
-    params = RegressionParams(features=features, target="y", row_bound=1.5, epsilon=1.0, delta=1e-6,
-                              sketch_rows=sketch_rows)
+    params = dict(columns=list(features), target="y", row_bound=1.5, epsilon=1.0, delta=1e-6)
+    if sketch_rows is not None:
+        params["sketch_rows"] = sketch_rows
     load0 = _loadavg()
     runs = []
     for rep in range(repeats):
         t = time.perf_counter()
-        rel = release_regression(df, params)
+        rel = release_regression(df, **params)
+        m = rel.public["sketch_rows"]
         t_sketch = time.perf_counter() - t
         t = time.perf_counter()
         data = VectorAssembler(inputCols=list(features), outputCol="features").transform(df)
@@ -131,9 +133,9 @@ def run(*, rows: int, cols: int, sketch_rows: int | None, repeats: int, data_dir
         t_mllib = time.perf_counter() - t
         r = {"repeat": rep, "sketch_seconds": round(t_sketch, 2), "mllib_seconds": round(t_mllib, 2),
              "ratio_vs_mllib": round(t_sketch / t_mllib, 3), "sketch_us_per_row": round(1e6 * t_sketch / rows, 3),
-             "m": rel.plan.m}
+             "m": m}
         runs.append(r)
-        print(f"repeat {rep}: sketch release (m={rel.plan.m}) {t_sketch:.1f} s, MLlib normal {t_mllib:.1f} s, "
+        print(f"repeat {rep}: sketch release (m={m}) {t_sketch:.1f} s, MLlib normal {t_mllib:.1f} s, "
               f"ratio {t_sketch / t_mllib:.2f}, {1e6 * t_sketch / rows:.2f} us/row", flush=True)
     result = {"rows": rows, "cols": cols, "m": runs[-1]["m"], "master": master, "runs": runs,
               "ratio_vs_mllib": min(r["ratio_vs_mllib"] for r in runs), "mllib_blas": _mllib_blas(spark),

@@ -456,6 +456,7 @@ def register(mechanism: Mechanism) -> Mechanism:
 def registered() -> dict[str, Mechanism]:
     """Every registered mechanism, by name (imports the built-in ones)."""
     import sparkpriv.mechanisms.kmeans  # noqa: F401  (registers itself)
+    import sparkpriv.mechanisms.regression  # noqa: F401  (registers itself)
 
     return dict(_REGISTRY)
 

@@ -85,6 +85,7 @@ not ``x*``.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,6 +94,7 @@ import numpy as np
 from dp_accounting import dp_event
 
 from sparkpriv._validation import Interval, Options, check_param
+from sparkpriv.mechanisms import protocol as _p
 from sparkpriv.errors import InputError, ParameterError
 from sparkpriv.privacy import noise as _noise
 from sparkpriv.privacy.accounting import epsilon_of, fit_to_epsilon
@@ -138,46 +140,48 @@ _BLOCK_VALUES = 2**18  # about this many normals per column block (2 MB)
 _POS = Interval("real", 0, None, "neither")
 
 
-def _help(text: str, *constraints) -> dict:
-    return {"help": text, "constraints": list(constraints)}
-
-
-@dataclass(frozen=True)
-class RegressionParams:
+@dataclass(frozen=True, kw_only=True)
+class RegressionParams(_p.Params):
     """Public parameters of a private linear regression release (docs/regression.md)."""
 
-    features: tuple = field(default=(), metadata=_help(
-        "Feature columns (the design matrix A), in order.", tuple))
-    target: str = field(default="", metadata=_help("Target column (b); not one of the features.", str))
-    row_bound: float | None = field(default=None, metadata=_help(
-        "Declared public bound B on the L2 norm of each row [features..., target]; rows are "
-        "clipped to it (counted, never silent).", _POS))
-    epsilon: float = field(default=1.0, metadata=_help("Privacy parameter epsilon.", _POS))
-    delta: float = field(default=1e-6, metadata=_help(
-        "Privacy parameter delta (Gaussian noise).", Interval("real", 0, 1, "neither")))
-    scheme: str = field(default="sketch", metadata=_help(
-        "'sketch' releases S M + W (m rows); 'additive' (baseline) releases M + W (n rows).",
-        Options(SCHEMES)))
-    sketch_rows: int | None = field(default=None, metadata=_help(
-        "m, the number of rows of the sketch (1 <= m <= n); default: the sketch_rule.",
-        None, Interval("integer", 1, None, "left")))
-    sketch_rule: str = field(default="log", metadata=_help(
-        "How m is chosen when sketch_rows is not given: 'log' max(p + 10, ceil(10 ln n)), "
-        "'linear' max(log rule, ceil(n / 10)), 'full' n; always at most n.", Options(SKETCH_RULES)))
-    ridge: float = field(default=0.0, metadata=_help(
-        "Ridge penalty lambda >= 0 of the fitted model (post-processing).", Interval("real", 0, None, "left")))
-    debias: bool = field(default=True, metadata=_help(
-        "Subtract the noise's expected r s^2 I from the Gram matrix before solving.", bool))
-    neighbors: str = field(default="replace-one", metadata=_help(
-        "Neighbour relation; only 'replace-one' (n public) is offered.", Options(NEIGHBORS_OK)))
-    confidence: float = field(default=0.95, metadata=_help(
-        "Level of the coefficient confidence intervals.", Interval("real", 0, 1, "neither")))
+    columns: tuple | None = _p.option(None, help="numeric feature columns (the design matrix A), in order",
+                                      kind="strs")
+    target: str | None = _p.option(None, help="numeric target column b (not one of the feature columns)",
+                                   kind="str")
+    row_bound: float = _p.option(help="declared bound B on the L2 norm of each row [features..., target]; "
+                                 "rows are clipped to it (counted)", constraints=[_POS])
+    epsilon: float = _p.option(help="the epsilon of the release", constraints=[_POS])
+    delta: float = _p.option(help="the delta of the release, in (0, 1) (Gaussian noise)",
+                             constraints=[Interval("real", 0, 1, "neither")])
+    scheme: str = _p.option("sketch", help="sketch: release S M + W (m rows); additive: the baseline "
+                            "M + W (n rows; numpy reference only)", constraints=[Options(SCHEMES)])
+    sketch_rows: int | None = _p.option(None, help="m, rows of the sketch (1 <= m <= n)",
+                                        constraints=[Interval("integer", 1, None, "left")],
+                                        doc_default="the sketch_rule")
+    sketch_rule: str = _p.option("log", help="m when sketch_rows is not given: log max(p + 10, "
+                                 "ceil(10 ln n)), linear max(log, ceil(n / 10)), full n; at most n",
+                                 constraints=[Options(SKETCH_RULES)])
+    ridge: float = _p.option(0.0, help="ridge penalty lambda >= 0 of the fitted model (post-processing)",
+                             constraints=[Interval("real", 0, None, "left")])
+    debias: bool = _p.option(True, help="subtract the noise's expected r s^2 I from the Gram matrix "
+                             "before solving", constraints=[bool], kind="bool")
+    confidence: float = _p.option(0.95, help="level of the coefficient confidence intervals",
+                                  constraints=[Interval("real", 0, 1, "neither")])
+    fill: float | None = _p.option(None, help="public value that replaces nulls in the columns",
+                                   constraints=[Interval("real", None, None, "neither")])
+    neighbors: str = _p.option("replace-one", help="neighbour relation: replace-one (n is public)",
+                               kind="neighbors")
+
+    def input_columns(self) -> tuple:
+        """The columns the engine opens: the features, then the target."""
+        return tuple(self.columns or ()) + ((self.target,) if self.target else ())
+
+    @property
+    def features(self) -> tuple:
+        return tuple(self.columns or ())
 
     def validate(self, caller: str = "release_regression") -> None:
         """Refuse bad parameters (they alone decide: no data is read)."""
-        check_neighbors(self.neighbors, self.scheme, caller)
-        check_param("scheme", self.scheme, [Options(SCHEMES)], caller)
-        check_param("sketch_rule", self.sketch_rule, [Options(SKETCH_RULES)], caller)
         if self.row_bound is None:
             raise ParameterError(
                 f"{caller} needs a declared public bound on the rows: give row_bound (--row-bound), "
@@ -187,20 +191,18 @@ class RegressionParams:
         check_param("row_bound", self.row_bound, [Interval("real", 0, None, "neither")], caller)
         if not math.isfinite(float(self.row_bound)):
             raise ParameterError(f"The 'row_bound' parameter of {caller} must be finite. Got {self.row_bound!r}.")
-        check_param("epsilon", self.epsilon, [_POS], caller)
-        check_param("delta", self.delta, [Interval("real", 0, 1, "neither")], caller)
-        check_param("sketch_rows", self.sketch_rows, [None, Interval("integer", 1, None, "left")], caller)
-        check_param("ridge", self.ridge, [Interval("real", 0, None, "left")], caller)
-        check_param("debias", self.debias, [bool], caller)
-        check_param("confidence", self.confidence, [Interval("real", 0, 1, "neither")], caller)
-        feats = tuple(self.features)
+        check_neighbors(self.neighbors, self.scheme, caller)
+        super().validate(caller)
+
+    def check(self, caller: str) -> None:
+        feats = self.features
         if self.target and self.target in feats:
             raise ParameterError(
                 f"The target column {self.target!r} of {caller} is also listed as a feature: a model "
                 "that predicts a column from itself has nothing to fit. Remove it from the features."
             )
         if len(set(feats)) != len(feats):
-            raise ParameterError(f"The 'features' parameter of {caller} lists a column twice: {list(feats)!r}.")
+            raise ParameterError(f"The 'columns' parameter of {caller} lists a column twice: {list(feats)!r}.")
 
 
 def check_neighbors(neighbors: Any, scheme: str, caller: str) -> None:
@@ -675,3 +677,147 @@ def relative_objective_error(A: np.ndarray, b: np.ndarray, x_hat: np.ndarray) ->
     f_star = float(np.sum((A @ x_star - b) ** 2))
     f_hat = float(np.sum((A @ x_hat - b) ** 2))
     return (f_hat - f_star) / f_star
+
+
+# ----------------------------------------------------------------------------- the protocol mechanism
+
+
+def sketch_slots(n: int, m: int) -> int:
+    """Column-norm slots of an indexed pass: one per column block of ``S`` (``ceil(n / block_rows)``)."""
+    return -(-int(n) // block_rows(m))
+
+
+def indexed_sketch_fn(seed: int, m: int, n: int, row_bound: float, counters=None):
+    """``fn(block, start)`` for :meth:`engine.index(...).aggregate`: the packed partial of a block of
+    rows with global indices ``start ..``. Column norms: the block holding the first row of a column
+    block of ``S`` writes that column block's largest column norm (columns below ``n``) into the
+    block's own slot, so sums of partials keep every maximum exactly once."""
+    br = block_rows(m)
+    slots = sketch_slots(n, m)
+
+    def sketch_block(X, start):
+        p = X.shape[1]
+        Mc, counts = clip_rows(X, Bounds(p, row_bound=float(row_bound), _caller="release_regression"))
+        if counters is not None:
+            counters[0].add(counts.rows)
+            counters[1].add(counts.norm_clipped)
+        out = np.zeros(partial_size(m, p, slots))
+        SM = out[: m * p].reshape(m, p)
+        l1 = out[m * p: m * p + m]
+        stop = start + X.shape[0]
+        lo = start
+        while lo < stop:
+            k = lo // br
+            hi = min(stop, (k + 1) * br)
+            G = _block(seed, m, k)
+            C = G[lo - k * br: hi - k * br]
+            SM += C.T @ Mc[lo - start: hi - start]
+            l1 += np.abs(C).sum(axis=0)
+            if start <= k * br < stop:
+                used = G[: min(br, n - k * br)]
+                out[m * p + m + k] = float(np.sqrt(np.einsum("ij,ij->i", used, used).max()))
+            lo = hi
+        return out
+
+    return sketch_block
+
+
+@dataclass(frozen=True)
+class _RegressionState:
+    params: RegressionParams
+    noise_multiplier: float
+    mu: float
+
+
+class Regression(_p.Mechanism):
+    """Linear regression on a sample-mixing sketch: releases the noisy sketch and a model."""
+
+    name = "regression"
+    title = "private linear regression (sample-mixing sketch)"
+    summary = "linear regression on a sample-mixing sketch S M + W; releases the sketch and coefficients"
+    Params = RegressionParams
+    neighbors = (_p.REPLACE_ONE,)
+    refused_neighbors = {
+        "add-remove": "the noise is calibrated from the realized columns of the secret sketch S, one per "
+                      "record of the public row count n; an added record would bring a column outside them",
+        "element": "rows are clipped to an L2 ball, and a norm clip rescales the whole row, so one changed "
+                   "attribute changes every coordinate",
+    }
+    inputs = ("table",)
+
+    def plan(self, params: RegressionParams, facts: _p.InputFacts, caller: str) -> _p.Plan:
+        if not params.columns or not params.target:
+            raise ParameterError(f"{caller} needs feature columns (columns / --columns) and a target column "
+                                 "(target / --target).")
+        if params.scheme != "sketch":
+            raise ParameterError(
+                f"The 'scheme' parameter of {caller} must be 'sketch' for a release: the additive baseline "
+                "(one noisy row per record) is the numpy reference release_regression_array of "
+                "sparkpriv.mechanisms.regression, for comparisons."
+            )
+        eps, delta = float(params.epsilon), float(params.delta)
+        mu = gdp_mu_for(eps, delta)
+        r = fit_to_epsilon(lambda r: dp_event.GaussianDpEvent(1.0 / (r * mu)), epsilon=eps, delta=delta,
+                           caller=caller)
+        z = 1.0 / (r * mu)
+        event = dp_event.GaussianDpEvent(z)
+        public = {
+            "mechanism": "linear regression on a sample-mixing sketch (docs/math.md section 6)",
+            "features": list(params.columns), "target": params.target, "row_bound": float(params.row_bound),
+            "bounds": {"row_bound": float(params.row_bound), "norm": "l2", "applies_to": "[features..., target]"},
+            "noise_multiplier": z, "gaussian_dp_mu": r * mu,
+            "sensitivity": "2 row_bound max_i ||S_:,i||_2 of the realized secret sketch S",
+        }
+        return _p.Plan(events=event, epsilon=epsilon_of(event, delta), delta=delta, public=public,
+                       neighbors=_p.REPLACE_ONE, state=_RegressionState(params, z, r * mu),
+                       secrets=(new_secret_seed("regression-sketch"), new_secret_seed("regression-noise")))
+
+    def run(self, engine, source, plan: _p.Plan, progress) -> _p.Outcome:
+        st: _RegressionState = plan.state
+        pr = st.params
+        d = len(pr.columns)
+        p = d + 1
+        idx = engine.index(source)
+        n = idx.rows
+        if n == 0:
+            raise InputError("The input table is empty: there is nothing to release.")
+        m = sketch_rows_for(pr.sketch_rule, n, p) if pr.sketch_rows is None else int(pr.sketch_rows)
+        if m > n:
+            raise ParameterError(
+                f"The 'sketch_rows' parameter of {progress.caller} must be at most the number of rows n = {n} "
+                f"(S is m x n; m = n is the 'full' sketch). Got {m} instead: lower it, or use "
+                "sketch_rule='full'."
+            )
+        sketch_seed, noise_seed = plan.secrets
+        rplan = RegressionPlan(pr, n, d, m, st.noise_multiplier, st.mu, plan.epsilon, plan.delta,
+                               sketch_seed=sketch_seed, noise_seed=noise_seed)
+        progress.log("regression: n=%d rows, sketch of m=%d rows, p=%d columns", n, m, p)
+        counters = engine.counters(("rows", "rows_norm_clipped"))
+        slots = sketch_slots(n, m)
+        total = idx.aggregate(indexed_sketch_fn(sketch_seed, m, n, pr.row_bound, counters),
+                              partial_size(m, p, slots))
+        rel = finalize_sketch(total, rplan, slots=slots)
+        names = list(pr.columns) + [pr.target]
+        table = engine.table([tuple(float(v) for v in row) for row in rel.R],
+                             [(c, "double", False) for c in names])
+        model = rel.fit.to_public_dict(pr.columns)
+        model.update({"features": list(pr.columns), "target": pr.target, "sketch_rows": m, "n": n,
+                      "noise_variance_per_entry": rel.noise_variance})
+        public = {"n": n, "sketch_rows": m,
+                  "sketch_rule": pr.sketch_rule if pr.sketch_rows is None else "given",
+                  "sensitivity_value": rel.sensitivity, "noise": rel.noise.to_public_dict(),
+                  "noise_variance_per_entry": rel.noise_variance, "model": model,
+                  "uncertainty": {"coefficient_stderr": model["stderr"],
+                                  "confidence_intervals": model["confidence_intervals"],
+                                  "confidence": model["confidence"],
+                                  "sketch_entry_std": rel.noise.std}}
+        diagnostics = {}
+        if counters is not None:
+            diagnostics = {"rows": counters[0].value, "rows_norm_clipped": counters[1].value}
+        return _p.Outcome(table=table, model=rel.fit, public=public,
+                          files={MODEL_FILE: json.dumps(model, indent=2, sort_keys=True).encode()},
+                          extras={"sketch": rel.R, "diagnostics": diagnostics})
+
+
+MODEL_FILE = "_regression_model.json"
+REGRESSION = _p.register(Regression())

@@ -245,7 +245,7 @@ for _scheme in ("sketch", "additive"):
         REFUSED.append((f"regression {_scheme} {_rel}", lambda s=_scheme, r=_rel: __import__(
             "sparkpriv.mechanisms.regression", fromlist=["x"]).release_regression_array(
             X, X[:, 0], __import__("sparkpriv.mechanisms.regression", fromlist=["x"]).RegressionParams(
-                row_bound=1.0, scheme=s, neighbors=r, sketch_rows=4))))
+                row_bound=1.0, epsilon=1.0, delta=1e-6, scheme=s, neighbors=r, sketch_rows=4))))
 
 
 @pytest.mark.parametrize("name,call", REFUSED, ids=[r[0] for r in REFUSED])

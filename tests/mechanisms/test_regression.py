@@ -172,7 +172,7 @@ def test_confidence_intervals_cover_the_least_squares_solution():
 
 
 def test_plan_accounts_at_most_the_request_and_holds_no_secrets():
-    plan = plan_regression(RegressionParams(features=("a", "b"), target="y", row_bound=2.0, epsilon=0.5,
+    plan = plan_regression(RegressionParams(columns=("a", "b"), target="y", row_bound=2.0, epsilon=0.5,
                                             delta=1e-6), RegressionFacts(10_000))
     assert plan.accounted_epsilon() <= 0.5
     assert plan.accounted_epsilon() > 0.5 * 0.999
@@ -184,30 +184,30 @@ def test_plan_accounts_at_most_the_request_and_holds_no_secrets():
 @pytest.mark.parametrize("row_bound", [None, 0, -1.0, float("inf"), float("nan")])
 def test_bad_row_bound_is_refused(row_bound):
     with pytest.raises(ParameterError, match="row_bound"):
-        plan_regression(RegressionParams(row_bound=row_bound), RegressionFacts(100), d=2)
+        plan_regression(RegressionParams(row_bound=row_bound, epsilon=1.0, delta=1e-6), RegressionFacts(100), d=2)
 
 
 def test_more_sketch_rows_than_records_is_refused():
     with pytest.raises(ParameterError, match="at most the number of rows n = 50"):
-        plan_regression(RegressionParams(row_bound=1.0, sketch_rows=51), RegressionFacts(50), d=2)
-    assert plan_regression(RegressionParams(row_bound=1.0, sketch_rule="full"), RegressionFacts(50), d=2).m == 50
+        plan_regression(RegressionParams(row_bound=1.0, epsilon=1.0, delta=1e-6, sketch_rows=51), RegressionFacts(50), d=2)
+    assert plan_regression(RegressionParams(row_bound=1.0, epsilon=1.0, delta=1e-6, sketch_rule="full"), RegressionFacts(50), d=2).m == 50
 
 
 @pytest.mark.parametrize("neighbors,reason", [("add-remove", "realized columns"), ("element", "rescales the whole row")])
 def test_other_neighbour_relations_are_refused_with_the_reason(neighbors, reason):
     with pytest.raises(ParameterError, match=reason):
-        plan_regression(RegressionParams(row_bound=1.0, neighbors=neighbors), RegressionFacts(100), d=2)
+        plan_regression(RegressionParams(row_bound=1.0, epsilon=1.0, delta=1e-6, neighbors=neighbors), RegressionFacts(100), d=2)
 
 
 def test_target_among_features_is_refused():
     with pytest.raises(ParameterError, match="also listed as a feature"):
-        RegressionParams(features=("a", "y"), target="y", row_bound=1.0).validate()
+        RegressionParams(columns=("a", "y"), target="y", row_bound=1.0, epsilon=1.0, delta=1e-6).validate()
 
 
 def test_bad_arrays_are_refused():
     from sparkpriv.errors import InputError
 
     with pytest.raises(InputError, match="column index 1"):
-        release_regression_array(np.array([[1.0, np.nan]] * 20), np.zeros(20), RegressionParams(row_bound=1.0))
+        release_regression_array(np.array([[1.0, np.nan]] * 20), np.zeros(20), RegressionParams(row_bound=1.0, epsilon=1.0, delta=1e-6))
     with pytest.raises(InputError, match="one value per row"):
-        release_regression_array(np.ones((20, 2)), np.zeros(19), RegressionParams(row_bound=1.0))
+        release_regression_array(np.ones((20, 2)), np.zeros(19), RegressionParams(row_bound=1.0, epsilon=1.0, delta=1e-6))
