@@ -154,7 +154,8 @@ class RegressionParams(_p.Params):
     delta: float = _p.option(help="the delta of the release, in (0, 1) (Gaussian noise)",
                              constraints=[Interval("real", 0, 1, "neither")])
     scheme: str = _p.option("sketch", help="sketch: release S M + W (m rows); additive: the baseline "
-                            "M + W (n rows; numpy reference only)", constraints=[Options(SCHEMES)])
+                            "M + W (n rows; numpy reference only)", constraints=[Options(SCHEMES)],
+                            cli=False)
     sketch_rows: int | None = _p.option(None, help="m, rows of the sketch (1 <= m <= n)",
                                         constraints=[Interval("integer", 1, None, "left")],
                                         doc_default="the sketch_rule")

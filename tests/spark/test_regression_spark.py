@@ -127,3 +127,25 @@ def test_errors(spark):
     bad = df.withColumn("f1", F.when(F.col("f0") > 0.9, F.lit(float("nan"))).otherwise(F.col("f1")))
     with pytest.raises(InputError, match="'f1'"):
         release_regression(bad, **KW)
+
+
+def test_cli_release_writes_sketch_receipt_and_model(spark, tmp_path, monkeypatch):
+    import json
+
+    from sparkpriv.cli import main
+
+    path = str(tmp_path / "in.parquet")
+    _table(spark, 2).write.parquet(path)
+    monkeypatch.setenv("SPARKPRIV_LEDGER", f"sqlite:///{tmp_path}/ledger.sqlite")
+    out = tmp_path / "out"
+    rc = main(["release", "regression", "--input", path, "--output", str(out), "--columns", "f0,f1,f2",
+               "--target", "y", "--row-bound", "1.5", "--epsilon", "1", "--delta", "1e-6", "--sketch-rows", "30"])
+    assert rc == 0
+    r = json.loads((out / "_privacy_receipt.json").read_text())
+    assert r["mechanism"] == "regression" and r["guarantee"]["epsilon"] <= 1.0
+    assert r["mechanism_details"]["sketch_rows"] == 30
+    model = json.loads((out / reg.MODEL_FILE).read_text())
+    assert sorted(model["coefficients"]) == FEATURES and model["target"] == "y"
+    assert set(model["confidence_intervals"]) == set(FEATURES)
+    sketch = spark.read.parquet(str(out))
+    assert sketch.count() == 30 and sketch.columns == FEATURES + ["y"]
