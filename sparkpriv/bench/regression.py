@@ -226,11 +226,12 @@ def _rel_obj(A, b, x, f_star):
 
 def utility(*, trials: int = 5, json_path: str | None = None, delta: float = 1e-6,
             uniform_ns=(1_000, 10_000, 100_000), uniform_eps=(0.5, 1.0, 2.0, 4.0, 8.0), uniform_n_fixed=10_000,
+            mnist: bool = True,
             mnist_ns=(1_000, 3_000, None), mnist_eps=(1.0, 4.0), mnist_eps_fixed=1.0,
             sketch_cap: float = 4e8) -> dict:
     """Both studies; returns (and optionally writes) every record, prints Markdown tables."""
     logging.getLogger("sparkpriv").setLevel(logging.CRITICAL)
-    records = []
+    records = _Records(json_path)
     d = 10
     B = math.sqrt(2.0)  # ||a|| <= 1 and |b| <= about 1 for the uniform data
     lo, hi = -1 / math.sqrt(d), 1 / math.sqrt(d)
@@ -253,7 +254,7 @@ def utility(*, trials: int = 5, json_path: str | None = None, delta: float = 1e-
                                 "rel_obj": _rel_obj(A, b, x, f_star),
                                 "test_mse": float(np.mean((At @ x - bt) ** 2))})
             print(f"uniform n={n} eps={eps} trial={t}: {time.perf_counter() - t0:.1f} s", flush=True)
-    if os.path.isdir(MNIST_DIR):
+    if mnist and os.path.isdir(MNIST_DIR):
         Xtr, ytr, Xte, yte = load_mnist_49()
         Bm = 10.0
         for n, eps in [(n, mnist_eps_fixed) for n in mnist_ns] + [(None, e) for e in mnist_eps if e != mnist_eps_fixed]:
@@ -273,10 +274,28 @@ def utility(*, trials: int = 5, json_path: str | None = None, delta: float = 1e-
                                     "rows_clipped": int(counts.norm_clipped)})
                 print(f"mnist n={len(idx)} eps={eps} trial={t}: {time.perf_counter() - t0:.1f} s", flush=True)
     _print_tables(records)
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(records, f)
-    return {"records": records}
+    return {"records": list(records)}
+
+
+class _Records(list):
+    """The records, each also appended to a JSON-lines file as it is made (a long run can be read
+    before it ends: ``--json PATH``, then ``tables_from(PATH)``)."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.path = path
+
+    def append(self, r):
+        super().append(r)
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(r) + "\n")
+
+
+def tables_from(path: str) -> None:
+    """Print the Markdown tables of a JSON-lines file written by :func:`utility`."""
+    with open(path) as f:
+        _print_tables([json.loads(line) for line in f if line.strip()])
 
 
 def _print_tables(records):
