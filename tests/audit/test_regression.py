@@ -99,3 +99,29 @@ def test_regression_release(scheme, control, monkeypatch):
 @pytest.mark.parametrize("scheme", ["sketch", "additive"])
 def test_regression_accounted_epsilon_within_request(scheme):
     assert _plan(scheme).accounted_epsilon() <= EPS
+
+
+@pytest.mark.spark
+def test_spark_regression_noise_is_the_audited_noise_and_relations(spark):
+    """The Spark release runs the audited numpy functions: its receipt states the noise of the
+    numpy reference for the same secrets, and it accepts replace-one only."""
+    from sparkpriv.api import release_regression
+    from sparkpriv.errors import ParameterError
+    from sparkpriv.privacy.random import insecure_fixed_seed
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-0.5, 0.5, (300, 3))
+    df = spark.createDataFrame([tuple(map(float, r)) for r in X], "a double, b double, y double")
+    kw = dict(columns=["a", "b"], target="y", row_bound=B, epsilon=EPS, delta=DELTA, sketch_rows=5)
+    with insecure_fixed_seed(1):
+        rel = release_regression(df, **kw)
+    with insecure_fixed_seed(1):
+        ref = reg.release_regression_array(X[:, :2], X[:, 2], reg.RegressionParams(
+            row_bound=B, epsilon=EPS, delta=DELTA, sketch_rows=5))
+    noise = rel.public["noise"]
+    assert noise["sigma"] == ref.noise.sigma and noise["grid"] == ref.noise.grid
+    assert rel.public["sensitivity_value"] == pytest.approx(ref.sensitivity, rel=1e-12)
+    assert rel.events == ref.plan.dp_event()
+    for relation in ("add-remove", "element"):
+        with pytest.raises(ParameterError):
+            release_regression(df, **dict(kw, neighbors=relation))
