@@ -172,13 +172,15 @@ def load_mnist_49(seed: int = 0):
     return X[order[:cut]], y[order[:cut]], X[order[cut:]], y[order[cut:]]
 
 
-def uniform_data(n: int, d: int, rng: np.random.Generator):
-    """Features i.i.d. U(-1, 1) / sqrt(d) (so ||a|| <= 1), target ``a . x0 + 0.1 N(0, 1)``, ``||x0|| = 1``."""
+def uniform_data(n: int, d: int, rng: np.random.Generator, x0: np.ndarray | None = None):
+    """Features i.i.d. U(-1, 1) / sqrt(d) (so ||a|| <= 1), target ``a . x0 + 0.1 N(0, 1)``, ``||x0|| = 1``
+    (``x0`` drawn from ``rng`` unless given); returns ``(A, b, x0)``."""
     A = rng.uniform(-1, 1, (n, d)) / math.sqrt(d)
-    x0 = rng.standard_normal(d)
-    x0 /= np.linalg.norm(x0)
+    if x0 is None:
+        x0 = rng.standard_normal(d)
+        x0 /= np.linalg.norm(x0)
     b = A @ x0 + 0.1 * rng.standard_normal(n)
-    return A, b
+    return A, b, x0
 
 
 def _diffprivlib_lr():
@@ -241,10 +243,10 @@ def utility(*, trials: int = 5, json_path: str | None = None, delta: float = 1e-
     for n, eps in grid:
         for t in range(trials):
             rng = np.random.default_rng(1000 * t + n)
-            A, b = uniform_data(n, d, rng)
+            A, b, x0 = uniform_data(n, d, rng)
             M, _ = clip_regression_rows(A, b, B)
             A, b = M[:, :-1], M[:, -1]
-            At, bt = uniform_data(max(n // 4, 1000), d, np.random.default_rng(10**6 + t))
+            At, bt, _ = uniform_data(max(n // 4, 1000), d, np.random.default_rng(10**6 + t), x0)
             x_star = np.linalg.lstsq(A, b, rcond=None)[0]
             f_star = float(np.sum((A @ x_star - b) ** 2))
             t0 = time.perf_counter()
