@@ -38,6 +38,7 @@ _LAZY = {
     "release": "sparkpriv.api",
     "release_kmeans": "sparkpriv.api",
     "release_kmeans_array": "sparkpriv.api",
+    "release_regression": "sparkpriv.api",
     "KMeansModel": "sparkpriv.mechanisms.kmeans_model",
     "open_ledger": "sparkpriv.ledger",
     "get_spark": "sparkpriv.spark.session",

@@ -13,7 +13,7 @@ from __future__ import annotations
 from sparkpriv.release import Release, release
 
 __all__ = ["release", "release_kmeans", "release_kmeans_array", "release_dprp", "release_dprp_array",
-           "table_arrays"]
+           "table_arrays", "release_regression"]
 
 
 def release_kmeans(data, *, ledger=None, table_id: str | None = None, source: str | None = None,
@@ -155,3 +155,23 @@ def table_arrays(rel: Release):
         np.zeros((0, len(columns)))
     y = None if label is None else np.asarray(t.column(label).to_pylist())
     return X, y
+
+
+def release_regression(data, *, ledger=None, table_id: str | None = None, source: str | None = None,
+                       on_step=None, **params) -> Release:
+    """Private linear regression on a sample-mixing sketch (docs/regression.md; docs/math.md section 6).
+
+    Parameters are those of :class:`sparkpriv.mechanisms.regression.RegressionParams`:
+    ``columns`` (the features) and ``target``, ``row_bound`` (declared bound on
+    the L2 norm of [features..., target]), ``epsilon``, ``delta`` (required),
+    ``sketch_rows`` or ``sketch_rule`` ("log", "linear", "full"), ``ridge``,
+    ``debias``, ``confidence``, ``fill``, ``neighbors`` ("replace-one" only).
+
+    Returns a :class:`~sparkpriv.release.Release` whose ``df`` is the private
+    sketch (m rows, the original column names), ``model`` the fit (coefficients,
+    standard errors, confidence intervals); ``write(path)`` publishes the sketch
+    with the receipt and ``_regression_model.json``. The secret sketch matrix is
+    never materialised whole, written or logged.
+    """
+    return release("regression", data, ledger=ledger, table_id=table_id, source=source, on_step=on_step,
+                   caller="release_regression", **params)

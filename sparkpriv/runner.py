@@ -364,6 +364,10 @@ register_protocol("kmeans", "DP k-means (kernel: random Fourier features; linear
 ))
 
 
+register_protocol("regression", "linear regression on a sample-mixing sketch S M + W; releases the sketch "
+                  "and coefficients", row_level=False)
+
+
 def _legacy_table(options) -> str:
     rows = ["| option | TOML key | type | default | meaning |", "|---|---|---|---|---|"]
     for o in options:

@@ -291,6 +291,19 @@ class _Cache:
         self.blocks = []
 
 
+class _Indexed:
+    def __init__(self, source: LocalSource, block_rows: int):
+        self.source, self.block_rows, self.rows = source, block_rows, source.rows
+
+    def aggregate(self, fn, size: int) -> np.ndarray:
+        acc = np.zeros(size, dtype=np.float64)
+        start = 0
+        for X in self.source.blocks(self.block_rows):
+            acc += fn(X, start)
+            start += X.shape[0]
+        return acc
+
+
 class LocalEngine:
     """The engine interface (docs/architecture.md) over data in memory."""
 
@@ -335,6 +348,11 @@ class LocalEngine:
         for X in source.blocks(self.block_rows):
             acc += fn(X)
         return acc
+
+    def index(self, source: LocalSource) -> "_Indexed":
+        """Rows numbered in table order (the Spark engine's ``index``): ``.rows`` and
+        ``.aggregate(fn, size)`` summing ``fn(block, start)``."""
+        return _Indexed(source, self.block_rows)
 
     def cache(self, source: LocalSource, fn, dim: int) -> _Cache:
         return _Cache([np.ascontiguousarray(fn(X), dtype=np.float64) for X in source.blocks(self.block_rows)])

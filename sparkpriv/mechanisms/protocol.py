@@ -440,7 +440,8 @@ class Mechanism:
         that needs more of the input (a label column decoded to class codes,
         the null mask, columns kept in a row-level output) says so here.
         """
-        return {"columns": getattr(params, "columns", None), "fill": getattr(params, "fill", None)}
+        columns = params.input_columns() if hasattr(params, "input_columns") else getattr(params, "columns", None)
+        return {"columns": columns, "fill": getattr(params, "fill", None)}
 
     def plan(self, params: Params, facts: InputFacts, caller: str) -> Plan:  # pragma: no cover
         raise NotImplementedError
@@ -495,6 +496,7 @@ def registered() -> dict[str, Mechanism]:
     """Every registered mechanism, by name (imports the built-in ones)."""
     import sparkpriv.mechanisms.dprp  # noqa: F401  (registers itself)
     import sparkpriv.mechanisms.kmeans  # noqa: F401  (registers itself)
+    import sparkpriv.mechanisms.regression  # noqa: F401  (registers itself)
 
     return dict(_REGISTRY)
 

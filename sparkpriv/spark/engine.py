@@ -278,6 +278,59 @@ def _out_array(batch, name: str, kind: str, values, label):
     return pa.array(values)
 
 
+class _Indexed:
+    """Rows numbered in table order (:meth:`SparkEngine.index`): a count pass gives each partition
+    its offset; every task checks it reads as many rows as counted (else the input is not
+    deterministic between the passes: cache or checkpoint it), so no index is used twice."""
+
+    def __init__(self, source: TableSource):
+        from pyspark.sql.types import LongType, StructField, StructType
+
+        self.frame = source.df.select(*source.columns)
+        self.columns, self.fill = list(source.columns), source.fill
+        schema = StructType([StructField("pid", LongType(), False), StructField("rows", LongType(), False)])
+
+        def sparkpriv_count(batches, pid):
+            rows = 0
+            for b in batches:
+                rows += b.num_rows
+            yield pa.RecordBatch.from_arrays([pa.array([pid], pa.int64()), pa.array([rows], pa.int64())],
+                                             ["pid", "rows"])
+
+        with spark_errors():
+            got = map_batches(self.frame, sparkpriv_count, schema).collect()
+        counts = np.zeros(max((int(r["pid"]) for r in got), default=-1) + 1, dtype=np.int64)
+        for r in got:
+            counts[int(r["pid"])] += int(r["rows"])
+        self.counts = counts
+        self.offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        self.rows = int(counts.sum())
+
+    def aggregate(self, fn, size: int) -> np.ndarray:
+        from sparkpriv.spark.batches import _marked
+
+        columns, fill, offsets, counts = self.columns, self.fill, self.offsets, self.counts
+        changed = ("the input changed between the count pass and the data pass; cache or checkpoint a "
+                   "non-deterministic input before the release")
+
+        def sparkpriv_indexed_partial(batches, pid):
+            acc = np.zeros(size, dtype=np.float64)
+            pos = 0
+            for b in batches:
+                if b.num_rows == 0:
+                    continue
+                if pid >= counts.size or pos + b.num_rows > counts[pid]:
+                    raise _marked(changed)
+                acc += fn(batch_matrix(b, columns, fill=fill), int(offsets[pid]) + pos)
+                pos += b.num_rows
+            if pid < counts.size and pos != counts[pid]:
+                raise _marked(changed)
+            return acc
+
+        with spark_errors():
+            return sum_partials(self.frame, sparkpriv_indexed_partial, size)
+
+
 class SparkEngine:
     """The engine interface (docs/architecture.md) over Spark DataFrames."""
 
@@ -357,6 +410,17 @@ class SparkEngine:
         if has_rdd(blocks_df):
             return _Cache(dim, rdd=blocks_df.rdd.map(_block_bytes))
         return _Cache(dim, df=blocks_df)
+
+    def index(self, source) -> "_Indexed":
+        """The table's rows numbered in table order: ``.rows`` (a count pass) and
+        ``.aggregate(fn, size)`` summing ``fn(block, start)``, ``start`` the block's first global row
+        index (partition offset + position; the same under any partitioning of the same ordered
+        table and under retries). Tables only."""
+        if source.kind != "table":
+            from sparkpriv.errors import ParameterError
+
+            raise ParameterError("indexed passes need a table input (one row per person).")
+        return _Indexed(source)
 
     def map_rows(self, source, row_map, columns: Sequence[tuple], *, keep: Sequence[str] = (),
                  count: bool = True):

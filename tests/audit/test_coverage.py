@@ -46,6 +46,8 @@ for _v in ("linear", "kernel"):
         AUDITED[(f"kmeans-{_v}", GAU, _rel, "rows")] = "test_kmeans::test_kmeans_step"
 for _rel in ("replace-one", "add-remove"):
     AUDITED[("row-bound-quantile", LAP, _rel, "histogram")] = "test_quantile::test_row_bound_histogram"
+for _scheme in ("sketch", "additive"):
+    AUDITED[(f"regression-{_scheme}", GAU, "replace-one", "l2")] = "test_regression::test_regression_release"
 
 # every public release function and CLI mechanism -> the audited mechanisms it runs
 FUNCTIONS = {
@@ -55,11 +57,14 @@ FUNCTIONS = {
     "release_dprp": ("dprp",),
     "release_kmeans_array": ("kmeans-linear", "kmeans-kernel"),
     "release_kmeans": ("kmeans-linear", "kmeans-kernel"),
+    "release_regression_array": ("regression-sketch", "regression-additive"),
+    "release_regression": ("regression-sketch", "regression-additive"),
 }
 CLI_MECHANISMS = {
     "projection": ("projection", "projection-events", "row-bound-quantile"),
     "dprp": ("dprp",),
     "kmeans": ("kmeans-linear", "kmeans-kernel"),
+    "regression": ("regression-sketch", "regression-additive"),
 }
 SAMPLERS = {"sample_discrete_laplace": "test_samplers::test_sampler_matches_exact_pmf",
             "sample_discrete_gaussian": "test_samplers::test_sampler_matches_exact_pmf"}
@@ -160,9 +165,23 @@ def offered_quantile(projection_offered: set) -> set:
     return {("row-bound-quantile", LAP, r, "histogram") for r in rels if r != "element"}
 
 
+def offered_regression() -> set:
+    from sparkpriv.mechanisms.regression import SCHEMES, RegressionParams, release_regression_array
+
+    b = X @ np.array([0.2, -0.1, 0.3])
+    out = set()
+    for scheme in SCHEMES:
+        for rel in NEIGHBORS:
+            if _accepts(lambda: release_regression_array(X, b, RegressionParams(
+                    row_bound=1.0, epsilon=1.0, delta=1e-6, scheme=scheme, neighbors=rel, sketch_rows=4))):
+                out.add((f"regression-{scheme}", GAU, rel, "l2"))
+    return out
+
+
 def all_offered() -> set:
     proj = offered_projection()
-    return proj | offered_projection_events() | offered_dprp() | offered_kmeans() | offered_quantile(proj)
+    return (proj | offered_projection_events() | offered_dprp() | offered_kmeans() | offered_quantile(proj)
+            | offered_regression())
 
 
 # ----------------------------------------------------------------------------- tests
@@ -220,6 +239,12 @@ REFUSED = [
      .release_dprp_array(X, epsilon=1.0, delta=1e-6, lower=[-1.0] * 3, upper=[1.0] * 3,
                          neighbors="add-remove")),
 ]
+for _scheme in ("sketch", "additive"):
+    for _rel in ("add-remove", "element"):
+        REFUSED.append((f"regression {_scheme} {_rel}", lambda s=_scheme, r=_rel: __import__(
+            "sparkpriv.mechanisms.regression", fromlist=["x"]).release_regression_array(
+            X, X[:, 0], __import__("sparkpriv.mechanisms.regression", fromlist=["x"]).RegressionParams(
+                row_bound=1.0, epsilon=1.0, delta=1e-6, scheme=s, neighbors=r, sketch_rows=4))))
 
 
 @pytest.mark.parametrize("name,call", REFUSED, ids=[r[0] for r in REFUSED])

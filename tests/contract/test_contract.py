@@ -38,6 +38,7 @@ class Case:
     params: dict                          # valid parameters (columns are added per engine)
     bad: dict                             # one invalid parameter value
     compare: Callable                     # (release_a, release_b) -> None: equal up to float order
+    colparams: Callable | None = None     # X -> the column parameters (default: columns = every column)
 
 
 def _blobs(n=1200, seed=1):
@@ -67,17 +68,41 @@ def _box(n=900, d=4, seed=2):
     return np.random.default_rng(seed).uniform(-1.0, 1.0, (n, d))
 
 
+def _linear(n=1200, seed=2):
+    rng = np.random.default_rng(seed)
+    A = rng.uniform(-1, 1, (n, 3))
+    return np.column_stack([A, A @ np.array([0.5, -0.3, 0.2]) + 0.1 * rng.standard_normal(n)])
+
+
+def _same_regression(a, b):
+    np.testing.assert_allclose(a.extras["sketch"], b.extras["sketch"], rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(a.model.coef, b.model.coef, rtol=1e-6, atol=1e-9)
+
+
 CASES = {
     "dprp": Case(_box, dict(epsilon=2.0, delta=1e-5, lower=[-1.0] * 4, upper=[1.0] * 4, k2=2),
                  {"budget_split": (0.5, 0.7)}, _same_table),
     "kmeans": Case(_blobs, dict(k=3, epsilon=2.0, delta=1e-5, iterations=3, variant="kernel",
                                 lower=[-12.0] * 3, upper=[12.0] * 3, kernel_width=4.0, frequencies=8),
                    {"k": 1}, _same_kmeans),
+    "regression": Case(_linear, dict(row_bound=3.0, epsilon=2.0, delta=1e-5, sketch_rows=40),
+                       {"sketch_rows": 0}, _same_regression,
+                       lambda X: {"columns": _cols(X)[:-1], "target": _cols(X)[-1]}),
 }
 
 
 def _cols(X):
     return [f"c{j}" for j in range(X.shape[1])]
+
+
+def _colparams(case, X) -> dict:
+    """The column parameters of a table input (Spark, Arrow)."""
+    return case.colparams(X) if case.colparams else {"columns": _cols(X)}
+
+
+def _local_colparams(case, X) -> dict:
+    """The column parameters of a numpy input (default: none; the array's columns)."""
+    return case.colparams(X) if case.colparams else {}
 
 
 def _arrow(X):
@@ -105,9 +130,9 @@ def test_spark_and_local_engines_agree(name, spark):
     X = case.data()
     df = spark.createDataFrame(_arrow(X).to_pandas()).coalesce(1)  # one partition: the local engine's
     with sprandom.insecure_fixed_seed(4242):
-        a = release(name, _arrow(X), columns=_cols(X), **case.params)
+        a = release(name, _arrow(X), **_colparams(case, X), **case.params)
     with sprandom.insecure_fixed_seed(4242):
-        b = release(name, df, columns=_cols(X), **case.params)
+        b = release(name, df, **_colparams(case, X), **case.params)
     assert (a.engine, b.engine) == ("local", "spark")
     case.compare(a, b)
     assert a.events == b.events and a.epsilon == b.epsilon and a.delta == b.delta
@@ -125,7 +150,7 @@ def test_spark_and_local_engines_agree(name, spark):
 def test_receipt_states_what_was_spent(name):
     case = CASES[name]
     X = case.data()
-    rel = release(name, X, **case.params)
+    rel = release(name, X, **_local_colparams(case, X), **case.params)
     r = rel.receipt()
     assert r["mechanism"] == name and r["guarantee"]["holds"] is True
     assert r["guarantee"]["epsilon"] <= case.params["epsilon"]
@@ -156,13 +181,13 @@ def test_bad_parameters_refused_before_any_value_is_read(name, spark):
     df = df.select(*[explode(F.col(c)).alias(c) for c in _cols(X)])
     for bad in (case.bad, {"no_such_parameter": 1}, {"neighbors": "add-remove"}, {"epsilon": -1.0}):
         with pytest.raises(ParameterError):
-            release(name, df, columns=_cols(X), **dict(case.params, **bad))
+            release(name, df, **_colparams(case, X), **dict(case.params, **bad))
     Xn = X.copy()
     Xn[0, 0] = np.nan  # read only by the run: refusals of bad parameters come first
     with pytest.raises(ParameterError):
-        release(name, Xn, **dict(case.params, **case.bad))
+        release(name, Xn, **_local_colparams(case, X), **dict(case.params, **case.bad))
     with pytest.raises(InputError):
-        release(name, Xn, **case.params)
+        release(name, Xn, **_local_colparams(case, X), **case.params)
 
 
 @pytest.mark.parametrize("name", MECHANISMS)
@@ -173,7 +198,7 @@ def test_ledger_atomic_write_and_no_secrets(name, engine, spark, tmp_path, caplo
     case = CASES[name]
     X = case.data()
     data = X if engine == "local" else spark.createDataFrame(_arrow(X).to_pandas())
-    extra = {} if engine == "local" else {"columns": _cols(X)}
+    extra = _local_colparams(case, X) if engine == "local" else _colparams(case, X)
     url = f"sqlite:///{tmp_path}/ledger.sqlite"
     with open_ledger(url) as led:
         led.set_budget("t", epsilon=100.0, delta=1e-3)
