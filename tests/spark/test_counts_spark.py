@@ -1,0 +1,163 @@
+"""DP counts per key on Spark (sparkpriv.spark.counts) against numpy references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sparkpriv.errors import ParameterError, SchemaError
+from sparkpriv.mechanisms.counts import CountsParams, KeyDomain, finalize_counts
+from sparkpriv.privacy.random import insecure_fixed_seed, stream
+from sparkpriv.spark.counts import OUTPUT_COLUMNS, bound_keys, key_totals, prepare_counts, run_counts
+
+pytestmark = pytest.mark.spark
+
+
+def _events(rng, people=300, towers=12, hours=24, max_keys=None, oov=True):
+    """(person, tower, hour) events; every person visits at most ``max_keys`` towers when given."""
+    rows = []
+    for p in range(people):
+        k = int(rng.integers(0, (max_keys or 7) + 1))
+        ts = rng.choice(towers + (2 if oov else 0), k, replace=False)
+        for t in ts:
+            for _ in range(int(rng.integers(1, 5))):
+                rows.append((p * 7919 + 3, int(t) + 100, int(rng.integers(0, hours))))
+    return rows
+
+
+def _df(spark, rows, partitions):
+    return spark.createDataFrame(rows, "caller long, tower long, hour int").repartition(partitions)
+
+
+def _ref_distinct(rows, index):
+    """Distinct people per key (numpy, from the raw events)."""
+    pairs = {(p, index(t, h)) for p, t, h in rows}
+    keys = np.array([k for _, k in pairs if k >= 0], np.int64)
+    return keys
+
+
+@pytest.mark.parametrize("partitions", [1, 3, 7])
+def test_totals_equal_numpy_reference_without_truncation(spark, partitions):
+    rng = np.random.default_rng(partitions)
+    rows = _events(rng, max_keys=3)
+    dom = KeyDomain.product("tower", range(100, 112))
+    params = CountsParams(epsilon=1.0, max_keys=3)  # nobody has more than 3 towers: nothing truncated
+    rec = bound_keys(_df(spark, rows, partitions), person="caller", domain=dom, params=params)
+    got = key_totals(rec, dom.size)
+    ref = np.bincount(_ref_distinct(rows, lambda t, h: t - 100 if 100 <= t < 112 else -1), minlength=12)
+    assert np.array_equal(got, ref)
+    diag = rec.diagnostics()
+    assert diag["people_truncated"] == 0
+    assert diag["events_out_of_vocabulary"] == sum(1 for _, t, _h in rows if t >= 112)
+
+
+def test_totals_with_truncation_same_for_every_partitioning(spark):
+    rng = np.random.default_rng(11)
+    rows = _events(rng, max_keys=9)
+    dom = KeyDomain.product("tower", range(100, 112))
+    params = CountsParams(epsilon=1.0, max_keys=2)
+    totals = []
+    for parts in (1, 4, 9):
+        rec = bound_keys(_df(spark, rows, parts), person="caller", domain=dom, params=params, seed=b"k" * 16)
+        totals.append(key_totals(rec, dom.size))
+    assert all(np.array_equal(totals[0], t) for t in totals[1:])
+    full = np.bincount(_ref_distinct(rows, lambda t, h: t - 100 if 100 <= t < 112 else -1), minlength=12)
+    per_person = {}
+    for p, t, _h in rows:
+        if 100 <= t < 112:
+            per_person.setdefault(p, set()).add(t)
+    assert totals[0].sum() == sum(min(len(s), 2) for s in per_person.values())
+    assert np.all(totals[0] <= full)
+
+
+def test_capped_event_counts_two_columns(spark):
+    rng = np.random.default_rng(5)
+    rows = _events(rng, max_keys=2, hours=4)
+    dom = KeyDomain.product(("tower", "hour"), [range(100, 112), [0, 1, 2]])  # hour 3 is outside
+    params = CountsParams(epsilon=1.0, max_keys=24, max_events_per_key=2)
+    rec = bound_keys(_df(spark, rows, 3), person="caller", domain=dom, params=params)
+    got = key_totals(rec, dom.size)
+    ev = {}
+    for p, t, h in rows:
+        if 100 <= t < 112 and h < 3:
+            k = (t - 100) * 3 + h
+            ev[(p, k)] = ev.get((p, k), 0) + 1
+    ref = np.zeros(dom.size, np.int64)
+    for (p, k), n in ev.items():
+        ref[k] += min(n, 2)
+    assert np.array_equal(got, ref)
+
+
+def test_declared_pairs_with_strings(spark):
+    rows = [(1, "a", "b"), (1, "a", "b"), (1, "b", "a"), (2, "a", "b"), (3, "c", "c"), (3, "a", "c")]
+    df = spark.createDataFrame(rows, "card long, o string, d string")
+    dom = KeyDomain.pairs(("o", "d"), [("a", "b"), ("b", "a"), ("a", "c"), ("x", "y")])
+    rec = bound_keys(df, person="card", domain=dom, params=CountsParams(epsilon=1.0, max_keys=3))
+    assert list(key_totals(rec, dom.size)) == [2, 1, 1, 0]
+    assert rec.diagnostics()["events_out_of_vocabulary"] == 1  # (c, c)
+
+
+def test_every_key_once_and_the_noise_of_the_numpy_core(spark):
+    rng = np.random.default_rng(2)
+    rows = _events(rng, max_keys=3)
+    dom = KeyDomain.product(("tower", "hour"), [range(100, 112), range(0, 24)])
+    params = CountsParams(epsilon=1.0, max_keys=12, round=True)  # <= 3 towers x 4 events: no truncation
+    with insecure_fixed_seed(4):
+        job, out, diag = run_counts(_df(spark, rows, 3), person="caller", domain=dom, params=params)
+    pdf = out.toPandas()
+    assert list(pdf.columns) == ["tower", "hour", *OUTPUT_COLUMNS]
+    assert len(pdf) == dom.size == 288
+    assert not pdf.duplicated(["tower", "hour"]).any()
+    tw, hr = dom.column_values()
+    assert np.array_equal(pdf["tower"].to_numpy(), tw) and np.array_equal(pdf["hour"].to_numpy(), hr)
+    ref = np.bincount(_ref_distinct(rows, lambda t, h: (t - 100) * 24 + h if 100 <= t < 112 else -1),
+                      minlength=288)
+    assert (ref == 0).any()  # keys no one visited are there too
+    expected = finalize_counts(ref, job.plan, stream(job._seed, 0))
+    assert np.array_equal(pdf["noisy_count"].to_numpy(), expected.value)
+    assert np.array_equal(pdf["ci_low"].to_numpy(), expected.ci_low)
+    assert np.allclose(pdf["std"], job.plan.std)
+    assert diag["keys_in_domain"] == 288
+    pub = str(job.to_public_dict())
+    assert str(job._seed) not in pub and "caller" not in pub.replace("person_column", "")
+
+
+def test_empty_input(spark):
+    df = spark.createDataFrame([], "caller long, tower long, hour int")
+    dom = KeyDomain.product("tower", range(0, 5))
+    job, out, _ = run_counts(df, person="caller", domain=dom, params=CountsParams(epsilon=1.0, max_keys=2))
+    assert out.count() == 5
+    assert np.array_equal(key_totals(job.records, 5), np.zeros(5))
+
+
+def _poisoned(spark):
+    """An event table whose reading fails: refusals must come before any read."""
+    def boom(batches):
+        raise RuntimeError("the data was read")
+        yield  # noqa
+
+    return spark.range(3).selectExpr("id as caller", "id as tower", "1 as hour").mapInArrow(
+        boom, "caller long, tower long, hour int")
+
+
+@pytest.mark.parametrize("kw,exc", [
+    (dict(person="nobody", domain=KeyDomain.product("tower", range(3))), SchemaError),
+    (dict(person="caller", domain=KeyDomain.product("missing", range(3))), SchemaError),
+    (dict(person="caller", domain=KeyDomain.product("caller", range(3))), ParameterError),
+    (dict(person="caller", domain=range(3)), ParameterError),
+    (dict(person="caller", domain=KeyDomain.product("tower", range(1 << 25))), ParameterError),
+    (dict(person="caller", domain=KeyDomain.product("std", range(3))), SchemaError),
+])
+def test_refusals_before_reading_data(spark, kw, exc):
+    with pytest.raises(exc):
+        job = prepare_counts(_poisoned(spark), params=CountsParams(epsilon=1.0, max_keys=2), **kw)
+        job.run()
+
+
+def test_empty_domain_refused():
+    with pytest.raises(ParameterError):
+        KeyDomain.product("tower", [])
+    with pytest.raises(ParameterError, match="domain_size"):
+        from sparkpriv.mechanisms.counts import plan_counts
+
+        plan_counts(CountsParams(epsilon=1.0, max_keys=1), KeyDomain.pairs(("a", "b"), []).size)
