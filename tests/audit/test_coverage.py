@@ -46,6 +46,10 @@ for _v in ("linear", "kernel"):
         AUDITED[(f"kmeans-{_v}", GAU, _rel, "rows")] = "test_kmeans::test_kmeans_step"
 for _rel in ("replace-one", "add-remove"):
     AUDITED[("row-bound-quantile", LAP, _rel, "histogram")] = "test_quantile::test_row_bound_histogram"
+for _noise, _fn in ((LAP, "test_counts_laplace"), (GAU, "test_counts_gaussian")):
+    for _rel in ("replace-one", "add-remove"):
+        for _w in ("people", "events-capped"):
+            AUDITED[("counts", _noise, _rel, _w)] = f"test_counts::{_fn}"
 
 # every public release function and CLI mechanism -> the audited mechanisms it runs
 FUNCTIONS = {
@@ -165,9 +169,24 @@ def offered_quantile(projection_offered: set) -> set:
     return {("row-bound-quantile", LAP, r, "histogram") for r in rels if r != "element"}
 
 
+def offered_counts() -> set:
+    from sparkpriv.mechanisms.counts import NOISE_KINDS, CountsParams, plan_counts
+
+    out = set()
+    for noise in NOISE_KINDS:
+        delta = 1e-6 if noise == "discrete_gaussian" else 0.0
+        for rel in NEIGHBORS:
+            for w, c in (("people", None), ("events-capped", 3)):
+                if _accepts(lambda: plan_counts(CountsParams(epsilon=1.0, max_keys=2, max_events_per_key=c,
+                                                             noise=noise, delta=delta, neighbors=rel), 5)):
+                    out.add(("counts", LAP if noise == "discrete_laplace" else GAU, rel, w))
+    return out
+
+
 def all_offered() -> set:
     proj = offered_projection()
-    return proj | offered_projection_events() | offered_dprp() | offered_kmeans() | offered_quantile(proj)
+    return (proj | offered_projection_events() | offered_dprp() | offered_kmeans() | offered_quantile(proj)
+            | offered_counts())
 
 
 # ----------------------------------------------------------------------------- tests
