@@ -10,6 +10,7 @@ BENCHMARKS = {
     "noise": ("sparkpriv.bench.noise", "float-safe samplers vs numpy's laplace/normal"),
     "dprp": ("sparkpriv.bench.dprp", "DPRP Gram step vs MLlib computeGramianMatrix, and the whole release"),
     "cdr": ("sparkpriv.bench.cdr", "CDR events: bounding + sparse projection release vs groupBy/collect floor"),
+    "counts": ("sparkpriv.bench.counts", "DP distinct people per tower vs groupBy.countDistinct and the peers"),
 }
 
 
