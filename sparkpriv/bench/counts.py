@@ -12,8 +12,10 @@ a. ``sparkpriv``: :mod:`sparkpriv.spark.counts` (bounding to at most
 b. ``nonprivate``: ``groupBy(tower_id).agg(countDistinct(caller_id))`` + write.
 
 They run back to back, in alternating order, ``--repeats`` times after one
-untimed warm-up of each; every repeat is printed with its wall seconds and the
-machine's CPU-seconds over the run (``/proc/stat``: all processes).
+untimed warm-up of each; every repeat is printed with its wall seconds and CPU-seconds: of the
+benchmark's own processes (the driver, its JVM and the JVM's Python workers,
+from ``/proc/<pid>/stat``) and of the whole machine (``/proc/stat``, which
+on a shared machine includes other people's work).
 
 Peers (optional): ``--tumult-python`` / ``--pipelinedp-python`` name the
 Python of a separate virtual environment holding Tumult Analytics or
@@ -97,13 +99,47 @@ def _machine_cpu() -> tuple[float, float] | None:
     return (v[0] + v[1] + v[2] + v[5] + v[6]) / hz, v[7] / hz
 
 
-def _timed(fn, out: str) -> tuple[float, float | None, object]:
-    c0 = _machine_cpu()
+def _tree_cpu(root: int | None = None) -> float | None:
+    """CPU-seconds (user + system, with reaped children) of process ``root`` (default:
+    this one) and all its descendants: here the driver, its JVM and the JVM's Python
+    workers; other processes on the machine are not counted."""
+    root = os.getpid() if root is None else root
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    stats = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    for n in names:
+        if not n.isdigit():
+            continue
+        try:
+            with open(f"/proc/{n}/stat") as f:
+                rest = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # fields after the name: state ppid ... utime(12) stime(13) cutime(14) cstime(15)
+        stats[int(n)] = (int(rest[1]), sum(int(x) for x in rest[11:15]))
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            total += stats[pid][1]
+        todo.extend(children.get(pid, ()))
+    return total / hz
+
+
+def _timed(fn, out: str) -> tuple[float, float | None, float | None, object]:
+    c0, m0 = _tree_cpu(), _machine_cpu()
     t = time.perf_counter()
     res = fn(out)
     secs = time.perf_counter() - t
-    c1 = _machine_cpu()
-    return secs, (c1[0] - c0[0]) if (c0 and c1) else None, res
+    c1, m1 = _tree_cpu(), _machine_cpu()
+    return (secs, (c1 - c0) if (c0 is not None and c1 is not None) else None,
+            (m1[0] - m0[0]) if (m0 and m1) else None, res)
 
 
 def _ensure_table(spark, data_dir: str, people: int, seed: int = 0) -> str:
@@ -153,10 +189,25 @@ spark = (SparkSession.builder.master(args["master"]).appName("peer")
 spark.sparkContext.setLogLevel("ERROR")
 
 def cpu():
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:9]]
-    hz = os.sysconf("SC_CLK_TCK")
-    return (v[0] + v[1] + v[2] + v[5] + v[6]) / hz
+    """CPU-seconds of this process and its descendants (its JVM and Python workers)."""
+    stats = {}
+    for n in os.listdir("/proc"):
+        if n.isdigit():
+            try:
+                with open(f"/proc/{n}/stat") as f:
+                    rest = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(n)] = (int(rest[1]), sum(int(x) for x in rest[11:15]))
+    kids = {}
+    for pid, (ppid, _) in stats.items():
+        kids.setdefault(ppid, []).append(pid)
+    total, todo = 0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        total += stats.get(pid, (0, 0))[1]
+        todo.extend(kids.get(pid, ()))
+    return total / os.sysconf("SC_CLK_TCK")
 
 def timed(src, out):
     c0, t = cpu(), time.perf_counter()
@@ -305,16 +356,19 @@ def run(*, people: int, max_keys: int = 32, epsilon: float = 1.0, data_dir: str 
     spark.read.parquet(table).select("caller_id", "tower_id").write.format("noop").mode("overwrite").save()
     times = {n: [] for n in pipes}
     cpu = {n: [] for n in pipes}
+    mcpu = {n: [] for n in pipes}
     kept = {}
     info = {}
     for rep in range(repeats):
         order = list(pipes) if rep % 2 == 0 else list(pipes)[::-1]
         for name in order:
             out = os.path.join(data_dir, f"out-{name}-{uuid.uuid4().hex[:8]}")
-            secs, c, res = _timed(lambda o, name=name: pipes[name](table, o), out)
+            secs, c, mc, res = _timed(lambda o, name=name: pipes[name](table, o), out)
             times[name].append(secs)
             cpu[name].append(c)
-            print(f"repeat {rep} {name}: {secs:.2f} s, {c:.1f} CPU-s", flush=True)
+            mcpu[name].append(mc)
+            print(f"repeat {rep} {name}: {secs:.2f} s, {c:.1f} CPU-s (own processes), "
+                  f"{mc:.1f} CPU-s (whole machine)", flush=True)
             if name == "sparkpriv":
                 info = res
             if rep == repeats - 1:
@@ -342,6 +396,9 @@ def run(*, people: int, max_keys: int = 32, epsilon: float = 1.0, data_dir: str 
         "nonprivate_seconds_each_repeat": [round(t, 2) for t in times["nonprivate"]],
         "cpu_seconds_each_repeat": [None if c is None else round(c, 1) for c in cpu["sparkpriv"]],
         "nonprivate_cpu_seconds_each_repeat": [None if c is None else round(c, 1) for c in cpu["nonprivate"]],
+        "machine_cpu_seconds_each_repeat": [None if c is None else round(c, 1) for c in mcpu["sparkpriv"]],
+        "nonprivate_machine_cpu_seconds_each_repeat": [None if c is None else round(c, 1)
+                                                       for c in mcpu["nonprivate"]],
         "median_seconds": round(med["sparkpriv"], 2),
         "nonprivate_median_seconds": round(med["nonprivate"], 2),
         "ratio_each_repeat": [round(r, 3) for r in paired],

@@ -243,7 +243,7 @@ class CountsParams:
         "constraints": [Interval("integer", 1, None, "left")]})
     max_events_per_key: int | None = field(default=None, metadata={
         "help": "c: count each person's events per key, capped at c (default: distinct people per key)",
-        "constraints": [None, Interval("integer", 1, None, "left")]})
+        "constraints": [None, Interval("integer", 1, 2**20, "both")]})
     noise: str = field(default="discrete_laplace", metadata={
         "help": "discrete_laplace (pure epsilon, L1 sensitivity) or discrete_gaussian (L2, needs delta > 0)",
         "constraints": [Options(NOISE_KINDS)]})
