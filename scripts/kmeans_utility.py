@@ -4,7 +4,7 @@ Compares, at each epsilon (delta = 1e-5), averaged over ``--repeats`` runs:
 
 * sparkpriv ``kernel`` (random Fourier features) and ``linear`` (DPLloyd), with
   data-independent initial centres (uniform points of the declared box), run
-  through the numpy core (:func:`sparkpriv.mechanisms.kmeans.release_kmeans_array`,
+  through the numpy core (:func:`sparkpriv.release_kmeans_array`,
   the same per-batch code the Spark path runs);
 * diffprivlib's ``KMeans`` at the same epsilon (pure epsilon-DP, bounds [0, 1]);
 * non-private scikit-learn ``KMeans`` (k-means++, n_init=1), once per repeat.
@@ -84,7 +84,8 @@ SETTINGS = {
 def run(dataset: str, epsilons, repeats: int, methods, first_repeat: int = 0) -> list[dict]:
     from sklearn.cluster import KMeans as SkKMeans
 
-    from sparkpriv.mechanisms.kmeans import clustering_accuracy, release_kmeans_array
+    from sparkpriv import release_kmeans_array
+from sparkpriv.mechanisms.kmeans import clustering_accuracy
 
     X, y = load_mnist() if dataset == "mnist" else load_blobs()
     s = SETTINGS[dataset]

@@ -6,7 +6,9 @@ or imports Spark):
 * :func:`release_projection` (Spark DataFrames), :func:`release_projection_array`
   (numpy), :func:`recover_sq_distances`
 * :func:`release_dprp` / :func:`release_dprp_array` (DPRP private table)
-* :func:`release_kmeans` / :func:`release_kmeans_array`, :class:`KMeansModel`
+* :func:`release` (any registered mechanism, either engine), :func:`release_kmeans`
+  (Spark DataFrames, event records, or in-memory arrays and tables;
+  ``release_kmeans_array`` is the same function), :class:`KMeansModel`
 * :func:`open_ledger` (privacy-budget ledger), :func:`read_table` (a source
   table as the CLI reads it; local Parquet read this way lets aggregate
   passes scan the files directly)
@@ -30,8 +32,9 @@ _LAZY = {
     "recover_sq_distances": "sparkpriv.mechanisms.projection",
     "release_dprp": "sparkpriv.spark.dprp",
     "release_dprp_array": "sparkpriv.mechanisms.dprp",
-    "release_kmeans": "sparkpriv.spark.kmeans",
-    "release_kmeans_array": "sparkpriv.mechanisms.kmeans",
+    "release": "sparkpriv.api",
+    "release_kmeans": "sparkpriv.api",
+    "release_kmeans_array": "sparkpriv.api",
     "KMeansModel": "sparkpriv.mechanisms.kmeans_model",
     "open_ledger": "sparkpriv.ledger",
     "get_spark": "sparkpriv.spark.session",

@@ -201,13 +201,40 @@ def _values(args) -> dict:
     return {o.name: getattr(args, o.name, None) for o in args._options}
 
 
+class ProgressBar:
+    """A one-line progress bar on a terminal for a release's long steps (k-means iterations, ...).
+
+    Without a terminal the steps are log lines (``sparkpriv.<mechanism>`` at INFO,
+    with the release's epsilon and delta).
+    """
+
+    def __init__(self, stream, width: int = 30):
+        self.stream, self.width, self.drawn = stream, width, False
+
+    def __call__(self, what: str, i: int, n: int, message: str = "") -> None:
+        done = int(self.width * i / max(n, 1))
+        self.stream.write(f"\r{what} [{'#' * done}{'.' * (self.width - done)}] {i}/{n} {message[:60]}\x1b[K")
+        self.stream.flush()
+        self.drawn = True
+
+    def close(self) -> None:
+        if self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
 def _cmd_release(args) -> int:
     from sparkpriv.runner import options_for, run_release
 
     cfg = build_config(args.mechanism, options_for(args.mechanism), None, _values(args),
                        source="config file")
     cfg = type(cfg)(mechanism=cfg.mechanism, values=cfg.values, spark=args._spark)
-    res = run_release(cfg)
+    bar = ProgressBar(sys.stderr) if sys.stderr.isatty() else None
+    try:
+        res = run_release(cfg, on_step=bar)
+    finally:
+        if bar is not None:
+            bar.close()
     print(f"private table: {res.output}")
     print(f"receipt:       {res.receipt_path}")
     print(f"guarantee:     epsilon={res.epsilon:.6g} delta={res.delta:.3g}")

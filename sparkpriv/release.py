@@ -1,11 +1,15 @@
-"""The release object every mechanism returns, and its budget handling.
+"""The one release path, the release object every mechanism returns, and its budget handling.
 
-Flow of every release (STYLE.md): read -> validate and bound -> mechanism ->
-account -> write. A mechanism's public function validates its parameters and
-the input schema, draws its secrets, calibrates its noise, and then calls
+Flow of every release (docs/architecture.md): read -> validate and bound ->
+mechanism -> account -> write. :func:`release` is that flow, written once for
+every mechanism of the protocol (:mod:`sparkpriv.mechanisms.protocol`) and both
+engines: it validates the parameters (unknown names and constraints), resolves
+the neighbour relation, opens the input on the engine (schema only), lets the
+mechanism plan (secrets drawn, noise calibrated, events known), and calls
 :func:`reserve` *before any data is read*: the ledger (when a table id is
 given) refuses a release that would exceed the table's budget at that point.
-It returns a :class:`Release` holding the lazy private DataFrame; its
+It then runs the mechanism on the engine (releasing the reservation if that
+fails) and returns a :class:`Release` holding the private table; its
 :meth:`Release.write` publishes the table and receipt atomically and commits
 the reservation, or releases it if publishing fails.
 """
@@ -24,7 +28,7 @@ from sparkpriv.errors import InputError
 from sparkpriv.privacy.accounting import describe_event, epsilon_of, event_to_dict
 from sparkpriv.privacy.random import active_fixed_seed
 
-__all__ = ["Release", "BudgetHold", "reserve", "RECEIPT_FORMAT"]
+__all__ = ["Release", "BudgetHold", "reserve", "release", "choose_engine", "RECEIPT_FORMAT"]
 
 RECEIPT_FORMAT = "sparkpriv.receipt/1"
 NO_GUARANTEE = (
@@ -141,17 +145,31 @@ def reserve(
 
 @dataclass
 class Release:
-    """A private release: the lazy private DataFrame, its receipt and events.
+    """A private release, the same type for every mechanism and engine.
 
     Attributes
     ----------
-    df : pyspark.sql.DataFrame
-        The private table (lazy; every evaluation gives the same values, since
-        the noise comes from keyed per-partition streams).
+    df : pyspark.sql.DataFrame or pyarrow.Table
+        The private table: a lazy Spark DataFrame on the Spark engine (every
+        evaluation gives the same values, since the noise comes from keyed
+        per-partition streams), a pyarrow Table on the local engine.
+    mechanism : str
+        The registered mechanism's name.
     event : dp_accounting.DpEvent
-        What was spent.
+        What was spent (also as ``events``).
     epsilon, delta : float
         The guarantee computed from ``event`` by dp_accounting.
+    model : object or None
+        The released model, for mechanisms that fit one (k-means: a
+        :class:`~sparkpriv.mechanisms.kmeans_model.KMeansModel`).
+    public : dict
+        Every public fact of the release (what the receipt's
+        ``mechanism_details`` holds).
+    extras : dict
+        Mechanism-specific public by-products (k-means: ``iteration_seconds``,
+        the raw noisy sizes ``history``, which are owner diagnostics).
+    engine : str
+        ``"spark"`` or ``"local"``.
     """
 
     df: Any
@@ -166,10 +184,40 @@ class Release:
     source_df: Any = None
     rows: Any = None
     written_to: str | None = None
+    model: Any = None
+    files: dict = field(default_factory=dict)
+    extras: dict = field(default_factory=dict)
+    engine: str = "spark"
 
     @property
     def events(self):
         return self.event
+
+    @property
+    def table(self):
+        """The private table (the same object as ``df``)."""
+        return self.df
+
+    def uncertainty(self) -> dict:
+        """The noise this release added, in the units of its outputs (public; also in the receipt).
+
+        k-means: ``count_std`` (std of each noisy cluster size), ``sum_std``,
+        ``center_std`` (k x d, first-order std of each centre coordinate) and
+        how to read 95% intervals.
+        """
+        u = self.public.get("uncertainty")
+        if u is None:
+            from sparkpriv.errors import ParameterError
+
+            raise ParameterError(f"The {self.mechanism} release does not state its uncertainty yet; "
+                                 "its receipt's mechanism_details give the noise scale.")
+        return u
+
+    def __getattr__(self, name):  # mechanism extras as attributes (release.iteration_seconds)
+        extras = self.__dict__.get("extras") or {}
+        if name in extras:
+            return extras[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def receipt(self, output_path: str | None = None) -> dict:
         """The privacy receipt (JSON-ready dict). It never holds secrets or data statistics."""
@@ -196,9 +244,7 @@ class Release:
             "input": self.input_info,
             "output": {
                 "path": output_path,
-                "schema": [
-                    {"name": f.name, "type": f.dataType.simpleString()} for f in self.df.schema.fields
-                ],
+                "schema": _schema_of(self.df),
             },
             "ledger": self.hold.to_public_dict(),
             "insecure_test_seed": test_seed,
@@ -220,6 +266,8 @@ class Release:
         (Spark's writer checks the input first; the Arrow writer checks it
         only when its tasks wrote no rows, saving a Spark job).
         """
+        if self.engine == "local":
+            return self._write_local(path, overwrite=overwrite, owner_report=owner_report)
         from sparkpriv.io.writer import check_output_path, choose_writer, publish
 
         def refuse_empty_input():
@@ -246,9 +294,25 @@ class Release:
         self._owner_report(out, owner_report)
         return out
 
+    def _write_local(self, path: str, *, overwrite: bool, owner_report: str | None) -> str:
+        from sparkpriv.io.local_writer import publish_local
+
+        try:
+            out = publish_local(self.df, path, receipt_for=self.receipt, overwrite=overwrite,
+                                extra_files=self.extra_files())
+        except BaseException as exc:
+            self.hold.abort(f"publishing failed: {type(exc).__name__}")
+            self.hold.close()
+            raise
+        self.hold.commit(out, {"epsilon": self.epsilon, "delta": self.delta})
+        self.hold.close()
+        self.written_to = out
+        self._owner_report(out, owner_report)
+        return out
+
     def extra_files(self) -> dict[str, bytes]:
         """Public files published with the table (name -> bytes), inside the same atomic step."""
-        return {}
+        return dict(self.files)
 
     def abandon(self, reason: str = "abandoned by the caller") -> None:
         """Release the ledger reservation of a release that will not be written."""
@@ -268,3 +332,81 @@ class Release:
 
 def guarantee(event, delta: float) -> float:
     return epsilon_of(event, delta)
+
+
+def _schema_of(table) -> list[dict]:
+    fields = getattr(getattr(table, "schema", None), "fields", None)
+    if fields is not None:  # Spark
+        return [{"name": f.name, "type": f.dataType.simpleString()} for f in fields]
+    return [{"name": f.name, "type": str(f.type)} for f in table.schema]  # Arrow
+
+
+# ----------------------------------------------------------------------------- the one release path
+
+
+def choose_engine(data, mechanism, caller: str):
+    """The engine for ``data``: Spark for DataFrames and event records, local for in-memory data."""
+    from sparkpriv.errors import ParameterError
+    from sparkpriv.local import engine as local
+
+    if local.accepts(data):
+        engine = local.LocalEngine()
+    else:
+        from sparkpriv.spark import engine as spark
+
+        if not spark.accepts(data):
+            raise ParameterError(
+                f"{caller} takes a Spark DataFrame, bounded event records, a numpy array, or a "
+                f"pandas/Arrow table. Got {type(data).__name__}."
+            )
+        engine = spark.SparkEngine()
+    if engine.name not in mechanism.engines:
+        raise ParameterError(f"{caller} runs on {', '.join(mechanism.engines)} only; the input is for "
+                             f"the {engine.name} engine.")
+    return engine
+
+
+def release(mechanism, data, *, ledger=None, table_id: str | None = None, source: str | None = None,
+            engine=None, caller: str | None = None, on_step=None, **params) -> Release:
+    """Release ``data`` with a registered ``mechanism`` (its name or object): the one path.
+
+    ``params`` are the mechanism's parameters (its ``Params`` class; unknown
+    names are refused). ``ledger``/``table_id``: the budget reservation made
+    before any data is read. ``source`` names the input in the receipt.
+    ``engine``: default from the data (:func:`choose_engine`). ``on_step``:
+    ``(what, i, n, message)`` called on each long step (a progress bar).
+    """
+    from sparkpriv.mechanisms.protocol import Progress, get_mechanism, resolve_neighbors
+
+    mech = get_mechanism(mechanism) if isinstance(mechanism, str) else mechanism
+    caller = caller or f"release_{mech.name}"
+    p = mech.Params.from_mapping(params, caller)
+    if hasattr(p, "neighbors"):
+        resolve_neighbors(p.neighbors, mech, caller)
+    p.validate(caller)
+    eng = engine if engine is not None else choose_engine(data, mech, caller)
+    src = eng.open(data, columns=getattr(p, "columns", None), fill=getattr(p, "fill", None), caller=caller)
+    mech.check_input(p, src.facts, caller)
+    plan = mech.plan(p, src.facts, caller)
+    parameters = {**src.public_params(), **p.public_dict(), "bounds": plan.public.get("bounds")}
+    hold = reserve(event=plan.events, mechanism=mech.name, parameters=parameters, ledger=ledger,
+                   table_id=table_id)
+    progress = Progress(caller, logging.getLogger(f"sparkpriv.{mech.name}"), on_step,
+                        spent=f"release epsilon {plan.epsilon:.6g}, delta {plan.delta:.3g}")
+    try:
+        outcome = mech.run(eng, src, plan, progress)
+    except BaseException as exc:
+        hold.abort(f"{mech.name} failed: {type(exc).__name__}")
+        hold.close()
+        raise
+    finally:
+        plan.forget_secrets()
+    public = dict(plan.public, parameters=parameters, **outcome.public)
+    public.setdefault("neighbors", plan.neighbors.name)
+    public.setdefault("protects", plan.neighbors.protects)
+    owner = outcome.extras.pop("diagnostics", {})
+    return Release(df=outcome.table, mechanism=mech.name, event=plan.events, epsilon=plan.epsilon,
+                   delta=plan.delta, public=public, input_info=src.input_info(source), hold=hold,
+                   diagnostics=lambda: {**src.diagnostics(), **owner}, source_df=src.source_df,
+                   rows=outcome.rows, model=outcome.model, files=outcome.files, extras=outcome.extras,
+                   engine=eng.name)

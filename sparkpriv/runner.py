@@ -28,6 +28,7 @@ class MechanismSpec:
     summary: str
     options: tuple[Option, ...]
     release: Callable  # (df, cfg: ReleaseConfig, source: str) -> Release
+    precheck: Callable | None = None  # (cfg) -> None: parameter checks before Spark starts
 
 
 MECHANISMS: dict[str, MechanismSpec] = {}
@@ -295,7 +296,7 @@ def check_budget_exists(ledger_url: str | None, table_id: str | None) -> None:
             raise BudgetExceededError(_no_budget_message(getattr(led, "public_url", None) or str(url), table_id))
 
 
-def run_release(cfg: ReleaseConfig, spark=None) -> RunResult:
+def run_release(cfg: ReleaseConfig, spark=None, on_step=None) -> RunResult:
     """Read the input, release it with the configured mechanism, publish it.
 
     Refused (:class:`ParameterError`, before Spark starts) while the
@@ -311,11 +312,13 @@ def run_release(cfg: ReleaseConfig, spark=None) -> RunResult:
     refuse_fixed_seed("sparkpriv release")
     spec = MECHANISMS[cfg.mechanism]
     cfg = apply_bounds_file(cfg, options_for(cfg.mechanism))  # parameter errors before Spark starts
+    if spec.precheck is not None:
+        spec.precheck(cfg)
     check_budget_exists(cfg.get("ledger"), cfg.get("table_id"))
     spark = spark or get_spark(cfg.spark)
     check_output_path(spark, cfg.get("output"), bool(cfg.get("overwrite")))
     df = read_table(spark, cfg.get("input"), cfg.get("input_format"), null_value=cfg.get("null_value"))
-    release = spec.release(df, cfg, cfg.get("input"))
+    release = spec.release(df, cfg, cfg.get("input"), **({"on_step": on_step} if spec.precheck else {}))
     entry = release.hold.reservation.id if release.hold.reservation is not None else None
     out = release.write(cfg.get("output"), overwrite=bool(cfg.get("overwrite")), writer=cfg.get("writer"),
                         owner_report=cfg.get("owner_report"))
@@ -323,62 +326,123 @@ def run_release(cfg: ReleaseConfig, spark=None) -> RunResult:
                      delta=release.delta, ledger_entry=entry)
 
 
-def _kmeans(df, cfg: ReleaseConfig, source: str):
-    from sparkpriv.spark.kmeans import release_kmeans
+def _read_init_file(path: str):
+    import numpy as np
 
-    cols = cfg.get("columns")
-    delta = cfg.get("delta")
-    if delta is None:
-        raise ParameterError("k-means uses Gaussian noise and needs a delta: give --delta (e.g. 1e-6).")
-    init = None
+    try:
+        return np.loadtxt(path, delimiter=",", ndmin=2)
+    except (OSError, ValueError) as exc:
+        raise ParameterError(f"Cannot read the public init file {path!r}: "
+                             f"{getattr(exc, 'strerror', None) or exc}.") from None
+
+
+def _option_of(s) -> Option:
+    """A command-line/config option from a mechanism's parameter (sparkpriv.mechanisms.protocol)."""
+    help_ = s.help + (f" [default: {s.doc_default}]" if s.doc_default else "")
+    return Option(s.name, s.kind, help_, default=s.default, required=s.required, choices=s.choices,
+                  required_unless=s.required_unless)
+
+
+def register_protocol(name: str, *, extra: tuple[Option, ...] = (), adapt=None) -> None:
+    """Register a protocol mechanism: options from its parameters class, one release call.
+
+    A parameter that is also a common option (columns, fill, epsilon, delta)
+    keeps the common definition (its command-line rules, e.g. columns required
+    unless --events); the mechanism's Params still validates it. ``extra``
+    are command-line-only options (files to read), turned into parameters by
+    ``adapt(cfg, params)``.
+    """
+    from sparkpriv.mechanisms.protocol import get_mechanism
+
+    mech = get_mechanism(name)
+    common = {o.name for o in COMMON_OPTIONS}
+    specs = [s for s in mech.specs() if s.cli]
+    events = "records" in mech.inputs
+    options = tuple(_option_of(s) for s in specs if s.name not in common) + extra \
+        + (EVENT_OPTIONS if events else ())
+
+    def params_of(cfg: ReleaseConfig) -> dict:
+        params = {s.name: cfg.get(s.name) for s in specs if cfg.get(s.name) is not None}
+        return adapt(cfg, params) if adapt is not None else params
+
+    def run(df, cfg: ReleaseConfig, source: str, on_step=None):
+        from sparkpriv.api import release
+
+        if events and cfg.get("events"):
+            df = _event_records(df, cfg, source)
+        return release(name, df, ledger=cfg.get("ledger"), table_id=cfg.get("table_id"), source=source,
+                       caller=f"sparkpriv release {name}", on_step=on_step, **params_of(cfg))
+
+    def precheck(cfg: ReleaseConfig) -> None:
+        """The parameters' own checks, before Spark starts (public parameters only)."""
+        from sparkpriv.mechanisms.protocol import resolve_neighbors
+
+        caller = f"sparkpriv release {name}"
+        p = mech.Params.from_mapping(params_of(cfg), caller)
+        if hasattr(p, "neighbors"):
+            resolve_neighbors(p.neighbors, mech, caller)
+        p.validate(caller)
+
+    register(MechanismSpec(name=name, summary=mech.summary, options=options, release=run, precheck=precheck))
+
+
+def _kmeans_adapt(cfg: ReleaseConfig, params: dict) -> dict:
     if cfg.get("init_file") is not None:
-        import numpy as np
-
-        try:
-            init = np.loadtxt(cfg.get("init_file"), delimiter=",", ndmin=2)
-        except OSError as exc:
-            raise ParameterError(f"Cannot read the public init file {cfg.get('init_file')!r}: {exc.strerror}.") from None
-    events = cfg.get("events")
-    if events:  # release_kmeans refuses columns and bounds for event records, naming them
-        df = _event_records(df, cfg, source)
-    return release_kmeans(
-        df,
-        columns=cols,
-        k=cfg.get("k"),
-        epsilon=cfg.get("epsilon"),
-        delta=delta,
-        iterations=cfg.get("iterations", 10),
-        variant=cfg.get("variant", "kernel"),
-        row_bound=cfg.get("row_bound"),
-        lower=cfg.get("lower") if events else per_column(cfg.get("lower"), len(cols), "lower"),
-        upper=cfg.get("upper") if events else per_column(cfg.get("upper"), len(cols), "upper"),
-        kernel_width=cfg.get("kernel_width"),
-        frequencies=cfg.get("frequencies", 128),
-        init=init,
-        final_share=cfg.get("final_share"),
-        fill=cfg.get("fill"),
-        ledger=cfg.get("ledger"),
-        table_id=cfg.get("table_id"),
-        source=source,
-    )
+        params["init"] = _read_init_file(cfg.get("init_file"))
+    return params
 
 
-register(MechanismSpec(
-    name="kmeans",
-    summary="DP k-means (kernel: random Fourier features; linear: DPLloyd); releases noisy centres",
-    options=(
-        Option("k", "int", "number of clusters (2 .. floor(sqrt(rows)))", required=True),
-        Option("iterations", "int", "Lloyd iterations", default=10),
-        Option("variant", "str", "kernel (RBF random Fourier features) or linear (DPLloyd)",
-               default="kernel", choices=("kernel", "linear")),
-        Option("row_bound", "float", "declared bound on each row's L2 norm (rows are clipped to it)"),
-        Option("lower", "floats", "declared per-column lower bounds (one value for all columns, or one per column)"),
-        Option("upper", "floats", "declared per-column upper bounds (one value for all columns, or one per column)"),
-        Option("kernel_width", "float", "RBF kernel width s, exp(-||x-y||^2/(2 s^2)) (kernel variant)"),
-        Option("frequencies", "int", "random Fourier frequencies D (2D features; kernel variant)", default=128),
-        Option("final_share", "float", "kernel: share of the budget (mu^2) for the input-space centres [default: 0.1]"),
-        Option("init_file", "str", "CSV of k PUBLIC rows used as initial centres (default: random "
-               "points of the declared domain)"),
-    ) + EVENT_OPTIONS,
-    release=_kmeans,
+register_protocol("kmeans", adapt=_kmeans_adapt, extra=(
+    Option("init_file", "str", "CSV of k PUBLIC rows used as initial centres (default: random "
+           "points of the declared domain)"),
 ))
+
+
+def _legacy_table(options) -> str:
+    rows = ["| option | TOML key | type | default | meaning |", "|---|---|---|---|---|"]
+    for o in options:
+        if o.required:
+            default = "required" + (f" unless `{o.required_unless}`" if o.required_unless else "")
+        elif o.default in (None, ()):
+            default = "none"
+        else:
+            default = f"`{o.default}`"
+        kind = ", ".join(map(str, o.choices)) if o.choices else o.type
+        rows.append(f"| `--{o.name.replace('_', '-')}` | `{o.name}` | {kind} | {default} | {o.help} |")
+    return "\n".join(rows)
+
+
+def options_markdown() -> str:
+    """docs/options.md: every option of every mechanism, generated (never edit the file by hand)."""
+    from sparkpriv.mechanisms.protocol import option_table, registered
+
+    protocol = registered()
+    out = ["# Options", "",
+           "Generated from the code by `python -m sparkpriv.runner > docs/options.md` (a test checks",
+           "that this file is up to date). A command-line flag `--row-bound` is the key `row_bound` of",
+           "a job config file (TOML). For the mechanisms of the protocol the table comes from the",
+           "mechanism's parameters class, which also defines the Python keywords; \"(Python only)\"",
+           "marks parameters that have no flag.", "",
+           "## Every release", "", _legacy_table(COMMON_OPTIONS), ""]
+    for name in sorted(MECHANISMS):
+        spec = MECHANISMS[name]
+        out += [f"## {name}", "", spec.summary + ".", ""]
+        if name in protocol:
+            common = {o.name for o in COMMON_OPTIONS}
+            mech = protocol[name]
+            out += [option_table(mech), ""]
+            cli_only = [o for o in spec.options if o.name not in {s.name for s in mech.specs()}
+                        and o.name not in common and o not in EVENT_OPTIONS]
+            if cli_only:
+                out += ["Command line and config files only:", "", _legacy_table(cli_only), ""]
+            if "records" in mech.inputs:
+                out += ["Event tables (`--events`): see [Event tables](#event-tables).", ""]
+        else:
+            out += [_legacy_table(spec.options), ""]
+    out += ["## Event tables", "", "Options of every mechanism that takes an event table (`--events`).", "",
+            _legacy_table(EVENT_OPTIONS), ""]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # python -m sparkpriv.runner > docs/options.md
+    print(options_markdown(), end="")

@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [  # (module prefix, layer); longest prefix wins
     ("sparkpriv._version", 0), ("sparkpriv.errors", 0), ("sparkpriv._validation", 0),
     ("sparkpriv.privacy", 0), ("sparkpriv.mechanisms", 0),
-    ("sparkpriv.spark", 1),
-    ("sparkpriv.release", 2), ("sparkpriv.ledger", 2), ("sparkpriv.io", 2), ("sparkpriv.config", 2),
+    ("sparkpriv.spark", 1), ("sparkpriv.local", 1),
+    ("sparkpriv.release", 2), ("sparkpriv.api", 2), ("sparkpriv.estimators", 2), ("sparkpriv.ledger", 2), ("sparkpriv.io", 2), ("sparkpriv.config", 2),
     ("sparkpriv.cli", 3), ("sparkpriv.runner", 3), ("sparkpriv.demo", 3), ("sparkpriv.bench", 3),
     ("jobs", 3),
 ]
@@ -32,13 +32,8 @@ NAMES = {0: "core", 1: "engines", 2: "release/ledger/io", 3: "cli/jobs"}
 # (importing module, imported module): wrong-way imports still present
 KNOWN = {
     ("sparkpriv.spark.counting_queries", "sparkpriv.io.inputs"),
-    ("sparkpriv.spark.dprp", "sparkpriv.io.inputs"),
     ("sparkpriv.spark.dprp", "sparkpriv.release"),
     ("sparkpriv.spark.dprp_records", "sparkpriv.release"),
-    ("sparkpriv.spark.events", "sparkpriv.io.inputs"),
-    ("sparkpriv.spark.kmeans", "sparkpriv.io.inputs"),
-    ("sparkpriv.spark.kmeans", "sparkpriv.release"),
-    ("sparkpriv.spark.projection", "sparkpriv.io.inputs"),
     ("sparkpriv.spark.projection", "sparkpriv.release"),
     ("sparkpriv.spark.sparse_projection", "sparkpriv.release"),
 }

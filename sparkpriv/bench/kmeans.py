@@ -100,7 +100,7 @@ def run(*, rows: int, cols: int, k: int, iterations: int, frequencies: int, data
 
 
 def _sparkpriv(df, columns, k, iterations, variant, frequencies) -> list[float]:
-    from sparkpriv.spark.kmeans import release_kmeans
+    from sparkpriv.api import release_kmeans
 
     rel = release_kmeans(df, columns=columns, k=k, epsilon=1.0, delta=1e-6, iterations=iterations,
                          variant=variant, row_bound=50.0, kernel_width=8.0, frequencies=frequencies)

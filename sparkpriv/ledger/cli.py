@@ -1,4 +1,4 @@
-"""``sparkpriv ledger set-budget`` and ``sparkpriv ledger show``.
+"""``sparkpriv ledger set-budget``, ``sparkpriv ledger show`` and ``sparkpriv ledger report``.
 
 Thin: parse, call :mod:`sparkpriv.ledger`, print, return an exit code. Wire it
 into the main parser with::
@@ -23,11 +23,11 @@ from sparkpriv.errors import EXIT_OK, SparkPrivError
 from sparkpriv.ledger import DEFAULT_LEDGER_ENV, DEFAULT_LEDGER_URL, TableStatus, open_ledger
 from sparkpriv.ledger.base import _printable
 
-__all__ = ["add_ledger_subparsers", "cmd_set_budget", "cmd_show", "format_status"]
+__all__ = ["add_ledger_subparsers", "cmd_report", "cmd_set_budget", "cmd_show", "format_status"]
 
 
 def add_ledger_subparsers(commands) -> None:
-    """Add ``set-budget`` and ``show`` to ``commands``, the sub-commands of ``ledger``.
+    """Add ``set-budget``, ``show`` and ``report`` to ``commands``, the sub-commands of ``ledger``.
 
     ``commands`` is what ``add_subparsers()`` of the ``ledger`` parser
     returned. Each leaf sets ``_handler`` (and ``func``) to a handler
@@ -58,6 +58,21 @@ def add_ledger_subparsers(commands) -> None:
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(_handler=cmd_show, func=cmd_show)
 
+    r = commands.add_parser(
+        "report",
+        help="write an HTML report of the ledger for privacy officers",
+        description="Write a self-contained HTML page (no network needed to view it): per table the budget, "
+        "the composed spend after each committed release as a chart with the budget line, every release with "
+        "the guarantee its receipt states, mechanism, output, state and times, and the remaining budget. "
+        "Opens the ledger read-only.",
+    )
+    _add_ledger_option(r)
+    r.add_argument("--output", "-o", required=True, metavar="FILE", help="the HTML file to write, e.g. report.html "
+                   "(replaced if it exists)")
+    r.add_argument("--table-id", action="append", metavar="ID",
+                   help="only this table (repeat for several; default: every table)")
+    r.set_defaults(_handler=cmd_report, func=cmd_report)
+
 
 def _add_ledger_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -75,6 +90,11 @@ def cmd_set_budget(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     """Handler of ``sparkpriv ledger show``; returns the exit code."""
     return _run(_show, args)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Handler of ``sparkpriv ledger report``; returns the exit code."""
+    return _run(_report, args)
 
 
 def _run(command: Callable[[argparse.Namespace, TextIO], int | None], args: argparse.Namespace) -> int:
@@ -131,6 +151,20 @@ def _show(args: argparse.Namespace, out: TextIO) -> int:
     for status in statuses:
         out.write("\n" + format_status(status))
     return code
+
+
+def _report(args: argparse.Namespace, out: TextIO) -> int:
+    """The page is written with every table that can be read; one that cannot is listed on it and on stderr."""
+    from sparkpriv.ledger.report import write_report
+
+    with open_ledger(args.ledger, read_only=True) as ledger:
+        result = write_report(ledger, args.output, args.table_id)
+        url = ledger.url
+    for exc in result.errors:
+        print(f"sparkpriv ledger: error: {exc}", file=sys.stderr)
+    out.write(f"Report of {len(result.tables)} table(s) of ledger {_printable(url)} written to "
+              f"{_printable(result.path)}\n")
+    return result.exit_code
 
 
 def format_status(status: TableStatus) -> str:

@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkpriv.errors import InputError, ParameterError, SchemaError
-from sparkpriv.io.inputs import check_numeric_columns, check_present_columns, schema_fingerprint
+from sparkpriv.spark.schema import check_numeric_columns, check_present_columns, schema_fingerprint
 from sparkpriv.mechanisms import dprp as core
 from sparkpriv.privacy.accounting import epsilon_of
 from sparkpriv.privacy.bounds import ClipCounts

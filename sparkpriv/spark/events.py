@@ -56,7 +56,7 @@ import numpy as np
 import pyarrow as pa
 
 from sparkpriv.errors import ParameterError, SchemaError
-from sparkpriv.io.inputs import schema_fingerprint
+from sparkpriv.spark.schema import schema_fingerprint
 from sparkpriv.mechanisms.sparse import (
     ItemCap,
     Vocabulary,

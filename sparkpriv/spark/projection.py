@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from sparkpriv._validation import Interval, check_param, refuse_row_level_add_remove
 from sparkpriv.errors import ParameterError
-from sparkpriv.io.inputs import check_numeric_columns, check_present_columns, schema_fingerprint
+from sparkpriv.spark.schema import check_numeric_columns, check_present_columns, schema_fingerprint
 from sparkpriv.mechanisms.projection import (
     NOISE_STAGE,
     plan_projection,

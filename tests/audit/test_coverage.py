@@ -142,19 +142,15 @@ def offered_dprp() -> set:
 
 
 def offered_kmeans() -> set:
-    from sparkpriv.mechanisms.kmeans import VARIANTS, release_kmeans_array
+    from sparkpriv.api import release_kmeans
+    from sparkpriv.mechanisms.kmeans import VARIANTS
 
-    has_rel = "neighbors" in inspect.signature(release_kmeans_array).parameters
     out = set()
     for variant in VARIANTS:
         extra = {"kernel_width": 0.5, "frequencies": 4} if variant == "kernel" else {}
         for rel in NEIGHBORS:
-            if not has_rel:
-                ok = rel == "replace-one"
-            else:
-                ok = _accepts(lambda: release_kmeans_array(X, k=2, epsilon=1.0, delta=1e-6, iterations=1,
-                                                           variant=variant, row_bound=1.0, neighbors=rel,
-                                                           **extra))
+            ok = _accepts(lambda: release_kmeans(X, k=2, epsilon=1.0, delta=1e-6, iterations=1,
+                                                 variant=variant, row_bound=1.0, neighbors=rel, **extra))
             if ok:
                 out.add((f"kmeans-{variant}", GAU, rel, "rows"))
     return out

@@ -24,7 +24,6 @@ plan's noise runs ``n`` trials at once.
 
 from __future__ import annotations
 
-import inspect
 
 import numpy as np
 import pytest
@@ -137,10 +136,11 @@ def test_kmeans_accounted_epsilon_within_request(variant, relation):
 
 
 def test_kmeans_offers_replace_one_only():
-    """k-means offers replace-one only (n is public): the numpy API has no other relation,
-    and the Spark API accepts no other value (tests/audit/test_coverage.py probes both)."""
-    assert "neighbors" not in inspect.signature(km.release_kmeans_array).parameters
-    from sparkpriv.spark import kmeans as skm
+    """k-means declares replace-one only (n is public); the one release path refuses the
+    others for both engines (tests/audit/test_coverage.py probes the public function)."""
+    from sparkpriv.mechanisms.protocol import REPLACE_ONE, get_mechanism
 
-    assert inspect.signature(skm.release_kmeans).parameters["neighbors"].default == "replace-one"
+    mech = get_mechanism("kmeans")
+    assert mech.neighbors == (REPLACE_ONE,)
+    assert [s.default for s in mech.specs() if s.name == "neighbors"] == ["replace-one"]
 

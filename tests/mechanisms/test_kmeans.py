@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from dp_accounting import dp_event
 
+from sparkpriv.api import release_kmeans
 from sparkpriv.errors import ParameterError
 from sparkpriv.mechanisms import kmeans as km
 from sparkpriv.mechanisms.kmeans_model import KMeansModel
@@ -179,7 +180,7 @@ def test_grid_admits_large_counts():
 @pytest.mark.parametrize("variant", ["linear", "kernel"])
 def test_release_recovers_separated_blobs(variant):
     X, y = _blobs(n=6000, d=4, k=3, sep=8.0)
-    r = km.release_kmeans_array(X, k=3, epsilon=2.0, delta=1e-5, iterations=6, variant=variant,
+    r = release_kmeans(X, k=3, epsilon=2.0, delta=1e-5, iterations=6, variant=variant,
                                 row_bound=40.0, kernel_width=4.0, frequencies=32,
                                 init=X[[np.flatnonzero(y == j)[0] for j in range(3)]] + 0.5)
     acc = km.clustering_accuracy(y, r.model.predict(X))
@@ -194,10 +195,10 @@ def test_determinism_with_the_test_seed(test_seed):
                 kernel_width=3.0, frequencies=16)
     from sparkpriv.privacy import random as sprandom
 
-    a = km.release_kmeans_array(X, **args).model
+    a = release_kmeans(X, **args).model
     sprandom.reset_test_counter()
-    b = km.release_kmeans_array(X, **args).model
-    c = km.release_kmeans_array(X, **args).model  # counter moved on: new secrets
+    b = release_kmeans(X, **args).model
+    c = release_kmeans(X, **args).model  # counter moved on: new secrets
     np.testing.assert_array_equal(a.centers, b.centers)
     np.testing.assert_array_equal(a.W, b.W)
     assert not np.array_equal(a.centers, c.centers)
@@ -205,7 +206,7 @@ def test_determinism_with_the_test_seed(test_seed):
 
 def test_model_save_load_predict(tmp_path):
     X, y = _blobs()
-    r = km.release_kmeans_array(X, k=3, epsilon=1.0, delta=1e-5, iterations=3, variant="kernel",
+    r = release_kmeans(X, k=3, epsilon=1.0, delta=1e-5, iterations=3, variant="kernel",
                                 lower=[-30] * 4, upper=[30] * 4, kernel_width=3.0, frequencies=16)
     m = r.model
     p = tmp_path / "m.json"
@@ -233,7 +234,7 @@ def test_model_save_load_predict(tmp_path):
 
 def test_a_format_1_model_file_still_loads_and_uses_every_cluster(tmp_path):
     X, _ = _blobs()
-    m = km.release_kmeans_array(X, k=3, epsilon=1.0, delta=1e-5, iterations=2, variant="linear",
+    m = release_kmeans(X, k=3, epsilon=1.0, delta=1e-5, iterations=2, variant="linear",
                                 row_bound=30.0).model
     old = {key: m.to_dict()[key] for key in ("variant", "k", "centers", "counts", "bounds",
                                              "kernel_width", "W", "feature_centers")}
@@ -272,7 +273,7 @@ def test_errors(kw, msg):
                 kernel_width=1.0, frequencies=8)
     args.update(kw)
     with pytest.raises(ParameterError, match=msg):
-        km.release_kmeans_array(X, **args)
+        release_kmeans(X, **args)
 
 
 def test_importing_the_core_does_not_import_pyspark():
@@ -317,7 +318,7 @@ def _three_blobs(n=900):
 
 def _release_blobs(variant, epsilon, k, **kw):
     X, y = _three_blobs()
-    r = km.release_kmeans_array(X, k=k, epsilon=epsilon, delta=1e-5, iterations=3, variant=variant,
+    r = release_kmeans(X, k=k, epsilon=epsilon, delta=1e-5, iterations=3, variant=variant,
                                 lower=[-4.0] * 2, upper=[4.0] * 2, kernel_width=1.5, frequencies=16,
                                 **kw)
     return X, y, r
@@ -358,14 +359,14 @@ def test_predict_never_assigns_to_an_unreliable_cluster(variant, epsilon, test_s
     for s in range(test_seed, test_seed + 40):
         with insecure_fixed_seed(s):
             X, _, r = _release_blobs(variant, epsilon, 4)
-        m, plan = r.model, r.plan
+        m, gdp = r.model, r.public["gdp"]
         # independent: the noise std of a released size from the closed form 2 / mu (sensitivity
         # 2C on the scaled vector (C n_j, S_j), sigma = 2C / mu, sizes divided by C)
-        mu = plan.mu_iter if variant == "linear" else plan.mu_final
+        mu = gdp["mu_per_iteration"] if variant == "linear" else gdp["mu_final"]
         std = 2.0 / mu
         flagged = set(np.flatnonzero(m.counts < 3 * std).tolist())
         if variant == "kernel":  # the feature centres predict uses: the last iteration's sizes
-            flagged |= set(np.flatnonzero(np.asarray(r.history[-1]) < 3 * 2.0 / plan.mu_iter).tolist())
+            flagged |= set(np.flatnonzero(np.asarray(r.history[-1]) < 3 * 2.0 / gdp["mu_per_iteration"]).tolist())
         if 1 <= len(flagged) < 4:
             break
     assert 1 <= len(flagged) < 4, "no seed in 40 gave a partly unreliable model"
@@ -375,7 +376,7 @@ def test_predict_never_assigns_to_an_unreliable_cluster(variant, epsilon, test_s
     assert set(m.unreliable) == flagged
     assert m.count_std == pytest.approx(std, rel=1e-6)
     if variant == "kernel":
-        assert m.feature_count_std == pytest.approx(2.0 / plan.mu_iter, rel=1e-6)
+        assert m.feature_count_std == pytest.approx(2.0 / gdp["mu_per_iteration"], rel=1e-6)
     # asked for: the nearest of all centres, unreliable ones included (independent recomputation)
     Z, _, _ = m.feature_map().features(X)
     ref = np.argmin(((Z[:, None, :] - m.assignment_centers()[None]) ** 2).sum(-1), axis=1)
@@ -393,7 +394,7 @@ def test_every_cluster_unreliable_is_a_clear_error_unless_asked(test_seed):
     X, _ = _blobs(n=900, d=2, k=3)
     # epsilon 0.0025: the size noise std (about 2,300) dwarfs every cluster, even one holding all
     # 900 rows (0.4 std): a cluster escapes the flag only with noise above 2.6 stds
-    m = km.release_kmeans_array(X, k=3, epsilon=0.0025, delta=1e-5, iterations=2, variant="linear",
+    m = release_kmeans(X, k=3, epsilon=0.0025, delta=1e-5, iterations=2, variant="linear",
                                 row_bound=20.0).model
     assert m.count_std > 2000
     assert m.unreliable == (0, 1, 2) and not m.reliable.any()
@@ -409,7 +410,7 @@ def test_uncertainty_accessor_matches_the_noise_of_repeated_releases():
     init = np.array([[-3.0, -3.0], [3.0, 3.0]])
     counts, centres = [], []
     for _ in range(300):
-        m = km.release_kmeans_array(X, k=2, epsilon=2.0, delta=1e-5, iterations=1, variant="linear",
+        m = release_kmeans(X, k=2, epsilon=2.0, delta=1e-5, iterations=1, variant="linear",
                                     row_bound=6.0, init=init).model
         counts.append(m.counts)
         centres.append(m.centers)
@@ -475,3 +476,29 @@ def test_brute_force_sensitivity_never_exceeds_the_calibration(variant, bounds):
         replace, add = _grid_pairs_max(fmap, Zg, values_of="inputs", scale=cx)
         assert replace <= plan.final_noise.sensitivity * (1 + 1e-12)
         assert add <= math.sqrt(2) * cx * (1 + 1e-12)
+
+
+def test_stated_uncertainty_covers_95_percent_by_simulation():
+    """The release's stated size std and centre std give 95% intervals that cover the truth in
+    93-97% of simulated noise draws (the driver step the release runs, fixed true statistics)."""
+    X, _ = _blobs(n=6000, d=4, k=3, sep=8.0)
+    r = release_kmeans(X, k=3, epsilon=1.0, delta=1e-5, iterations=2, variant="linear", row_bound=40.0)
+    u = r.uncertainty()
+    assert u == r.receipt()["mechanism_details"]["uncertainty"]
+    plan = km.plan_kmeans(km.make_feature_map("linear", Bounds(4, None, None, 40.0)), k=3, epsilon=1.0,
+                          delta=1e-5, iterations=2)
+    assert u["count_std"] == pytest.approx(plan.count_std, rel=1e-12)
+    # true statistics of one assignment: sizes and sums of the clipped rows
+    lab = np.argmin(((X[:, None, :] - r.model.centers[None]) ** 2).sum(-1), axis=1)
+    n_true = np.bincount(lab, minlength=3).astype(float)
+    S_true = np.stack([X[lab == j].sum(0) for j in range(3)])
+    stats = np.hstack([n_true[:, None], S_true]).ravel()
+    mean_true = S_true / n_true[:, None]
+    trials, hit_n, hit_c = 1000, 0, 0
+    for t in range(trials):
+        c, n = km.noisy_update(stats, plan.iter_noise, plan.feature_bound, 3, np.random.default_rng(t))
+        hit_n += np.sum(np.abs(n - n_true) <= 1.96 * plan.count_std)
+        cstd = np.sqrt(plan.iter_noise.std ** 2 + mean_true ** 2 * plan.count_std ** 2) / n_true[:, None]
+        hit_c += np.sum(np.abs(c - mean_true) <= 1.96 * cstd)
+    assert 0.93 <= hit_n / (3 * trials) <= 0.97
+    assert 0.93 <= hit_c / (3 * 4 * trials) <= 0.97

@@ -16,7 +16,7 @@ resource.setrlimit(resource.RLIMIT_AS, (2 * 1024 ** 3, 2 * 1024 ** 3))
 import numpy as np
 from dp_accounting import dp_event as ev
 from sparkpriv.privacy.accounting import epsilon_of
-from sparkpriv.mechanisms.kmeans import release_kmeans_array
+from sparkpriv.api import release_kmeans_array
 
 eps = epsilon_of(ev.SelfComposedDpEvent(ev.GaussianDpEvent(1e-3), 5), 1e-5)
 assert 1e3 < eps < 1e9, eps

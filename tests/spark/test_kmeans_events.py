@@ -10,8 +10,8 @@ from sparkpriv.errors import ParameterError
 from sparkpriv.mechanisms import kmeans as km
 from sparkpriv.mechanisms.sparse import densify_rows, sparse_rows_from_lists
 from sparkpriv.privacy.bounds import Bounds
-from sparkpriv.spark import kmeans as skm
-from sparkpriv.spark.batches import map_batches, sum_partials
+from sparkpriv.api import release_kmeans
+from sparkpriv.spark.engine import SparkEngine
 from sparkpriv.spark.events import bound_contributions
 
 pytestmark = pytest.mark.spark
@@ -51,16 +51,15 @@ def test_sparse_features_and_sums_on_spark_equal_dense_numpy_before_noise(spark,
     fmap = km.make_feature_map("kernel", Bounds(d, (0.0,) * d, (1.0,) * d, L ** 0.5), kernel_width=1.5,
                                frequencies=8, seed=3)
     centres = km.initial_centres(fmap, K, np.random.default_rng(1))
-    blocks = map_batches(recs.grouped, skm._records_feature_blocks_fn(fmap, recs.record_fn()),
-                         skm._blocks_schema())
-    cache = skm._FeatureCache(blocks, fmap.dim)
+    engine = SparkEngine()
+    src = engine.open(recs, columns=None, fill=None, caller="t")
+    cache = engine.cache(src, km._features_fn(fmap, None), fmap.dim)
     try:
-        got = cache.stats(centres, K * (fmap.dim + 1)).reshape(K, -1)
+        got = cache.aggregate(km._stats_fn(centres), K * (fmap.dim + 1)).reshape(K, -1)
         assert cache.rows == 240
     finally:
         cache.release()
-    fin = sum_partials(recs.grouped, skm._records_input_stats_fn(fmap, centres, recs.record_fn(), d),
-                       K * (d + 1)).reshape(K, -1)
+    fin = engine.aggregate(src, km._input_stats_fn(fmap, centres), K * (d + 1)).reshape(K, -1)
     # independent numpy on the densified records: explicit cos/sin features, loop per cluster
     X = _dense(recs)
     assert X.shape == (240, d) and X.sum(axis=1).max() <= L
@@ -78,7 +77,7 @@ def test_release_kmeans_of_event_records(spark, events, tmp_path, test_seed):
     init = np.zeros((K, D_VOC))  # a PUBLIC sample: one point per area (random domain points can
     for j in range(K):           # merge two areas, as docs/kmeans.md shows for blobs)
         init[j, j * 10:j * 10 + 2] = 1.0
-    rel = skm.release_kmeans(recs, k=K, epsilon=8.0, delta=1e-5, iterations=5, kernel_width=1.5,
+    rel = release_kmeans(recs, k=K, epsilon=8.0, delta=1e-5, iterations=5, kernel_width=1.5,
                              frequencies=32, init=init)
     out = str(tmp_path / "rel")
     report = str(tmp_path / "owner.json")
@@ -100,11 +99,11 @@ def test_release_kmeans_of_event_records(spark, events, tmp_path, test_seed):
 def test_event_records_errors(spark, events):
     recs = _records(events)
     with pytest.raises(ParameterError, match="must be 'kernel' for bounded event records"):
-        skm.release_kmeans(recs, k=K, epsilon=1.0, delta=1e-5, variant="linear")
+        release_kmeans(recs, k=K, epsilon=1.0, delta=1e-5, variant="linear")
     with pytest.raises(ParameterError, match="'row_bound'.* do not apply to bounded event records"):
-        skm.release_kmeans(recs, k=K, epsilon=1.0, delta=1e-5, kernel_width=1.0, row_bound=2.0)
+        release_kmeans(recs, k=K, epsilon=1.0, delta=1e-5, kernel_width=1.0, row_bound=2.0)
     with pytest.raises(ParameterError, match="'columns' parameter of release_kmeans is required"):
-        skm.release_kmeans(events, k=K, epsilon=1.0, delta=1e-5, kernel_width=1.0)
+        release_kmeans(events, k=K, epsilon=1.0, delta=1e-5, kernel_width=1.0)
 
 
 def test_cli_release_kmeans_from_events(spark, events, tmp_path):

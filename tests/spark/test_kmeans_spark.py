@@ -13,9 +13,9 @@ from sparkpriv.mechanisms.kmeans_model import MODEL_FILE, KMeansModel
 from sparkpriv.privacy.accounting import epsilon_of
 from sparkpriv.privacy.bounds import Bounds
 from sparkpriv.privacy.calibration import gdp_epsilon_delta, gdp_mu_for
-from sparkpriv.spark import kmeans as skm
+from sparkpriv.api import release_kmeans
+from sparkpriv.spark.engine import SparkEngine, _Cache
 from sparkpriv.spark.kmeans import assign_clusters
-from sparkpriv.spark.batches import map_batches, sum_partials
 
 pytestmark = pytest.mark.spark
 
@@ -48,9 +48,8 @@ def test_spark_counts_and_sums_equal_numpy_before_noise(spark, table, variant):
     fmap = km.make_feature_map(variant, Bounds(D, (-8.0,) * D, (8.0,) * D, row_bound=12.0),
                                kernel_width=3.0, frequencies=8, seed=5)
     centres = km.initial_centres(fmap, K, np.random.default_rng(3))
-    blocks = map_batches(df.select(*_cols()), skm._feature_blocks_fn(fmap, _cols(), None, None),
-                         skm._blocks_schema())
-    got = sum_partials(blocks, skm._block_stats_fn(centres, fmap.dim), K * (fmap.dim + 1))
+    engine = SparkEngine()
+    src = engine.open(df.select(*_cols()), columns=_cols(), fill=None, caller="t")
     # independent numpy: clip, features, explicit per-cluster loop on the whole table
     X = pdf[_cols()].to_numpy()
     Xc = np.clip(X, -8, 8)
@@ -66,19 +65,28 @@ def test_spark_counts_and_sums_equal_numpy_before_noise(spark, table, variant):
     for j in range(K):
         ref[j, 0] = np.sum(lab == j)
         ref[j, 1:] = Z[lab == j].sum(axis=0)
-    # the iteration cache of a release: a serialized Python RDD of block bytes (classic Spark)
-    cache = skm._FeatureCache(blocks, fmap.dim)
+    # the iteration cache of a release: a serialized Python RDD of block bytes (classic Spark),
+    # and the cached DataFrame of blocks (the Spark Connect path)
+    cache = engine.cache(src, km._features_fn(fmap, None), fmap.dim)
     try:
         assert cache.rdd is not None and cache.rows == N
-        via_cache = cache.stats(centres, K * (fmap.dim + 1))
+        via_cache = cache.aggregate(km._stats_fn(centres), K * (fmap.dim + 1))
+        blocks_df = spark.createDataFrame(cache.rdd.map(lambda b: (b, len(b) // (8 * fmap.dim))),
+                                          "z binary, rows long")
     finally:
         cache.release()
+    df_cache = _Cache(fmap.dim, df=blocks_df)
+    try:
+        assert df_cache.rows == N
+        got = df_cache.aggregate(km._stats_fn(centres), K * (fmap.dim + 1))
+    finally:
+        df_cache.release()
     for g in (got, via_cache):  # the DataFrame path (Spark Connect) and the RDD path
         g = g.reshape(K, -1)
         np.testing.assert_array_equal(g[:, 0], ref[:, 0])
         np.testing.assert_allclose(g[:, 1:], ref[:, 1:], rtol=1e-10, atol=1e-9)
     # the final step's input sums too
-    fin = sum_partials(df.select(*_cols()), skm._input_stats_fn(fmap, centres, _cols(), None), K * (D + 1))
+    fin = engine.aggregate(src, km._input_stats_fn(fmap, centres), K * (D + 1))
     ref_in = np.zeros((K, D + 1))
     for j in range(K):
         ref_in[j, 0] = np.sum(lab == j)
@@ -97,9 +105,9 @@ def test_release_noise_once_per_iteration_on_the_driver(spark, table, monkeypatc
         return real(values, noise, rng, **kw)
 
     monkeypatch.setattr(km._noise, "add_noise", counting)  # runs on the driver only
-    caplog.set_level("INFO", logger="sparkpriv.spark.kmeans")
+    caplog.set_level("INFO", logger="sparkpriv.kmeans")
     T = 4
-    rel = skm.release_kmeans(df, columns=_cols(), k=K, epsilon=4.0, delta=1e-5, iterations=T,
+    rel = release_kmeans(df, columns=_cols(), k=K, epsilon=4.0, delta=1e-5, iterations=T,
                              variant="kernel", row_bound=30.0, kernel_width=4.0, frequencies=16)
     assert calls == [K * (32 + 1)] * T + [K * (D + 1)]
     lines = [r.getMessage() for r in caplog.records if "kmeans iteration" in r.getMessage()]
@@ -116,11 +124,11 @@ def test_release_write_model_receipt_and_determinism(spark, table, tmp_path, tes
     df, path, X, _, _ = table
     args = dict(columns=_cols(), k=K, epsilon=2.0, delta=1e-5, iterations=2, variant="kernel",
                 lower=[-20.0] * D, upper=[20.0] * D, kernel_width=4.0, frequencies=8, source=path)
-    rel = skm.release_kmeans(df, **args)
+    rel = release_kmeans(df, **args)
     from sparkpriv.privacy import random as sprandom
 
     sprandom.reset_test_counter()
-    rel2 = skm.release_kmeans(df, **args)
+    rel2 = release_kmeans(df, **args)
     np.testing.assert_array_equal(rel.model.centers, rel2.model.centers)
     np.testing.assert_array_equal(rel.model.feature_centers, rel2.model.feature_centers)
     out = rel.write(str(tmp_path / "rel"))
@@ -155,7 +163,7 @@ def test_small_epsilon_release_projects_clamps_and_flags(spark, table, tmp_path,
     # [-8, 8]^4 and negative sizes; predict/assign used the noise centres
     df, _, X, _, _ = table
     k = 8
-    rel = skm.release_kmeans(df, columns=_cols(), k=k, epsilon=0.3, delta=1e-5, iterations=2,
+    rel = release_kmeans(df, columns=_cols(), k=k, epsilon=0.3, delta=1e-5, iterations=2,
                              variant="linear", lower=[-8.0] * D, upper=[8.0] * D)
     m = rel.model
     assert np.all(np.abs(m.centers) <= 8.0) and np.all(m.counts >= 0.0)
@@ -214,11 +222,11 @@ def test_errors(spark, table, kw, err, msg):
                 row_bound=10.0, kernel_width=1.0, frequencies=4)
     args.update(kw)
     with pytest.raises(err, match=msg):
-        skm.release_kmeans(df, **args)
+        release_kmeans(df, **args)
 
 
 def test_nan_input_is_named(spark):
     df = spark.createDataFrame([(1.0, 1.0)] * 20 + [(float("nan"), 2.0)], "a double, b double")
     with pytest.raises(InputError, match="column 'a' has NaN"):
-        skm.release_kmeans(df, columns=["a", "b"], k=2, epsilon=1.0, delta=1e-5, iterations=1,
+        release_kmeans(df, columns=["a", "b"], k=2, epsilon=1.0, delta=1e-5, iterations=1,
                            variant="linear", row_bound=3.0)

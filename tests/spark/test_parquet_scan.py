@@ -133,25 +133,27 @@ def test_release_is_the_same_whichever_pass_reads_the_input(spark, dataset, test
 def test_kmeans_feature_cache_and_final_pass_scan_directly(spark, dataset, caplog):
     from sparkpriv.mechanisms import kmeans as km
     from sparkpriv.privacy.bounds import Bounds
-    from sparkpriv.spark import kmeans as skm
+    from sparkpriv.spark.engine import SparkEngine
 
     path, pdf = dataset
     df = read_table(spark, path)
     fmap = km.make_feature_map("linear", Bounds(3, tuple(LOWER), tuple(UPPER), 60.0))
     centres = km.initial_centres(fmap, 3, np.random.default_rng(6))
     size, size_in = 3 * (fmap.dim + 1), 3 * (3 + 1)
-    caplog.set_level("INFO", logger="sparkpriv.spark.kmeans")
-    direct = skm._TableInput(df, COLS, LOWER, UPPER, 60.0, None, "t")
-    arrow = skm._TableInput(df.select(*df.columns), COLS, LOWER, UPPER, 60.0, None, "t")
+    caplog.set_level("INFO", logger="sparkpriv.spark.engine")
+    engine = SparkEngine()
+    direct = engine.open(df, columns=COLS, fill=None, caller="t")
+    arrow = engine.open(df.select(*df.columns), columns=COLS, fill=None, caller="t")
     got = {}
-    for name, inp in (("direct", direct), ("arrow", arrow)):
-        cache = inp.feature_cache(fmap, None, fmap.dim)
+    for name, src in (("direct", direct), ("arrow", arrow)):
+        cache = engine.cache(src, km._features_fn(fmap, None), fmap.dim)
         try:
             assert cache.rows == len(pdf)
-            got[name] = (cache.stats(centres, size), inp.input_stats(fmap, centres, size_in))
+            got[name] = (cache.aggregate(km._stats_fn(centres), size),
+                         engine.aggregate(src, km._input_stats_fn(fmap, centres), size_in))
         finally:
             cache.release()
-    assert any("kmeans features: direct Arrow scan" in r.getMessage() for r in caplog.records)
+    assert any("features: direct Arrow scan" in r.getMessage() for r in caplog.records)
     for a, b in zip(got["direct"], got["arrow"]):
         np.testing.assert_allclose(a, b, rtol=1e-12)
     # independent numpy: clip to the box (norms stay below 51: the bound 60 does not bind)

@@ -1,0 +1,213 @@
+"""The contract every registered mechanism passes, on both engines (issue: one release path).
+
+For each mechanism of :func:`sparkpriv.mechanisms.protocol.registered` a CASE
+below gives small data and parameters. A mechanism without a case fails
+``test_every_registered_mechanism_has_a_case``: registering a mechanism makes
+this suite fail until it is covered; nothing here is skipped.
+
+Checked for each: the Spark and the local engine give the same release for the
+same test seed (same noise draws: the results agree to float summation order);
+the receipt states the mechanism, a guarantee no larger than the request, the
+events and the parameters; bad parameters are refused before any value of the
+input is read; the write is atomic; the ledger reserves before reading, commits
+on a write and releases the reservation when the run fails; no secret (any
+seed drawn by the release, as bytes or digits) is in the published files or
+the logs; an audit test covers the mechanism.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from sparkpriv.api import release
+from sparkpriv.errors import InputError, ParameterError
+from sparkpriv.mechanisms.protocol import registered
+from sparkpriv.privacy import random as sprandom
+
+
+@dataclass
+class Case:
+    data: Callable[[], np.ndarray]       # an (n, d) float array, the table's columns c0..c{d-1}
+    params: dict                          # valid parameters (columns are added per engine)
+    bad: dict                             # one invalid parameter value
+    compare: Callable                     # (release_a, release_b) -> None: equal up to float order
+
+
+def _blobs(n=1200, seed=1):
+    rng = np.random.default_rng(seed)
+    centres = np.array([[-6.0, 0.0, 1.0], [6.0, 1.0, -1.0], [0.0, 7.0, 0.0]])
+    return centres[rng.integers(0, 3, n)] + rng.standard_normal((n, 3))
+
+
+def _same_kmeans(a, b):
+    np.testing.assert_allclose(a.model.centers, b.model.centers, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(a.model.counts, b.model.counts, rtol=1e-7, atol=1e-9)
+    assert a.model.unreliable == b.model.unreliable
+
+
+CASES = {
+    "kmeans": Case(_blobs, dict(k=3, epsilon=2.0, delta=1e-5, iterations=3, variant="kernel",
+                                lower=[-12.0] * 3, upper=[12.0] * 3, kernel_width=4.0, frequencies=8),
+                   {"k": 1}, _same_kmeans),
+}
+
+
+def _cols(X):
+    return [f"c{j}" for j in range(X.shape[1])]
+
+
+def _arrow(X):
+    return pa.table({c: X[:, j] for j, c in enumerate(_cols(X))})
+
+
+MECHANISMS = sorted(registered())
+
+
+def test_every_registered_mechanism_has_a_case():
+    assert sorted(CASES) == MECHANISMS, "a registered mechanism has no contract case: add one to CASES"
+
+
+def test_every_registered_mechanism_is_audited():
+    from tests.audit.test_coverage import CLI_MECHANISMS, FUNCTIONS
+
+    for name in MECHANISMS:
+        assert name in CLI_MECHANISMS and f"release_{name}" in FUNCTIONS, (
+            f"{name}: tests/audit/test_coverage.py does not map it to its audited mechanisms")
+
+
+@pytest.mark.parametrize("name", MECHANISMS)
+def test_spark_and_local_engines_agree(name, spark):
+    case = CASES[name]
+    X = case.data()
+    df = spark.createDataFrame(_arrow(X).to_pandas()).coalesce(1)  # one partition: the local engine's
+    with sprandom.insecure_fixed_seed(4242):
+        a = release(name, _arrow(X), columns=_cols(X), **case.params)
+    with sprandom.insecure_fixed_seed(4242):
+        b = release(name, df, columns=_cols(X), **case.params)
+    assert (a.engine, b.engine) == ("local", "spark")
+    case.compare(a, b)
+    assert a.events == b.events and a.epsilon == b.epsilon and a.delta == b.delta
+    ra, rb = a.receipt(), b.receipt()
+    for key in ("mechanism", "guarantee", "events"):
+        assert json.dumps(ra[key], sort_keys=True) == json.dumps(rb[key], sort_keys=True)
+    # the details hold the same facts (released values agree to float order, compared above)
+    assert sorted(ra["mechanism_details"]) == sorted(rb["mechanism_details"])
+    assert ra["mechanism_details"]["parameters"] == rb["mechanism_details"]["parameters"]
+    assert ra["output"]["schema"] and [f["name"] for f in ra["output"]["schema"]] == \
+        [f["name"] for f in rb["output"]["schema"]]
+
+
+@pytest.mark.parametrize("name", MECHANISMS)
+def test_receipt_states_what_was_spent(name):
+    case = CASES[name]
+    X = case.data()
+    rel = release(name, X, **case.params)
+    r = rel.receipt()
+    assert r["mechanism"] == name and r["guarantee"]["holds"] is True
+    assert r["guarantee"]["epsilon"] <= case.params["epsilon"]
+    assert r["guarantee"]["delta"] == case.params.get("delta", 0.0)
+    assert r["guarantee"]["neighbors"] and r["guarantee"]["protects"]
+    from sparkpriv.privacy.accounting import epsilon_of
+
+    assert epsilon_of(rel.events, rel.delta) == pytest.approx(rel.epsilon, rel=1e-12)
+    params = r["mechanism_details"]["parameters"]
+    for k, v in case.params.items():
+        if isinstance(v, (int, float, str)):
+            assert params[k] == v
+
+
+@pytest.mark.parametrize("name", MECHANISMS)
+def test_bad_parameters_refused_before_any_value_is_read(name, spark):
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import DoubleType
+
+    case = CASES[name]
+    X = case.data()
+
+    @F.udf(DoubleType())
+    def explode(v):
+        raise RuntimeError("a value of the input was read")
+
+    df = spark.createDataFrame(_arrow(X).to_pandas())
+    df = df.select(*[explode(F.col(c)).alias(c) for c in _cols(X)])
+    for bad in (case.bad, {"no_such_parameter": 1}, {"neighbors": "add-remove"}, {"epsilon": -1.0}):
+        with pytest.raises(ParameterError):
+            release(name, df, columns=_cols(X), **dict(case.params, **bad))
+    Xn = X.copy()
+    Xn[0, 0] = np.nan  # read only by the run: refusals of bad parameters come first
+    with pytest.raises(ParameterError):
+        release(name, Xn, **dict(case.params, **case.bad))
+    with pytest.raises(InputError):
+        release(name, Xn, **case.params)
+
+
+@pytest.mark.parametrize("name", MECHANISMS)
+@pytest.mark.parametrize("engine", ["local", "spark"])
+def test_ledger_atomic_write_and_no_secrets(name, engine, spark, tmp_path, caplog, monkeypatch):
+    from sparkpriv.ledger import open_ledger
+
+    case = CASES[name]
+    X = case.data()
+    data = X if engine == "local" else spark.createDataFrame(_arrow(X).to_pandas())
+    extra = {} if engine == "local" else {"columns": _cols(X)}
+    url = f"sqlite:///{tmp_path}/ledger.sqlite"
+    with open_ledger(url) as led:
+        led.set_budget("t", epsilon=100.0, delta=1e-3)
+    seeds = []
+    real = sprandom.new_secret_seed
+
+    def recording(purpose):
+        s = real(purpose)
+        seeds.append(s)
+        return s
+
+    monkeypatch.setattr(sprandom, "new_secret_seed", recording)
+    for mod in list(__import__("sys").modules.values()):  # modules that imported the name
+        if getattr(mod, "new_secret_seed", None) is real and mod.__name__.startswith("sparkpriv"):
+            monkeypatch.setattr(mod, "new_secret_seed", recording)
+    caplog.set_level("DEBUG")
+
+    # a run that fails (a NaN in the data, read only by the run) releases its reservation
+    Xn = X.copy()
+    Xn[3, 1] = np.nan
+    bad_data = Xn if engine == "local" else spark.createDataFrame(_arrow(Xn).to_pandas())
+    with pytest.raises(InputError):
+        release(name, bad_data, ledger=url, table_id="t", **extra, **case.params)
+
+    rel = release(name, data, ledger=url, table_id="t", **extra, **case.params)
+    out = tmp_path / "out"
+    # a failed publish leaves nothing and releases the reservation
+    out.mkdir()
+    (out / "keep.txt").write_text("an existing output")
+    from sparkpriv.errors import OutputExistsError
+
+    with pytest.raises(OutputExistsError):
+        rel.write(str(out))
+    assert os.listdir(out) == ["keep.txt"]
+    rel2 = release(name, data, ledger=url, table_id="t", **extra, **case.params)
+    written = rel2.write(str(tmp_path / "published"))
+    assert written.endswith("published")
+    with open_ledger(url) as led:
+        states = sorted(e["state"] for e in led.status("t").entries)
+    assert states == ["aborted", "aborted", "committed"]
+    assert not [f for f in os.listdir(tmp_path) if "staging" in f]
+    assert seeds, "the release drew no secret seed through new_secret_seed"
+    blobs = []
+    for root, _, names in os.walk(tmp_path / "published"):
+        for n in names:
+            with open(os.path.join(root, n), "rb") as f:
+                blobs.append(f.read())
+    blobs.append("\n".join(r.getMessage() for r in caplog.records).encode())
+    blobs.append(repr(rel2).encode())
+    for s in seeds:
+        needles = [s.to_bytes(16, "little"), s.to_bytes(16, "big"), str(s).encode(), hex(s).encode()]
+        for blob in blobs:
+            for needle in needles:
+                assert needle not in blob, "a secret seed appears in the output, the logs or the repr"
