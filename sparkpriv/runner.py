@@ -398,6 +398,21 @@ register_protocol("kmeans", adapt=_kmeans_adapt, extra=(
 ))
 
 
+def _counts_adapt(cfg: ReleaseConfig, params: dict) -> dict:
+    """The key domain of the records: the declared vocabulary of --item-col."""
+    if not cfg.get("events"):
+        raise ParameterError("sparkpriv release counts reads an event table: give --events with "
+                             "--person-col, --item-col, --vocabulary and --max-items.")
+    if cfg.get("item_col") and cfg.get("vocabulary"):
+        from sparkpriv.mechanisms.counts import KeyDomain
+
+        params["domain"] = KeyDomain.product(cfg.get("item_col"), cfg.get("vocabulary"))
+    return params
+
+
+register_protocol("counts", adapt=_counts_adapt)
+
+
 def _legacy_table(options) -> str:
     rows = ["| option | TOML key | type | default | meaning |", "|---|---|---|---|---|"]
     for o in options:

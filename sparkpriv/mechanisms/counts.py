@@ -543,3 +543,121 @@ def finalize_counts(counts: np.ndarray, plan: CountsPlan, rng: np.random.Generat
         lo = np.maximum(lo, 0.0)
         hi = np.maximum(hi, 0.0)
     return CountsResult(value, np.full(value.shape, plan.std), lo, hi)
+
+
+# --------------------------------------------------------------------------- the mechanism (protocol)
+
+from sparkpriv.mechanisms import protocol as _p  # noqa: E402
+from sparkpriv.privacy.random import new_secret_seed, stream  # noqa: E402
+
+
+@dataclass(frozen=True, kw_only=True)
+class CountsReleaseParams(_p.Params):
+    """Public parameters of a counts release of bounded event records (the bound ``L``, ``c``
+    comes from the records: ``max_items`` and ``max_events_per_item`` of the bounding)."""
+
+    epsilon: float = _p.option(help="epsilon of the release (the accounted epsilon never exceeds it)",
+                               constraints=[_POS])
+    delta: float = _p.option(0.0, help="delta: 0 with discrete_laplace (pure epsilon), > 0 with "
+                             "discrete_gaussian", constraints=[Interval("real", 0, 1, "left")])
+    noise: str = _p.option("discrete_laplace", help="discrete_laplace (L1 sensitivity L c) or "
+                           "discrete_gaussian (L2 sensitivity c sqrt(L))", constraints=[Options(NOISE_KINDS)])
+    neighbors: str = _p.option("add-remove", help="neighbour relation: add-remove (a person added or "
+                               "removed) or replace-one (twice the L1 sensitivity)", kind="neighbors")
+    clamp: bool = _p.option(False, help="post-processing: negative noisy counts (and interval ends) become 0",
+                            constraints=[bool])
+    round: bool = _p.option(False, help="post-processing: noisy counts rounded to integers",
+                            constraints=[bool])
+    confidence: float = _p.option(0.95, help="coverage of the stated interval per key",
+                                  constraints=[Interval("real", 0, 1, "neither")])
+    domain: object = _p.option(None, help="the PUBLIC KeyDomain of the records' item indices (its key "
+                               "columns name the output; default: the vocabulary index as 'item_index')",
+                               kind="object", recorded=False)
+
+    def check(self, caller: str) -> None:
+        if self.noise == "discrete_gaussian" and not self.delta > 0:
+            raise ParameterError(f"The 'delta' parameter of {caller} must be > 0 with noise='discrete_gaussian'. "
+                                 "Give e.g. delta=1e-6, or use noise='discrete_laplace' (pure epsilon).")
+        if self.noise == "discrete_laplace" and self.delta != 0:
+            raise ParameterError(f"The 'delta' parameter of {caller} must be 0 with noise='discrete_laplace' "
+                                 f"(pure epsilon). Got {self.delta!r}; use noise='discrete_gaussian' for "
+                                 "an (epsilon, delta) release.")
+        if self.domain is not None and not isinstance(self.domain, KeyDomain):
+            raise ParameterError(f"The 'domain' parameter of {caller} must be a KeyDomain. "
+                                 f"Got {type(self.domain).__name__}.")
+
+
+@dataclass
+class _CountsState:
+    plan: CountsPlan
+    domain: KeyDomain | None
+
+
+def _totals_fn(d: int):
+    """Block of bounded records -> per-key totals (float64, exact for integers below 2^53)."""
+
+    def totals(block):
+        idx = np.asarray(block.indices, np.int64)
+        if block.values is None:
+            return np.bincount(idx, minlength=d).astype(np.float64)
+        return np.bincount(idx, weights=np.asarray(block.values, np.float64), minlength=d)
+
+    return totals
+
+
+class Counts(_p.Mechanism):
+    """DP counts per public key of bounded event records: every key of the domain, noised once."""
+
+    name = "counts"
+    title = "DP counts per key"
+    summary = ("DP counts per public key of an event table (distinct people, or capped events, per "
+               "tower / station / pair); every key of the domain gets a noisy value and its interval")
+    Params = CountsReleaseParams
+    neighbors = (_p.ADD_REMOVE, _p.REPLACE_ONE)
+    refused_neighbors = {"element": "it protects whole people, not single attributes"}
+    inputs = ("records",)
+    engines = ("spark",)
+    # under add-remove whether the table is empty is not public: an empty input is released
+    # as noisy zeros for every key, like any other input
+    refuses_empty_input = False
+
+    def plan(self, params: CountsReleaseParams, facts: _p.InputFacts, caller: str) -> _p.Plan:
+        c = float(facts.value_cap)
+        if c != int(c):
+            raise ParameterError(f"{caller} needs integer-valued records (binary, or counts capped at c).")
+        L = int(round((float(facts.l2_bound) / c) ** 2))
+        dom = params.domain
+        if dom is not None and dom.size != facts.d:
+            raise ParameterError(f"The 'domain' parameter of {caller} has {dom.size} keys, but the records "
+                                 f"have {facts.d} items: give the KeyDomain the records were bounded over.")
+        rel = _p.resolve_neighbors(params.neighbors, self, caller)
+        cp = CountsParams(epsilon=params.epsilon, max_keys=L, max_events_per_key=None if c == 1 else int(c),
+                          noise=params.noise, delta=params.delta, neighbors=rel.name, clamp=params.clamp,
+                          round=params.round, confidence=params.confidence)
+        cplan = plan_counts(cp, facts.d, caller=caller)
+        public = cplan.to_public_dict()
+        public["key_domain"] = dom.to_public_dict() if dom is not None else {"columns": ["item_index"],
+                                                                             "size": facts.d}
+        public["uncertainty"] = dict(public["uncertainty"], intervals="ci_low, ci_high per key")
+        return _p.Plan(events=cplan.dp_event(), epsilon=cplan.epsilon, delta=cplan.delta, public=public,
+                       neighbors=rel, state=_CountsState(cplan, dom), secrets=new_secret_seed("counts-noise"))
+
+    def run(self, engine, source, plan: _p.Plan, progress) -> _p.Outcome:
+        st: _CountsState = plan.state
+        d = st.plan.domain_size
+        totals = engine.aggregate(source, _totals_fn(d), d)
+        res = finalize_counts(np.rint(totals).astype(np.int64), st.plan, stream(plan.secrets, 0))
+        if st.domain is not None:
+            names, cols = list(st.domain.columns), st.domain.column_values()
+        else:
+            names, cols = ["item_index"], [np.arange(d, dtype=np.int64)]
+        types = ["long" if c.dtype.kind in "iu" else "string" for c in cols]
+        py = [c.tolist() if t == "long" else [str(x) for x in c] for c, t in zip(cols, types)]
+        rows = list(zip(*py, res.value.tolist(), res.std.tolist(), res.ci_low.tolist(), res.ci_high.tolist()))
+        schema = [(n, t, False) for n, t in zip(names, types)] + [(n, "double", False) for n in
+                                                                  ("noisy_count", "std", "ci_low", "ci_high")]
+        progress.log("counts: %d keys noised once (std %.4g per key)", d, st.plan.std)
+        return _p.Outcome(table=engine.table(rows, schema))
+
+
+COUNTS = _p.register(Counts())

@@ -1,23 +1,24 @@
-"""DP counts per public key of an event table on Spark (docs/counts.md; numpy core
-:mod:`sparkpriv.mechanisms.counts`, mathematics in docs/math.md section 9).
+"""DP counts per public key of an event table on Spark: the bounding by key
+(docs/counts.md; numpy core and the mechanism :mod:`sparkpriv.mechanisms.counts`,
+mathematics in docs/math.md section 9).
 
-The pass:
+1. :func:`key_index_events`: each event's key (one or more declared columns)
+   is mapped to its index in the PUBLIC key domain in the JVM (range
+   arithmetic, or a broadcast join with the declared ids or key tuples);
+   events outside the domain get a null index: the bounding drops them and
+   counts them for the owner only (``events_out_of_vocabulary``);
+2. :func:`bound_keys`: the bounding that exists
+   (:func:`sparkpriv.spark.events.bound_contributions`) with the key index as
+   the item: one ``groupBy(person)``, then per Arrow batch at most ``L`` keys
+   per person (the keyed uniform choice) and, with ``c``, events per key
+   capped at ``c``. The result goes to ``release_counts(records,
+   domain=..., epsilon=...)`` (the one release path): per-partition totals
+   over the domain, merged by tree aggregation, noised once on the driver,
+   one output row per key of the domain.
 
-1. each event's key (one or more declared columns) is mapped to its index in
-   the PUBLIC key domain in the JVM (range arithmetic, or a broadcast join with
-   the declared ids or key tuples); events outside the domain get a null index:
-   they are dropped by the bounding and counted for the owner only;
-2. the bounding that exists (:func:`sparkpriv.spark.events.bound_contributions`):
-   one ``groupBy(person)``, then per Arrow batch at most ``L`` keys per person
-   (the keyed uniform choice) and, with ``c``, events per key capped at ``c``;
-3. ONE aggregation in the JVM: the bounded records exploded and
-   ``groupBy(key).count()`` (distinct people) or ``sum`` (capped events); at
-   most one row per key of the domain reaches the driver;
-4. on the driver, the totals are scattered into a vector over the WHOLE domain
-   (zeros for keys no one visited), noised once
-   (:func:`~sparkpriv.mechanisms.counts.finalize_counts`) and returned as one
-   row per key: the key columns, ``noisy_count``, ``std``, ``ci_low``,
-   ``ci_high``.
+:func:`key_totals` is the same totals by ONE aggregation in the JVM (the
+bounded records exploded, ``groupBy(key)``): the owner-side reference of the
+tests and the benchmark's coverage figure.
 
 Every refusal (parameters, domain, columns) happens before any data is read;
 the person key never leaves step 2 (it is replaced by a public hash there).
@@ -26,27 +27,14 @@ the person key never leaves step 2 (it is replaced by a public hash there).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any
-
 import numpy as np
-import pyarrow as pa
 
 from sparkpriv.errors import ParameterError, SchemaError
-from sparkpriv.mechanisms.counts import (
-    CountsParams,
-    CountsPlan,
-    CountsResult,
-    KeyDomain,
-    finalize_counts,
-    plan_counts,
-)
+from sparkpriv.mechanisms.counts import MAX_DRIVER_KEYS, KeyDomain
 from sparkpriv.mechanisms.sparse import Vocabulary
-from sparkpriv.privacy.random import new_secret_seed, stream
 from sparkpriv.spark.events import bound_contributions
 
-__all__ = ["OUTPUT_COLUMNS", "key_index_events", "bound_keys", "key_totals", "counts_table",
-           "prepare_counts", "CountsJob", "run_counts"]
+__all__ = ["OUTPUT_COLUMNS", "key_index_events", "bound_keys", "key_totals"]
 
 _log = logging.getLogger(__name__)
 OUTPUT_COLUMNS = ("noisy_count", "std", "ci_low", "ci_high")
@@ -113,14 +101,32 @@ def key_index_events(events_df, *, person: str, domain: KeyDomain):
     return ev.join(F.broadcast(vdf), cond, "left").select("_p", _KIDX)
 
 
-def bound_keys(events_df, *, person: str, domain: KeyDomain, params: CountsParams, seed=None,
-               source: str | None = None):
-    """The bounded records of the event table over the key domain (lazy :class:`BoundedRecords`)."""
+def bound_keys(events_df, *, person: str, domain: KeyDomain, max_keys: int, max_events_per_key: int | None = None,
+               seed=None, source: str | None = None):
+    """The bounded records of the event table over the key domain (lazy :class:`BoundedRecords`).
+
+    At most ``max_keys`` (``L``) keys per person, each counting 1 (distinct
+    people) or, with ``max_events_per_key`` (``c``), the person's events there
+    capped at ``c``. ``seed``: the secret key of the keyed choice (default:
+    fresh entropy). Pass the result and the same ``domain`` to
+    ``release_counts``. Reads no data (refusals come first).
+    """
+    if not isinstance(domain, KeyDomain):
+        raise ParameterError(f"bound_keys needs a KeyDomain for 'domain'. Got {type(domain).__name__}; "
+                             "build one with KeyDomain.product(...) or KeyDomain.pairs(...).")
+    if domain.size > MAX_DRIVER_KEYS:
+        raise ParameterError(f"The key domain has {domain.size} keys, more than {MAX_DRIVER_KEYS} whose noise is "
+                             "drawn on the driver (per-partition noise for larger domains is not built yet).")
+    from sparkpriv._validation import Interval, check_param
+
+    check_param("max_keys", max_keys, [Interval("integer", 1, None, "left")], "bound_keys")
+    check_param("max_events_per_key", max_events_per_key, [None, Interval("integer", 1, 2**20, "both")],
+                "bound_keys")
     ev = key_index_events(events_df, person=person, domain=domain)
-    weights = "binary" if params.max_events_per_key is None else "counts"
-    rec = bound_contributions(ev, person="_p", item=_KIDX, max_items=params.max_keys,
+    weights = "binary" if max_events_per_key is None else "counts"
+    rec = bound_contributions(ev, person="_p", item=_KIDX, max_items=max_keys,
                               vocabulary=Vocabulary.from_range(0, domain.size), weights=weights,
-                              max_events_per_item=params.max_events_per_key, seed=seed, source=source)
+                              max_events_per_item=max_events_per_key, seed=seed, source=source)
     rec.input_info["event_table"] = {"person_column": person, "key_columns": list(domain.columns)}
     rec.events = events_df
     return rec
@@ -153,83 +159,3 @@ def _collect_two(agg) -> tuple[np.ndarray, np.ndarray]:
                 t.column("_v").to_numpy().astype(np.int64))
     rows = agg.collect()
     return (np.array([r["_k"] for r in rows], np.int64), np.array([r["_v"] for r in rows], np.int64))
-
-
-def counts_table(spark, domain: KeyDomain, result: CountsResult):
-    """One row per key of the domain (domain order): key columns + the released columns."""
-    from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
-
-    cols = domain.column_values()
-    arrays, flds = [], []
-    for name, v in zip(domain.columns, cols):
-        if v.dtype.kind in "iu":
-            arrays.append(pa.array(v.astype(np.int64)))
-            flds.append(StructField(name, LongType(), False))
-        else:
-            arrays.append(pa.array(v.astype(str)))
-            flds.append(StructField(name, StringType(), False))
-    for name, v in zip(OUTPUT_COLUMNS, (result.value, result.std, result.ci_low, result.ci_high)):
-        arrays.append(pa.array(np.asarray(v, np.float64)))
-        flds.append(StructField(name, DoubleType(), False))
-    table = pa.Table.from_arrays(arrays, names=[f.name for f in flds])
-    schema = StructType(flds)
-    try:
-        return spark.createDataFrame(table, schema=schema)
-    except (TypeError, ValueError):  # pyspark without pyarrow.Table input
-        return spark.createDataFrame(table.to_pandas(), schema=schema)
-
-
-# --------------------------------------------------------------------------- the pieces a release needs
-
-@dataclass
-class CountsJob:
-    """A validated, planned counts release over an event table (nothing read yet).
-
-    ``plan`` is public (its :meth:`CountsPlan.to_public_dict` goes to the
-    receipt); ``records`` is lazy; the noise seed is secret and kept here only.
-    """
-
-    plan: CountsPlan
-    domain: KeyDomain
-    records: Any = field(repr=False)
-    _seed: int = field(repr=False)
-
-    def dp_event(self):
-        return self.plan.dp_event()
-
-    def to_public_dict(self) -> dict:
-        return {**self.plan.to_public_dict(), "key_domain": self.domain.to_public_dict(),
-                "contribution_bound": self.records.cap.to_public_dict()}
-
-    def run(self, *, exact: bool = False):
-        """Read the data: totals (one JVM aggregation), noise once on the driver, the output table.
-
-        Returns ``(DataFrame, owner_diagnostics)``.
-        """
-        totals = key_totals(self.records, self.domain.size)
-        diag = self.records.diagnostics()
-        res = finalize_counts(totals, self.plan, stream(self._seed, 0), exact=exact)
-        spark = self.records.grouped.sparkSession
-        diag = dict(diag, keys_in_domain=self.domain.size,
-                    events_outside_domain=diag.get("events_out_of_vocabulary"))
-        return counts_table(spark, self.domain, res), diag
-
-
-def prepare_counts(events_df, *, person: str, domain: KeyDomain, params: CountsParams,
-                   seed=None, source: str | None = None) -> CountsJob:
-    """Validate and plan (public parameters only: refusals before any data is read)."""
-    if not isinstance(domain, KeyDomain):
-        raise ParameterError(f"release_counts needs a KeyDomain for 'domain'. Got {type(domain).__name__}; "
-                             "build one with KeyDomain.product(...) or KeyDomain.pairs(...).")
-    plan = plan_counts(params, domain.size)
-    records = bound_keys(events_df, person=person, domain=domain, params=params, seed=seed, source=source)
-    return CountsJob(plan, domain, records, new_secret_seed("counts-noise"))
-
-
-def run_counts(events_df, *, person: str, domain: KeyDomain, params: CountsParams, seed=None,
-               source: str | None = None):
-    """``prepare_counts(...).run()``: the output DataFrame (driver-built, one row per key) and
-    the owner diagnostics. No budget ledger, no receipt: the release path adds those."""
-    job = prepare_counts(events_df, person=person, domain=domain, params=params, seed=seed, source=source)
-    df, diag = job.run()
-    return job, df, diag
