@@ -59,11 +59,13 @@ FUNCTIONS = {
     "release_dprp": ("dprp",),
     "release_kmeans_array": ("kmeans-linear", "kmeans-kernel"),
     "release_kmeans": ("kmeans-linear", "kmeans-kernel"),
+    "release_counts": ("counts",),
 }
 CLI_MECHANISMS = {
     "projection": ("projection", "projection-events", "row-bound-quantile"),
     "dprp": ("dprp",),
     "kmeans": ("kmeans-linear", "kmeans-kernel"),
+    "counts": ("counts",),
 }
 SAMPLERS = {"sample_discrete_laplace": "test_samplers::test_sampler_matches_exact_pmf",
             "sample_discrete_gaussian": "test_samplers::test_sampler_matches_exact_pmf"}
