@@ -6,9 +6,10 @@ On one CDR event table of ``--people`` people (generated once under
 reused), in one run, on one SparkSession, it times pipelines that read the
 events and write a Parquet table of one row per tower:
 
-a. ``sparkpriv``: :mod:`sparkpriv.spark.counts` (bounding to at most
-   ``--max-keys`` towers per person, one JVM aggregation, discrete Laplace
-   noise of epsilon ``--epsilon`` on the driver) + write;
+a. ``sparkpriv``: :func:`~sparkpriv.spark.counts.bound_keys` (at most
+   ``--max-keys`` towers per person) + ``release_counts`` (per-partition
+   totals, discrete Laplace noise of epsilon ``--epsilon`` once on the
+   driver) + ``Release.write`` (table and receipt);
 b. ``nonprivate``: ``groupBy(tower_id).agg(countDistinct(caller_id))`` + write.
 
 They run back to back, in alternating order, ``--repeats`` times after one
@@ -156,14 +157,17 @@ def _ensure_table(spark, data_dir: str, people: int, seed: int = 0) -> str:
 # --------------------------------------------------------------------------- the two local pipelines
 
 def _run_sparkpriv(spark, src: str, out: str, max_keys: int, epsilon: float, bound_seed: bytes) -> dict:
-    from sparkpriv.mechanisms.counts import CountsParams, KeyDomain
-    from sparkpriv.spark.counts import run_counts
+    from sparkpriv.api import release_counts
+    from sparkpriv.mechanisms.counts import KeyDomain
+    from sparkpriv.spark.counts import bound_keys
 
-    ev = spark.read.parquet(src)
-    job, df, diag = run_counts(ev, person="caller_id", domain=KeyDomain.product("tower_id", range(0, TOWERS)),
-                               params=CountsParams(epsilon=epsilon, max_keys=max_keys), seed=bound_seed, source=src)
-    df.coalesce(1).write.parquet(out)
-    return {"diagnostics": diag, "std": job.plan.std, "half_width": job.plan.half_width}
+    dom = KeyDomain.product("tower_id", range(0, TOWERS))
+    rec = bound_keys(spark.read.parquet(src), person="caller_id", domain=dom, max_keys=max_keys, seed=bound_seed,
+                     source=src)
+    rel = release_counts(rec, domain=dom, epsilon=epsilon)
+    rel.write(out)
+    u = rel.uncertainty()
+    return {"std": u["std"], "half_width": u["half_width"]}
 
 
 def _run_nonprivate(spark, src: str, out: str) -> None:
@@ -403,7 +407,7 @@ def run(*, people: int, max_keys: int = 32, epsilon: float = 1.0, data_dir: str 
         "nonprivate_median_seconds": round(med["nonprivate"], 2),
         "ratio_each_repeat": [round(r, 3) for r in paired],
         "ratio_median": round(float(np.median(paired)), 3),
-        "people_truncated": info.get("diagnostics", {}).get("people_truncated"),
+        "people_truncated": None,
         "noise_std": info.get("std"),
         "master": master,
         "shuffle_partitions": sp,
@@ -428,7 +432,8 @@ def run(*, people: int, max_keys: int = 32, epsilon: float = 1.0, data_dir: str 
         for name, p in peers.items():
             if "error" not in p:
                 released[name] = {"value": _read_counts(p["output"], "count")["count"]}
-        bounded = _bounded_totals(spark, table, max_keys, bound_seed)
+        bounded, owner = _bounded_totals(spark, table, max_keys, bound_seed)
+        result["people_truncated"] = owner.get("people_truncated")
         result["utility"] = _utility(nonpriv, bounded, released)
     for o in list(kept.values()) + [p.get("output") for p in peers.values() if p.get("output")]:
         shutil.rmtree(o, ignore_errors=True)
@@ -446,13 +451,13 @@ def run(*, people: int, max_keys: int = 32, epsilon: float = 1.0, data_dir: str 
 
 def _bounded_totals(spark, table: str, max_keys: int, bound_seed: bytes):
     """The exact per-tower totals after sparkpriv's bounding (owner-side, for the coverage figure)."""
-    from sparkpriv.mechanisms.counts import CountsParams, KeyDomain
+    from sparkpriv.mechanisms.counts import KeyDomain
     from sparkpriv.spark.counts import bound_keys, key_totals
 
     rec = bound_keys(spark.read.parquet(table), person="caller_id",
-                     domain=KeyDomain.product("tower_id", range(0, TOWERS)),
-                     params=CountsParams(epsilon=1.0, max_keys=max_keys), seed=bound_seed)
-    return key_totals(rec, TOWERS).astype(float)
+                     domain=KeyDomain.product("tower_id", range(0, TOWERS)), max_keys=max_keys, seed=bound_seed)
+    totals = key_totals(rec, TOWERS).astype(float)
+    return totals, rec.diagnostics()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -212,3 +212,29 @@ def test_empty_domain_refused():
         KeyDomain.product("tower", [])
     with pytest.raises(ParameterError, match="domain_size"):
         plan_counts(CountsParams(epsilon=1.0, max_keys=1), KeyDomain.pairs(("a", "b"), []).size)
+
+
+def test_cli_release_counts(spark, tmp_path):
+    import json
+
+    from sparkpriv.cli import main
+
+    rows = [(p, t) for p in range(200) for t in range(p % 4)] + [(7, 99)]  # tower 99 is outside
+    src = str(tmp_path / "ev.parquet")
+    spark.createDataFrame(rows, "caller long, tower long").write.parquet(src)
+    out = str(tmp_path / "out")
+    base = ["release", "counts", "--input", src, "--events", "--person-col", "caller", "--item-col", "tower",
+            "--max-items", "3", "--vocabulary", "0..4", "--epsilon", "1", "--round", "--clamp"]
+    assert main([*base, "--output", out]) == 0
+    pdf = spark.read.parquet(out).toPandas().sort_values("tower")
+    assert list(pdf["tower"]) == [0, 1, 2, 3, 4]  # every key once, tower 4 visited by no one
+    assert (pdf["noisy_count"] >= 0).all() and (pdf["noisy_count"] == pdf["noisy_count"].round()).all()
+    with open(f"{out}/_privacy_receipt.json") as f:
+        r = json.load(f)
+    assert r["mechanism"] == "counts" and r["mechanism_details"]["post_processing"] == {
+        "clamp_at_zero": True, "round": True}
+    assert r["mechanism_details"]["key_domain"]["columns"] == ["tower"]
+    # refused before Spark reads anything: no --events, a bad noise, Gaussian without delta
+    assert main([b for b in base if b != "--events"] + ["--output", str(tmp_path / "o2")]) == 2
+    assert main([*base, "--output", str(tmp_path / "o3"), "--noise", "laplace"]) == 2
+    assert main([*base, "--output", str(tmp_path / "o4"), "--noise", "discrete_gaussian"]) == 2
