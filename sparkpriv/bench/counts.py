@@ -284,7 +284,9 @@ def _run_peer(name: str, python: str, script: str, cfg: dict) -> dict:
         if line.startswith("repeat"):
             print(f"{name} {line}", flush=True)
     if p.returncode != 0:
-        tail = "\n".join((p.stderr or "").strip().splitlines()[-8:])
+        lines = (p.stderr or "").strip().splitlines()
+        first = [ln for ln in lines if any(w in ln for w in ("OutOfMemory", "Killed", "Error:", "Exception:"))][:5]
+        tail = "\n".join(first + lines[-6:])
         return {"peer": name, "error": f"exit {p.returncode}: {tail}"}
     res = json.loads(p.stdout.strip().splitlines()[-1])
     res["peer"] = name
