@@ -275,7 +275,7 @@ def _run_peer(name: str, python: str, script: str, cfg: dict) -> dict:
     t = time.perf_counter()
     try:
         p = subprocess.run([python, path, json.dumps(cfg)], capture_output=True, text=True, env=env,
-                           timeout=cfg.get("timeout", 3600))
+                           timeout=cfg.get("timeout", 3600), cwd=cfg["data_dir"])  # peers' temp tables there
     except subprocess.TimeoutExpired:
         return {"peer": name, "error": f"timed out after {cfg.get('timeout', 3600)} s"}
     finally:
