@@ -11,6 +11,7 @@ or imports Spark):
 * :func:`release` (any registered mechanism, either engine), :func:`release_kmeans`
   (Spark DataFrames, event records, or in-memory arrays and tables;
   ``release_kmeans_array`` is the same function), :class:`KMeansModel`
+* :func:`release_counts` (DP counts per public key of bounded event records)
 * :func:`open_ledger` (privacy-budget ledger), :func:`read_table` (a source
   table as the CLI reads it; local Parquet read this way lets aggregate
   passes scan the files directly)
@@ -39,6 +40,7 @@ _LAZY = {
     "release_kmeans": "sparkpriv.api",
     "release_kmeans_array": "sparkpriv.api",
     "release_regression": "sparkpriv.api",
+    "release_counts": "sparkpriv.api",
     "KMeansModel": "sparkpriv.mechanisms.kmeans_model",
     "open_ledger": "sparkpriv.ledger",
     "get_spark": "sparkpriv.spark.session",

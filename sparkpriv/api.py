@@ -13,7 +13,7 @@ from __future__ import annotations
 from sparkpriv.release import Release, release
 
 __all__ = ["release", "release_kmeans", "release_kmeans_array", "release_dprp", "release_dprp_array",
-           "table_arrays", "release_regression"]
+           "table_arrays", "release_regression", "release_counts"]
 
 
 def release_kmeans(data, *, ledger=None, table_id: str | None = None, source: str | None = None,
@@ -175,3 +175,32 @@ def release_regression(data, *, ledger=None, table_id: str | None = None, source
     """
     return release("regression", data, ledger=ledger, table_id=table_id, source=source, on_step=on_step,
                    caller="release_regression", **params)
+
+
+def release_counts(data, *, ledger=None, table_id: str | None = None, source: str | None = None,
+                   on_step=None, **params) -> Release:
+    """DP counts per public key of bounded event records (docs/counts.md; docs/math.md section 9).
+
+    ``data``: bounded event records, from
+    :func:`sparkpriv.spark.counts.bound_keys` (keys of one or more declared
+    columns over a :class:`~sparkpriv.mechanisms.counts.KeyDomain`; pass the
+    same ``domain=``) or :func:`sparkpriv.spark.events.bound_contributions`
+    (one item column). The bound comes from the records: at most ``L`` keys
+    per person, each counting 1 (distinct people) or the person's events
+    there capped at ``c``. Parameters are those of
+    :class:`sparkpriv.mechanisms.counts.CountsReleaseParams`: ``epsilon``
+    (required), ``noise`` ("discrete_laplace" or "discrete_gaussian"),
+    ``delta``, ``neighbors`` ("add-remove" or "replace-one"), ``clamp``,
+    ``round``, ``confidence``, ``domain``.
+
+    Returns a :class:`~sparkpriv.release.Release` whose ``df`` has one row per
+    key of the domain (including keys no one visited): the key columns,
+    ``noisy_count``, ``std``, ``ci_low``, ``ci_high``; ``write(path)``
+    publishes it with the receipt.
+
+    Privacy: one discrete Laplace (L1 sensitivity ``L c``) or discrete
+    Gaussian (L2 ``c sqrt(L)``) noise addition to the vector of per-key totals
+    (twice ``L`` keys under replace-one), drawn once on the driver.
+    """
+    return release("counts", data, ledger=ledger, table_id=table_id, source=source, on_step=on_step,
+                   caller="release_counts", **params)

@@ -405,6 +405,6 @@ def release(mechanism, data, *, ledger=None, table_id: str | None = None, source
     return Release(df=outcome.table, mechanism=mech.name, event=plan.events, epsilon=plan.epsilon,
                    delta=plan.delta, public=public, input_info=src.input_info(source), hold=hold,
                    diagnostics=lambda: {**src.diagnostics(), **(owner() if callable(owner) else owner)},
-                   source_df=src.source_df,
+                   source_df=src.source_df if mech.refuses_empty_input else None,
                    rows=outcome.rows, model=outcome.model, files=outcome.files, extras=outcome.extras,
                    engine=eng.name)

@@ -368,6 +368,23 @@ register_protocol("regression", "linear regression on a sample-mixing sketch S M
                   "and coefficients", row_level=False)
 
 
+def _counts_adapt(cfg: ReleaseConfig, params: dict) -> dict:
+    """The key domain of the records: the declared vocabulary of --item-col."""
+    if not cfg.get("events"):
+        raise ParameterError("sparkpriv release counts reads an event table: give --events with "
+                             "--person-col, --item-col, --vocabulary and --max-items.")
+    if cfg.get("item_col") and cfg.get("vocabulary"):
+        from sparkpriv.mechanisms.counts import KeyDomain
+
+        params["domain"] = KeyDomain.product(cfg.get("item_col"), cfg.get("vocabulary"))
+    return params
+
+
+register_protocol("counts", "DP counts per public key of an event table (distinct people, or capped events, "
+                  "per tower / station / pair); every key of the domain gets a noisy value and its interval",
+                  row_level=False, adapt=_counts_adapt)
+
+
 def _legacy_table(options) -> str:
     rows = ["| option | TOML key | type | default | meaning |", "|---|---|---|---|---|"]
     for o in options:

@@ -422,6 +422,9 @@ class Mechanism:
     row_level: ClassVar[bool] = False
     inputs: ClassVar[tuple[str, ...]] = ("table",)
     engines: ClassVar[tuple[str, ...]] = ("local", "spark")
+    # an empty input is refused on write (a data-dependent refusal: only where the number of
+    # records is public, or the release is meaningless without rows); counts publish noisy zeros
+    refuses_empty_input: ClassVar[bool] = True
 
     @classmethod
     def specs(cls) -> tuple[OptionSpec, ...]:
@@ -495,6 +498,7 @@ def register(mechanism: Mechanism) -> Mechanism:
 def registered() -> dict[str, Mechanism]:
     """Every registered mechanism, by name (imports the built-in ones)."""
     import sparkpriv.mechanisms.dprp  # noqa: F401  (registers itself)
+    import sparkpriv.mechanisms.counts  # noqa: F401  (registers itself)
     import sparkpriv.mechanisms.kmeans  # noqa: F401  (registers itself)
     import sparkpriv.mechanisms.regression  # noqa: F401  (registers itself)
 

@@ -48,6 +48,10 @@ for _rel in ("replace-one", "add-remove"):
     AUDITED[("row-bound-quantile", LAP, _rel, "histogram")] = "test_quantile::test_row_bound_histogram"
 for _scheme in ("sketch", "additive"):
     AUDITED[(f"regression-{_scheme}", GAU, "replace-one", "l2")] = "test_regression::test_regression_release"
+for _noise, _fn in ((LAP, "test_counts_laplace"), (GAU, "test_counts_gaussian")):
+    for _rel in ("replace-one", "add-remove"):
+        for _w in ("people", "events-capped"):
+            AUDITED[("counts", _noise, _rel, _w)] = f"test_counts::{_fn}"
 
 # every public release function and CLI mechanism -> the audited mechanisms it runs
 FUNCTIONS = {
@@ -59,12 +63,14 @@ FUNCTIONS = {
     "release_kmeans": ("kmeans-linear", "kmeans-kernel"),
     "release_regression_array": ("regression-sketch", "regression-additive"),
     "release_regression": ("regression-sketch", "regression-additive"),
+    "release_counts": ("counts",),
 }
 CLI_MECHANISMS = {
     "projection": ("projection", "projection-events", "row-bound-quantile"),
     "dprp": ("dprp",),
     "kmeans": ("kmeans-linear", "kmeans-kernel"),
     "regression": ("regression-sketch", "regression-additive"),
+    "counts": ("counts",),
 }
 SAMPLERS = {"sample_discrete_laplace": "test_samplers::test_sampler_matches_exact_pmf",
             "sample_discrete_gaussian": "test_samplers::test_sampler_matches_exact_pmf"}
@@ -178,10 +184,24 @@ def offered_regression() -> set:
     return out
 
 
+def offered_counts() -> set:
+    from sparkpriv.mechanisms.counts import NOISE_KINDS, CountsParams, plan_counts
+
+    out = set()
+    for noise in NOISE_KINDS:
+        delta = 1e-6 if noise == "discrete_gaussian" else 0.0
+        for rel in NEIGHBORS:
+            for w, c in (("people", None), ("events-capped", 3)):
+                if _accepts(lambda: plan_counts(CountsParams(epsilon=1.0, max_keys=2, max_events_per_key=c,
+                                                             noise=noise, delta=delta, neighbors=rel), 5)):
+                    out.add(("counts", LAP if noise == "discrete_laplace" else GAU, rel, w))
+    return out
+
+
 def all_offered() -> set:
     proj = offered_projection()
     return (proj | offered_projection_events() | offered_dprp() | offered_kmeans() | offered_quantile(proj)
-            | offered_regression())
+            | offered_regression() | offered_counts())
 
 
 # ----------------------------------------------------------------------------- tests

@@ -109,11 +109,47 @@ def _arrow(X):
     return pa.table({c: X[:, j] for j, c in enumerate(_cols(X))})
 
 
+@dataclass
+class RecordsCase:
+    """A mechanism that takes bounded event records (Spark engine only: the local engine
+    takes no event tables): ``events(spark)`` gives an event table, ``records(df)`` bounds it."""
+
+    events: Callable                      # spark -> event DataFrame (person, key columns)
+    records: Callable                     # event DataFrame -> BoundedRecords
+    params: dict
+    bad: dict
+
+
+def _count_events(spark):
+    rng = np.random.default_rng(3)
+    rows = [(int(p), int(t)) for p in range(400) for t in rng.choice(6, rng.integers(1, 4), replace=False)]
+    return spark.createDataFrame(rows, "caller long, tower long")
+
+
+def _count_domain():
+    from sparkpriv.mechanisms.counts import KeyDomain
+
+    return KeyDomain.product("tower", range(0, 6))
+
+
+def _count_records(df):
+    from sparkpriv.spark.counts import bound_keys
+
+    return bound_keys(df, person="caller", domain=_count_domain(), max_keys=2)
+
+
+RECORD_CASES = {
+    "counts": RecordsCase(_count_events, _count_records,
+                          dict(epsilon=1.0, domain=_count_domain()), {"noise": "gaussian"}),
+}
+
 MECHANISMS = sorted(registered())
+TABLE_MECHANISMS = sorted(CASES)
 
 
 def test_every_registered_mechanism_has_a_case():
-    assert sorted(CASES) == MECHANISMS, "a registered mechanism has no contract case: add one to CASES"
+    assert sorted([*CASES, *RECORD_CASES]) == MECHANISMS, \
+        "a registered mechanism has no contract case: add one to CASES (or RECORD_CASES)"
 
 
 def test_every_registered_mechanism_is_audited():
@@ -124,7 +160,7 @@ def test_every_registered_mechanism_is_audited():
             f"{name}: tests/audit/test_coverage.py does not map it to its audited mechanisms")
 
 
-@pytest.mark.parametrize("name", MECHANISMS)
+@pytest.mark.parametrize("name", TABLE_MECHANISMS)
 def test_spark_and_local_engines_agree(name, spark):
     case = CASES[name]
     X = case.data()
@@ -146,7 +182,7 @@ def test_spark_and_local_engines_agree(name, spark):
         [f["name"] for f in rb["output"]["schema"]]
 
 
-@pytest.mark.parametrize("name", MECHANISMS)
+@pytest.mark.parametrize("name", TABLE_MECHANISMS)
 def test_receipt_states_what_was_spent(name):
     case = CASES[name]
     X = case.data()
@@ -165,7 +201,7 @@ def test_receipt_states_what_was_spent(name):
             assert params[k] == v
 
 
-@pytest.mark.parametrize("name", MECHANISMS)
+@pytest.mark.parametrize("name", TABLE_MECHANISMS)
 def test_bad_parameters_refused_before_any_value_is_read(name, spark):
     from pyspark.sql import functions as F
     from pyspark.sql.types import DoubleType
@@ -190,7 +226,7 @@ def test_bad_parameters_refused_before_any_value_is_read(name, spark):
         release(name, Xn, **_local_colparams(case, X), **case.params)
 
 
-@pytest.mark.parametrize("name", MECHANISMS)
+@pytest.mark.parametrize("name", TABLE_MECHANISMS)
 @pytest.mark.parametrize("engine", ["local", "spark"])
 def test_ledger_atomic_write_and_no_secrets(name, engine, spark, tmp_path, caplog, monkeypatch):
     from sparkpriv.ledger import open_ledger
@@ -247,6 +283,86 @@ def test_ledger_atomic_write_and_no_secrets(name, engine, spark, tmp_path, caplo
             with open(os.path.join(root, n), "rb") as f:
                 blobs.append(f.read())
     blobs.append("\n".join(r.getMessage() for r in caplog.records).encode())
+    blobs.append(repr(rel2).encode())
+    for s in seeds:
+        needles = [s.to_bytes(16, "little"), s.to_bytes(16, "big"), str(s).encode(), hex(s).encode()]
+        for blob in blobs:
+            for needle in needles:
+                assert needle not in blob, "a secret seed appears in the output, the logs or the repr"
+
+
+# ----------------------------------------------------------------------------- event-records mechanisms
+
+
+@pytest.mark.parametrize("name", sorted(RECORD_CASES))
+def test_records_receipt_refusals_ledger_and_no_secrets(name, spark, tmp_path, caplog, monkeypatch):
+    """The same contract for a mechanism of bounded event records (Spark engine)."""
+    from pyspark.sql import functions as F
+
+    from sparkpriv.ledger import open_ledger
+    from sparkpriv.privacy.accounting import epsilon_of
+
+    case = RECORD_CASES[name]
+    df = case.events(spark)
+    # bad parameters: refused before any value of the events is read
+    cols = df.columns
+
+    @F.udf("long")
+    def explode(v):
+        raise RuntimeError("a value of the input was read")
+
+    poisoned = df.select(*[explode(F.col(c)).alias(c) for c in cols])
+    for bad in (case.bad, {"no_such_parameter": 1}, {"neighbors": "element"}, {"epsilon": -1.0}):
+        with pytest.raises(ParameterError):
+            release(name, case.records(poisoned), **dict(case.params, **bad))
+    # receipt
+    rel = release(name, case.records(df), **case.params)
+    r = rel.receipt()
+    assert r["mechanism"] == name and r["guarantee"]["holds"] is True
+    assert r["guarantee"]["epsilon"] <= case.params["epsilon"]
+    assert r["guarantee"]["neighbors"] and r["guarantee"]["protects"]
+    assert epsilon_of(rel.events, rel.delta) == pytest.approx(rel.epsilon, rel=1e-12)
+    assert r["mechanism_details"]["parameters"]["epsilon"] == case.params["epsilon"]
+    # ledger: reserve before reading, release on a failed run, commit on a write; atomic; no secrets
+    url = f"sqlite:///{tmp_path}/ledger.sqlite"
+    with open_ledger(url) as led:
+        led.set_budget("t", epsilon=100.0, delta=1e-3)
+    seeds = []
+    real = sprandom.new_secret_seed
+
+    def recording(purpose):
+        s = real(purpose)
+        seeds.append(s)
+        return s
+
+    monkeypatch.setattr(sprandom, "new_secret_seed", recording)
+    for mod in list(__import__("sys").modules.values()):
+        if getattr(mod, "new_secret_seed", None) is real and mod.__name__.startswith("sparkpriv"):
+            monkeypatch.setattr(mod, "new_secret_seed", recording)
+    caplog.set_level("DEBUG")
+    with pytest.raises(Exception):
+        release(name, case.records(poisoned), ledger=url, table_id="t", **case.params)
+    rel = release(name, case.records(df), ledger=url, table_id="t", **case.params)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("an existing output")
+    from sparkpriv.errors import OutputExistsError
+
+    with pytest.raises(OutputExistsError):
+        rel.write(str(out))
+    assert os.listdir(out) == ["keep.txt"]
+    rel2 = release(name, case.records(df), ledger=url, table_id="t", **case.params)
+    rel2.write(str(tmp_path / "published"))
+    with open_ledger(url) as led:
+        states = sorted(e["state"] for e in led.status("t").entries)
+    assert states == ["aborted", "aborted", "committed"]
+    assert seeds
+    blobs = []
+    for root, _, names in os.walk(tmp_path / "published"):
+        for n in names:
+            with open(os.path.join(root, n), "rb") as f:
+                blobs.append(f.read())
+    blobs.append("\n".join(rec.getMessage() for rec in caplog.records).encode())
     blobs.append(repr(rel2).encode())
     for s in seeds:
         needles = [s.to_bytes(16, "little"), s.to_bytes(16, "big"), str(s).encode(), hex(s).encode()]
