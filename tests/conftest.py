@@ -14,6 +14,8 @@ os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
 def spark():
     from pyspark.sql import SparkSession
 
+    from sparkpriv.spark.session import LOCAL_DEFAULTS
+
     s = (
         SparkSession.builder.master("local[2]")
         .appName("sparkpriv-tests")
@@ -26,6 +28,7 @@ def spark():
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "2g")
+        .config("spark.python.task.killTimeout", LOCAL_DEFAULTS["spark.python.task.killTimeout"])
         .getOrCreate()
     )
     s.sparkContext.setLogLevel("ERROR")
