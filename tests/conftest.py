@@ -1,4 +1,4 @@
-"""Shared fixtures: one session-scoped local[2] Spark session for every Spark test."""
+"""Shared fixtures: one session-scoped local[2,2] Spark session for every Spark test."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ def spark():
     from sparkpriv.spark.session import LOCAL_DEFAULTS
 
     s = (
-        SparkSession.builder.master("local[2]")
+        # two attempts per task, as on a cluster (spark.task.maxFailures): on PySpark 3.5 a task
+        # can fail once with "Socket is closed" after an earlier job failed (Spark's SPARK-54217)
+        SparkSession.builder.master("local[2,2]")
         .appName("sparkpriv-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

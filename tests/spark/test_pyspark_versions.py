@@ -12,8 +12,10 @@ Socket is closed``; a cluster retries the task, a local session (no task
 retries) fails the job. So a user who fixes the input and runs the release
 again in the same session saw a second, unrelated failure. Sessions started
 by sparkpriv (``get_spark``) give the monitor more time than a killed task of
-theirs needs to finish (``LOCAL_DEFAULTS``), so it never destroys a released
-worker.
+theirs needs to end (``LOCAL_DEFAULTS``), so it does not destroy a released
+worker unless a killed task takes longer than that. (The shared test session
+also allows two attempts per task, as a cluster does; this test starts its
+own session without them.)
 """
 
 from __future__ import annotations
