@@ -1,4 +1,4 @@
-"""Shared fixtures: one session-scoped local[2] Spark session for every Spark test."""
+"""Shared fixtures: one session-scoped local[2,2] Spark session for every Spark test."""
 
 from __future__ import annotations
 
@@ -14,8 +14,12 @@ os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
 def spark():
     from pyspark.sql import SparkSession
 
+    from sparkpriv.spark.session import LOCAL_DEFAULTS
+
     s = (
-        SparkSession.builder.master("local[2]")
+        # two attempts per task, as on a cluster (spark.task.maxFailures): on PySpark 3.5 a task
+        # can fail once with "Socket is closed" after an earlier job failed (Spark's SPARK-54217)
+        SparkSession.builder.master("local[2,2]")
         .appName("sparkpriv-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -26,6 +30,7 @@ def spark():
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "2g")
+        .config("spark.python.task.killTimeout", LOCAL_DEFAULTS["spark.python.task.killTimeout"])
         .getOrCreate()
     )
     s.sparkContext.setLogLevel("ERROR")

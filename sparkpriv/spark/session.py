@@ -19,6 +19,10 @@ LOCAL_DEFAULTS = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.sql.session.timeZone": "UTC",
+    # PySpark 3.5 (Spark without SPARK-54217): a killed task's monitor may destroy a Python worker
+    # already back in the reuse pool after this long, failing the next job of a local session
+    # (tests/spark/test_pyspark_versions.py)
+    "spark.python.task.killTimeout": "30s",
 }
 
 

@@ -63,9 +63,12 @@ def _listening(port: int) -> bool:
 @pytest.fixture(scope="module")
 def connect_url(tmp_path_factory):
     try:
+        import inspect
+
         from pyspark.sql.connect.utils import check_dependencies
 
-        check_dependencies()
+        # PySpark 3.5 takes the calling module's name, 4.x nothing
+        check_dependencies(*[__name__][:len(inspect.signature(check_dependencies).parameters)])
     except Exception as exc:  # ImportError or PySparkImportError
         pytest.skip(f"Spark Connect client dependencies missing ({exc}); pip install 'pyspark[connect]'")
     import pyspark
