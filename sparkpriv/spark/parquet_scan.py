@@ -264,8 +264,9 @@ def _make_scan(frame, columns, passthrough, filesystem, *, object_stores: bool, 
     wanted = [*columns, *passthrough]
     if len(set(wanted)) != len(wanted):
         raise _NotApplicable("a column is requested twice")
+    selected = frame.select(*wanted)
     try:
-        splits = _spark_splits(frame.select(*wanted))
+        splits = _spark_splits(selected)
     except _NotApplicable:
         raise
     except Exception as exc:  # the plan's layout is an internal API: say so, never guess
@@ -324,7 +325,7 @@ def _make_scan(frame, columns, passthrough, filesystem, *, object_stores: bool, 
     expected = sum(meta.num_row_groups for _, _, meta in files.values())
     if len(pieces) != expected or len(set(pieces)) != expected:
         raise _NotApplicable("Spark's file splits do not cover every row group exactly once")
-    arrow_schema = to_arrow_schema(frame.select(*wanted).schema)
+    arrow_schema = to_arrow_schema(selected.schema)
     conf = frame.sparkSession.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
     batch_rows = int(conf) if int(conf) > 0 else 2**62
     return ParquetScan(pieces=pieces, partitions=tuple(partitions), schema=arrow_schema, filesystem=fs,
