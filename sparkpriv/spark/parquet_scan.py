@@ -41,7 +41,7 @@ parquet-mr decides), and Arrow batches of
 ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows running across row
 groups and files within a task, with the values cast to the Arrow types Spark
 gives Python. A release read directly is therefore the same table, bit for
-bit, as the release of ``input.df`` (tests/spark/test_parquet_scan_rows.py),
+bit, as the release of ``input.df``,
 unless Spark ends a batch early at ``spark.sql.execution.arrow.maxBytesPerBatch``
 (64 MiB by default: more than 10,000 rows of about 800 doubles), in which case
 the two differ in which noise draw meets which value but not in distribution.
