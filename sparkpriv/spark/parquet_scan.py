@@ -41,7 +41,7 @@ parquet-mr decides), and Arrow batches of
 ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows running across row
 groups and files within a task, with the values cast to the Arrow types Spark
 gives Python. A release read directly is therefore the same table, bit for
-bit, as the release of ``input.df`` (tests/spark/test_parquet_scan_rows.py),
+bit, as the release of ``input.df``,
 unless Spark ends a batch early at ``spark.sql.execution.arrow.maxBytesPerBatch``
 (64 MiB by default: more than 10,000 rows of about 800 doubles), in which case
 the two differ in which noise draw meets which value but not in distribution.
@@ -264,8 +264,9 @@ def _make_scan(frame, columns, passthrough, filesystem, *, object_stores: bool, 
     wanted = [*columns, *passthrough]
     if len(set(wanted)) != len(wanted):
         raise _NotApplicable("a column is requested twice")
+    selected = frame.select(*wanted)
     try:
-        splits = _spark_splits(frame.select(*wanted))
+        splits = _spark_splits(selected)
     except _NotApplicable:
         raise
     except Exception as exc:  # the plan's layout is an internal API: say so, never guess
@@ -324,7 +325,7 @@ def _make_scan(frame, columns, passthrough, filesystem, *, object_stores: bool, 
     expected = sum(meta.num_row_groups for _, _, meta in files.values())
     if len(pieces) != expected or len(set(pieces)) != expected:
         raise _NotApplicable("Spark's file splits do not cover every row group exactly once")
-    arrow_schema = to_arrow_schema(frame.select(*wanted).schema)
+    arrow_schema = to_arrow_schema(selected.schema)
     conf = frame.sparkSession.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
     batch_rows = int(conf) if int(conf) > 0 else 2**62
     return ParquetScan(pieces=pieces, partitions=tuple(partitions), schema=arrow_schema, filesystem=fs,

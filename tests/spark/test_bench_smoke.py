@@ -38,6 +38,9 @@ def test_bench_projection_smoke(spark, tmp_path, capsys):
 
     res = projection.run(rows=3000, cols=6, k=3, data_dir=str(tmp_path))
     assert _last_json(capsys)["ratio_vs_mllib"] == res["ratio_vs_mllib"] > 0
+    assert res["reader"] == "arrow" and res["ratio_vs_spark_reader"] > 0
+    for name, secs in res["seconds"].items():  # every repeat is reported, the best is kept
+        assert res["times_s"][name] == [secs]
 
 
 def test_bench_cdr_smoke(spark, tmp_path, capsys):

@@ -280,3 +280,17 @@ def test_empty_table_is_refused_and_nothing_published(spark, tmp_path, test_seed
     with pytest.raises(InputError, match="The input table is empty"):
         rel.write(str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
+
+
+def test_python_daemon_preloads_the_release_modules():
+    """``spark.python.daemon.module = sparkpriv.spark.daemon``: the modules a task needs are loaded
+    before Spark's daemon forks its workers (run in a fresh interpreter, as Spark does)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, sparkpriv.spark.daemon as d; d.preload(); "
+            "print(all(m in sys.modules for m in ('sparkpriv.spark.projection', 'sparkpriv.spark.parquet_scan', "
+            "'pyarrow.parquet', 'sparkpriv.privacy._compiled')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.returncode == 0 and out.stdout.strip() == "True" and "preloading failed" not in out.stderr
