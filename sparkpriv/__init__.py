@@ -3,8 +3,9 @@
 Public API (imported lazily so that ``import sparkpriv.privacy`` never starts
 or imports Spark):
 
-* :func:`release_projection` (Spark DataFrames), :func:`release_projection_array`
-  (numpy), :func:`recover_sq_distances`
+* :func:`release_projection` (Spark DataFrames, event records, or in-memory
+  arrays and tables; ``release_projection_array`` is the same function),
+  :func:`recover_sq_distances`
 * :func:`release_dprp` / :func:`release_dprp_array` (DPRP private table)
 * :func:`release` (any registered mechanism, either engine), :func:`release_kmeans`
   (Spark DataFrames, event records, or in-memory arrays and tables;
@@ -27,8 +28,8 @@ from sparkpriv.errors import (
 )
 
 _LAZY = {
-    "release_projection": "sparkpriv.spark.projection",
-    "release_projection_array": "sparkpriv.mechanisms.projection",
+    "release_projection": "sparkpriv.api",
+    "release_projection_array": "sparkpriv.api",
     "recover_sq_distances": "sparkpriv.mechanisms.projection",
     "release_dprp": "sparkpriv.spark.dprp",
     "release_dprp_array": "sparkpriv.mechanisms.dprp",

@@ -34,8 +34,6 @@ KNOWN = {
     ("sparkpriv.spark.counting_queries", "sparkpriv.io.inputs"),
     ("sparkpriv.spark.dprp", "sparkpriv.release"),
     ("sparkpriv.spark.dprp_records", "sparkpriv.release"),
-    ("sparkpriv.spark.projection", "sparkpriv.release"),
-    ("sparkpriv.spark.sparse_projection", "sparkpriv.release"),
 }
 
 

@@ -5,7 +5,7 @@ On one Parquet table of ``--rows`` Gaussian-blob rows (generated once under
 SparkSession and the same cores, it times four pipelines that each read the
 table and write a Parquet table:
 
-a. ``sparkpriv``: :func:`~sparkpriv.spark.projection.release_projection` with
+a. ``sparkpriv``: :func:`~sparkpriv.api.release_projection` with
    Laplace noise and a declared ``row_bound``, then ``Release.write``;
 b. ``mllib``: MLlib ``RowMatrix.multiply`` by a matrix of the same shape (no
    clipping, no noise), the rows built the fastest way found (see
@@ -279,7 +279,7 @@ def _tree_cpu_seconds() -> float | None:
 
 
 def _run_sparkpriv(spark, src, out, columns, k, epsilon, row_bound):
-    from sparkpriv.spark.projection import release_projection
+    from sparkpriv.api import release_projection
 
     df = spark.read.parquet(src)
     release = release_projection(df, columns=columns, k=k, epsilon=epsilon, row_bound=row_bound)

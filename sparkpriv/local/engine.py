@@ -57,7 +57,8 @@ class LocalSource:
 
     @property
     def facts(self) -> InputFacts:
-        return InputFacts("table", len(self.columns), self.columns)
+        names = () if isinstance(self.data, np.ndarray) else tuple(self.data.column_names)
+        return InputFacts("table", len(self.columns), self.columns, names=names)
 
     def public_params(self) -> dict:
         return {"columns": list(self.columns)}
@@ -115,7 +116,8 @@ def _open(data, columns, caller) -> tuple[Any, tuple]:
         if X.ndim != 2:
             raise ParameterError(f"X must be a 2-D array (n_samples, n_features). Got shape {X.shape}.")
         if not (np.issubdtype(X.dtype, np.number) or X.dtype == bool) or np.iscomplexobj(X):
-            raise ParameterError(f"X must be real and numeric. Got dtype {X.dtype}.")
+            raise InputError(f"X must be real and numeric. Got dtype {X.dtype}: release the real and imaginary "
+                             "parts as separate columns if both are meant.")
         names = tuple(columns) if columns is not None else tuple(f"x{j}" for j in range(X.shape[1]))
         if len(names) != X.shape[1]:
             raise ParameterError(f"The 'columns' parameter of {caller} names {len(names)} columns; X has "

@@ -311,6 +311,8 @@ class InputFacts:
     ``kind`` is ``"table"`` (one row per person: dense ``columns``) or
     ``"records"`` (bounded person records of an event table: ``d`` items,
     each person at most ``value_cap`` per item and ``l2_bound`` in L2).
+    ``names``: every column name of a table input (its schema; empty for a
+    numpy array), for parameters that name other columns (kept public columns).
     """
 
     kind: str
@@ -318,6 +320,7 @@ class InputFacts:
     columns: tuple = ()
     value_cap: float | None = None
     l2_bound: float | None = None
+    names: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -456,6 +459,7 @@ def register(mechanism: Mechanism) -> Mechanism:
 def registered() -> dict[str, Mechanism]:
     """Every registered mechanism, by name (imports the built-in ones)."""
     import sparkpriv.mechanisms.kmeans  # noqa: F401  (registers itself)
+    import sparkpriv.mechanisms.projection  # noqa: F401  (registers itself)
 
     return dict(_REGISTRY)
 

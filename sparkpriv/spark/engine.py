@@ -67,7 +67,7 @@ class TableSource:
 
     @property
     def facts(self) -> InputFacts:
-        return InputFacts("table", len(self.columns), self.columns)
+        return InputFacts("table", len(self.columns), self.columns, names=tuple(self.df.columns))
 
     @property
     def spark(self):
@@ -75,7 +75,8 @@ class TableSource:
 
     @property
     def source_df(self):
-        return None
+        """The input, for the writers' empty-input check (row-level outputs have no rows then)."""
+        return self.df
 
     def public_params(self) -> dict:
         return {"columns": list(self.columns)}
