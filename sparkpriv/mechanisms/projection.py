@@ -38,6 +38,12 @@ fails because of a data value.
 Public: ``d``, ``k``, the bounds, the noise kind and scale (needed for distance
 recovery), ``n`` (replace-one), ``M``. Secret: ``P`` and the noise seed.
 
+The mechanism: :class:`Projection` (registered as ``projection``) with its
+:class:`ProjectionParams`, on the protocol (docs/architecture.md): dense rows of
+a table, or bounded event records (sparse; the sum of the rows of ``P`` at a
+person's items, docs/math.md section 8), on the local or the Spark engine;
+the public function is :func:`sparkpriv.api.release_projection`.
+
 Distance recovery (corrected Algorithm 2): with ``s2`` the per-entry noise
 variance, ``D = ||Z_i - Z_j||^2 - 2 k s2`` is unbiased for ``||x_i - x_j||^2``
 (over ``P`` and the noise), and with ``x = x_i - x_j``
