@@ -174,6 +174,10 @@ def test_gaussian_variant(spark, table, tmp_path):
                              row_bound=3.0)
     assert rel.event.__class__.__name__ == "GaussianDpEvent"
     assert rel.epsilon <= 2.0 * 1.002 and rel.delta == 1e-6
+    z = [f"z{i}" for i in range(K)]
+    got = rel.to_numpy(z)  # collected to the driver, in partition order
+    assert got.shape == (3000, K) and got.dtype == np.float64
+    np.testing.assert_array_equal(got, rel.df.select(*z).toPandas().to_numpy())
 
 
 # ---- bad input: a clear error, nothing written -------------------------------------------
