@@ -81,9 +81,14 @@ class LocalSource:
     def _block(self, start: int, size: int) -> np.ndarray:
         fill = self.fill
         if isinstance(self.data, np.ndarray):
-            X = np.array(self.data[start:start + size], dtype=np.float64)
-            if fill is not None:
-                X[np.isnan(X)] = fill
+            X = self.data[start:start + size]
+            if X.dtype == np.float64 and (fill is None or not np.isnan(X).any()):
+                X = X.view()  # no copy of the user's rows: a read-only view of them
+                X.flags.writeable = False
+            else:
+                X = np.array(X, dtype=np.float64)
+                if fill is not None:
+                    X[np.isnan(X)] = fill
             bad = np.flatnonzero(~np.isfinite(X).all(axis=0))
             if bad.size:
                 j = int(bad[0])

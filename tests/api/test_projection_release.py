@@ -28,7 +28,9 @@ def test_same_matrix_and_noise_as_the_former_numpy_release(test_seed):
     seed; one partition (0) on the local engine. The reference is computed here from the core
     functions, as the former release_projection_array did (whole matrix, one stream)."""
     X = _X()
+    X_before = X.copy()
     rel = release_projection_array(X, k=3, epsilon=1.0, row_bound=2.0)
+    np.testing.assert_array_equal(X, X_before)  # the engine reads the user's rows, never writes them
     P = draw_projection_matrix(5, 3, derive_seed(test_seed, "projection-matrix#1"))
     plan = plan_projection(P, Bounds(5, row_bound=2.0), epsilon=1.0)
     Y, _ = project_rows(X, P, plan.bounds, plan.value_bound)
