@@ -3,8 +3,9 @@
 Public API (imported lazily so that ``import sparkpriv.privacy`` never starts
 or imports Spark):
 
-* :func:`release_projection` (Spark DataFrames), :func:`release_projection_array`
-  (numpy), :func:`recover_sq_distances`
+* :func:`release_projection` (Spark DataFrames, event records, or in-memory
+  arrays and tables; ``release_projection_array`` is the same function),
+  :func:`recover_sq_distances`
 * :func:`release_dprp` (DPRP private table: Spark DataFrames, event records, or
   in-memory arrays and tables; ``release_dprp_array`` is the same function),
   :func:`table_arrays` (the released features and labels back as numpy arrays)
@@ -30,8 +31,8 @@ from sparkpriv.errors import (
 )
 
 _LAZY = {
-    "release_projection": "sparkpriv.spark.projection",
-    "release_projection_array": "sparkpriv.mechanisms.projection",
+    "release_projection": "sparkpriv.api",
+    "release_projection_array": "sparkpriv.api",
     "recover_sq_distances": "sparkpriv.mechanisms.projection",
     "release_dprp": "sparkpriv.api",
     "release_dprp_array": "sparkpriv.api",

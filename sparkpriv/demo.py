@@ -38,7 +38,7 @@ def run_demo(*, workdir: str, rows: int, cols: int, k: int, epsilon: float, pair
     from sparkpriv.ledger import open_ledger
     from sparkpriv.mechanisms.projection import recover_sq_distances
     from sparkpriv.spark.generate import generate_blobs
-    from sparkpriv.spark.projection import release_projection
+    from sparkpriv.api import release_projection
     from sparkpriv.spark.session import get_spark
 
     workdir = os.path.abspath(workdir)

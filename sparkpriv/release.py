@@ -310,6 +310,24 @@ class Release:
         """Public files published with the table (name -> bytes), inside the same atomic step."""
         return dict(self.files)
 
+    def to_numpy(self, columns=None):
+        """The released table's ``columns`` (default: all) as a float64 array ``(rows, len(columns))``.
+
+        On the local engine the Arrow columns are copied; on the Spark engine
+        the private table is computed and collected to the driver (for small
+        releases; the same values every time, the noise being keyed). A
+        projection of a numpy array has only its ``z`` columns, so
+        ``rel.to_numpy()`` is the released matrix.
+        """
+        import numpy as np
+
+        if self.engine == "local":
+            cols = list(columns) if columns is not None else list(self.df.column_names)
+            return np.column_stack([np.asarray(self.df.column(c).to_numpy(), dtype=np.float64) for c in cols]) \
+                if cols else np.zeros((self.df.num_rows, 0))
+        cols = list(columns) if columns is not None else list(self.df.columns)
+        return self.df.select(*cols).toPandas().to_numpy(dtype=np.float64)
+
     def abandon(self, reason: str = "abandoned by the caller") -> None:
         """Release the ledger reservation of a release that will not be written."""
         self.hold.abort(reason)

@@ -1,8 +1,8 @@
 """One release, from a configuration to a published table (layer 3).
 
 The CLI's ``release <mechanism>`` and ``jobs/release.py`` both call
-:func:`run_release`; the Python functions (``release_projection`` ...) are what
-it calls. Each mechanism registers a :class:`MechanismSpec` naming its own
+:func:`run_release`; the Python functions (``sparkpriv.api.release_projection``
+...) are what it calls. Each mechanism registers a :class:`MechanismSpec` naming its own
 options (shared by the command line and config files) and how to call its
 release function from a config.
 """
@@ -94,54 +94,6 @@ def _event_records(df, cfg: ReleaseConfig, source: str):
         seed=read_key_file(cfg.get("bounding_key_file")), source=source)
 
 
-def _projection_noise(cfg: ReleaseConfig) -> tuple[str, float]:
-    """The noise kind and delta: 0 for Laplace by default, required for Gaussian."""
-    noise = cfg.get("noise", "laplace")
-    delta = cfg.get("delta")
-    if delta is None and noise != "laplace":
-        raise ParameterError("Gaussian noise needs a delta: give --delta (e.g. 1e-6).")
-    return noise, 0.0 if delta is None else delta
-
-
-def _projection(df, cfg: ReleaseConfig, source: str):
-    from sparkpriv.spark.projection import release_projection
-
-    if cfg.get("events"):
-        if cfg.get("columns") or cfg.get("keep_columns"):
-            raise ParameterError("--columns and --keep-columns do not apply to --events: the record of a "
-                                 "person is built from --item-col over --vocabulary.")
-        noise, delta = _projection_noise(cfg)
-        return release_projection(
-            _event_records(df, cfg, source), k=cfg.get("k"), epsilon=cfg.get("epsilon"), delta=delta,
-            noise=noise, neighbors=cfg.get("neighbors", "replace-one"),
-            matrix_key=read_key_file(cfg.get("matrix_key_file")), ledger=cfg.get("ledger"),
-            table_id=cfg.get("table_id"), source=source)
-    cols = cfg.get("columns")
-    noise, delta = _projection_noise(cfg)
-    return release_projection(
-        df,
-        columns=cols,
-        k=cfg.get("k"),
-        epsilon=cfg.get("epsilon"),
-        delta=delta,
-        noise=noise,
-        neighbors=cfg.get("neighbors", "replace-one"),
-        row_bound=cfg.get("row_bound"),
-        norm=cfg.get("norm", "l2"),
-        lower=per_column(cfg.get("lower"), len(cols), "lower"),
-        upper=per_column(cfg.get("upper"), len(cols), "upper"),
-        element_bound=cfg.get("element_bound"),
-        row_bound_quantile=cfg.get("row_bound_quantile"),
-        bound_epsilon_share=cfg.get("bound_epsilon_share", 0.1),
-        keep_columns=cfg.get("keep_columns", ()),
-        fill=cfg.get("fill"),
-        matrix_key=read_key_file(cfg.get("matrix_key_file")),
-        ledger=cfg.get("ledger"),
-        table_id=cfg.get("table_id"),
-        source=source,
-    )
-
-
 EVENT_OPTIONS = (
     # event tables (CDR, transit): one bounded record per person, docs/math.md section 8
     Option("events", "bool", "the input is an event table (one row per call/tap); each person's "
@@ -159,33 +111,6 @@ EVENT_OPTIONS = (
     Option("bounding_key_file", "str", "event tables: file holding a secret key (>= 16 bytes) "
            "for the choice of items, to make the same choice in later runs"),
 )
-
-
-register(MechanismSpec(
-    name="projection",
-    summary="JL random projection + calibrated noise (pairwise distances recoverable)",
-    options=(
-        Option("k", "int", "output dimension (columns z0..z{k-1})", required=True),
-        Option("noise", "str", "laplace (pure epsilon-DP) or gaussian ((epsilon, delta)-DP)",
-               default="laplace", choices=("laplace", "gaussian")),
-        Option("neighbors", "str", "neighbour relation: replace-one (a person; n is public) or element "
-               "(ONE ATTRIBUTE only, not a person; needs --lower/--upper or --element-bound, not "
-               "--row-bound). add-remove cannot hold for a row-level release and is refused",
-               default="replace-one", choices=("replace-one", "element")),
-        Option("row_bound", "float", "declared bound on each row's norm (rows are clipped to it)"),
-        Option("norm", "str", "norm of --row-bound", default="l2", choices=("l2", "l1")),
-        Option("lower", "floats", "declared per-column lower bounds (one value for all columns, or one per column)"),
-        Option("upper", "floats", "declared per-column upper bounds (one value for all columns, or one per column)"),
-        Option("element_bound", "float", "largest change of one attribute (element-wise relation)"),
-        Option("row_bound_quantile", "float", "instead of --row-bound: estimate the row bound as this "
-               "DP quantile of the row norms (spends --bound-epsilon-share of epsilon)"),
-        Option("bound_epsilon_share", "float", "share of epsilon spent on --row-bound-quantile",
-               default=0.1),
-        Option("matrix_key_file", "str", "file holding a secret key (>= 16 bytes) from which the "
-               "projection matrix is derived, to reuse the same matrix across releases"),
-    ) + EVENT_OPTIONS,
-    release=_projection,
-))
 
 
 @dataclass(frozen=True)
@@ -383,6 +308,24 @@ def _counts_adapt(cfg: ReleaseConfig, params: dict) -> dict:
 register_protocol("counts", "DP counts per public key of an event table (distinct people, or capped events, "
                   "per tower / station / pair); every key of the domain gets a noisy value and its interval",
                   row_level=False, adapt=_counts_adapt)
+
+
+def _projection_adapt(cfg: ReleaseConfig, params: dict) -> dict:
+    if cfg.get("events") and (cfg.get("columns") or cfg.get("keep_columns")):
+        raise ParameterError("--columns and --keep-columns do not apply to --events: the record of a "
+                             "person is built from --item-col over --vocabulary.")
+    if cfg.get("delta") is None and cfg.get("noise", "laplace") != "laplace":
+        raise ParameterError("Gaussian noise needs a delta: give --delta (e.g. 1e-6).")
+    if cfg.get("matrix_key_file") is not None:
+        params["matrix_key"] = read_key_file(cfg.get("matrix_key_file"))
+    return params
+
+
+register_protocol("projection", "JL random projection + calibrated noise (pairwise distances recoverable)",
+                  row_level=True, adapt=_projection_adapt, extra=(
+    Option("matrix_key_file", "str", "file holding a secret key (>= 16 bytes) from which the "
+           "projection matrix is derived, to reuse the same matrix across releases"),
+))
 
 
 def _legacy_table(options) -> str:

@@ -32,8 +32,6 @@ NAMES = {0: "core", 1: "engines", 2: "release/ledger/io", 3: "cli/jobs"}
 # (importing module, imported module): wrong-way imports still present
 KNOWN = {
     ("sparkpriv.spark.counting_queries", "sparkpriv.io.inputs"),
-    ("sparkpriv.spark.projection", "sparkpriv.release"),
-    ("sparkpriv.spark.sparse_projection", "sparkpriv.release"),
 }
 
 

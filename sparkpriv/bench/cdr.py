@@ -7,7 +7,7 @@ times two pipelines that read the events and write a Parquet table:
 
 a. ``sparkpriv``: :func:`~sparkpriv.spark.events.bound_contributions` (at most
    ``--max-items`` towers per person, keyed uniform choice) +
-   :func:`~sparkpriv.spark.projection.release_projection` (``k = --k``,
+   :func:`~sparkpriv.api.release_projection` (``k = --k``,
    Laplace, sparse records) + ``Release.write``;
 b. ``floor``: the same ``groupBy(person)`` collecting each person's towers,
    written with plain Spark SQL (no bounding, projection, noise or receipt).
@@ -117,7 +117,7 @@ def _ensure_table(spark, data_dir: str, people: int, seed: int = 0) -> tuple[str
 def _run_sparkpriv(spark, src, out, k, max_items, epsilon, writer):
     from sparkpriv.io.writer import check_output_path, choose_writer
     from sparkpriv.spark.events import bound_contributions
-    from sparkpriv.spark.projection import release_projection
+    from sparkpriv.api import release_projection
 
     ev = spark.read.parquet(src)
     recs = bound_contributions(ev, person="caller_id", item="tower_id", max_items=max_items,

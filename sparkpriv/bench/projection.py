@@ -5,7 +5,7 @@ On one Parquet table of ``--rows`` Gaussian-blob rows (generated once under
 SparkSession and the same cores, it times these pipelines that each read the
 table and write a Parquet table:
 
-a. ``sparkpriv``: :func:`~sparkpriv.spark.projection.release_projection` with
+a. ``sparkpriv``: :func:`~sparkpriv.api.release_projection` with
    Laplace noise and a declared ``row_bound``, then ``Release.write``, on the
    table read with ``read_table(..., reader=--reader)`` (default ``arrow``: the
    Python workers read the row groups and write the part files, no row
@@ -300,7 +300,7 @@ def _tree_cpu_seconds() -> float | None:
 
 def _run_sparkpriv(spark, src, out, columns, k, epsilon, row_bound, reader):
     from sparkpriv.io.inputs import read_table
-    from sparkpriv.spark.projection import release_projection
+    from sparkpriv.api import release_projection
 
     df = read_table(spark, src, "parquet", reader=reader)
     release = release_projection(df, columns=columns, k=k, epsilon=epsilon, row_bound=row_bound)

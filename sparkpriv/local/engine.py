@@ -60,8 +60,9 @@ class LocalSource:
 
     @property
     def facts(self) -> InputFacts:
+        names = () if isinstance(self.data, np.ndarray) else tuple(self.data.column_names)
         return InputFacts("table", len(self.columns), self.columns, integer_columns=self.integer_columns,
-                          classes=self.labels[1] if self.labels else ())
+                          classes=self.labels[1] if self.labels else (), names=names)
 
     @property
     def integer_columns(self) -> tuple:
@@ -127,9 +128,14 @@ class LocalSource:
     def _matrix(self, start: int, size: int) -> np.ndarray:
         fill = self.fill
         if isinstance(self.data, np.ndarray):
-            X = np.array(self.data[start:start + size], dtype=np.float64)
-            if fill is not None:
-                X[np.isnan(X)] = fill
+            X = self.data[start:start + size]
+            if X.dtype == np.float64 and (fill is None or not np.isnan(X).any()):
+                X = X.view()  # no copy of the user's rows: a read-only view of them
+                X.flags.writeable = False
+            else:
+                X = np.array(X, dtype=np.float64)
+                if fill is not None:
+                    X[np.isnan(X)] = fill
             bad = np.flatnonzero(~np.isfinite(X).all(axis=0))
             if bad.size:
                 j = int(bad[0])
@@ -239,7 +245,8 @@ def _open(data, columns, caller) -> tuple[Any, tuple]:
         if X.ndim != 2:
             raise ParameterError(f"X must be a 2-D array (n_samples, n_features). Got shape {X.shape}.")
         if not (np.issubdtype(X.dtype, np.number) or X.dtype == bool) or np.iscomplexobj(X):
-            raise ParameterError(f"X must be real and numeric. Got dtype {X.dtype}.")
+            raise InputError(f"X must be real and numeric. Got dtype {X.dtype}: release the real and imaginary "
+                             "parts as separate columns if both are meant.")
         names = tuple(columns) if columns is not None else tuple(f"x{j}" for j in range(X.shape[1]))
         if len(names) != X.shape[1]:
             raise ParameterError(f"The 'columns' parameter of {caller} names {len(names)} columns; X has "

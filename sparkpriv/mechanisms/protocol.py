@@ -314,6 +314,8 @@ class InputFacts:
     ``integer_columns``: indices of the declared columns of an integer type
     (a table). ``classes``: the declared label values, coerced to the label
     column's type (when ``engine.open`` got ``labels=(column, classes)``).
+    ``names``: every column name of a table input (its schema; empty for a
+    numpy array), for parameters that name other columns (kept public columns).
     """
 
     kind: str
@@ -323,6 +325,7 @@ class InputFacts:
     l2_bound: float | None = None
     integer_columns: tuple = ()
     classes: tuple = ()
+    names: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -501,6 +504,7 @@ def registered() -> dict[str, Mechanism]:
     import sparkpriv.mechanisms.counts  # noqa: F401  (registers itself)
     import sparkpriv.mechanisms.kmeans  # noqa: F401  (registers itself)
     import sparkpriv.mechanisms.regression  # noqa: F401  (registers itself)
+    import sparkpriv.mechanisms.projection  # noqa: F401  (registers itself)
 
     return dict(_REGISTRY)
 

@@ -24,10 +24,11 @@ def preload() -> None:
     try:
         import pyarrow.parquet  # noqa: F401
 
-        import sparkpriv.spark.dprp  # noqa: F401
-        import sparkpriv.spark.kmeans  # noqa: F401
+        import sparkpriv.mechanisms.dprp  # noqa: F401
+        import sparkpriv.mechanisms.kmeans  # noqa: F401
+        import sparkpriv.mechanisms.projection  # noqa: F401
+        import sparkpriv.spark.engine  # noqa: F401
         import sparkpriv.spark.parquet_scan  # noqa: F401
-        import sparkpriv.spark.projection  # noqa: F401
         from sparkpriv.privacy import _compiled
 
         _compiled.kernels()

@@ -88,7 +88,7 @@ class TableSource:
 
         ints = tuple(j for j, c in enumerate(self.columns) if isinstance(self.df.schema[c].dataType, IntegralType))
         return InputFacts("table", len(self.columns), self.columns, integer_columns=ints,
-                          classes=self.labels[1] if self.labels else ())
+                          classes=self.labels[1] if self.labels else (), names=tuple(self.df.columns))
 
     @property
     def read_columns(self) -> list:
@@ -101,7 +101,8 @@ class TableSource:
 
     @property
     def source_df(self):
-        return None
+        """The input, for the writers' empty-input check (row-level outputs have no rows then)."""
+        return self.df
 
     def public_params(self) -> dict:
         return {"columns": list(self.columns)}

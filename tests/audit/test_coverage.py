@@ -97,7 +97,8 @@ DENSE_BOUNDS = {
 
 
 def offered_projection() -> set:
-    from sparkpriv.mechanisms.projection import NOISE_KINDS, release_projection_array
+    from sparkpriv.api import release_projection_array
+    from sparkpriv.mechanisms.projection import NOISE_KINDS
 
     out = set()
     for noise in NOISE_KINDS:
@@ -110,23 +111,29 @@ def offered_projection() -> set:
     return out
 
 
+def plan_records_projection(neighbors: str, noise: str, delta: float, cap) -> None:
+    """The release path of the projection mechanism on bounded event records, up to its plan
+    (parameters, neighbour relation, calibration; the engine only adds the data)."""
+    from sparkpriv.mechanisms.projection import PROJECTION, ProjectionParams
+    from sparkpriv.mechanisms.protocol import InputFacts, resolve_neighbors
+
+    p = ProjectionParams(k=2, epsilon=1.0, delta=delta, noise=noise, neighbors=neighbors)
+    resolve_neighbors(p.neighbors, PROJECTION, "audit")
+    p.validate("audit")
+    PROJECTION.plan(p, InputFacts("records", 20, (), cap.value_cap, cap.l2_bound), "audit")
+
+
 def offered_projection_events() -> set:
     from sparkpriv.mechanisms.projection import NOISE_KINDS
-    from sparkpriv._validation import refuse_row_level_add_remove
-    from sparkpriv.mechanisms.sparse import WEIGHTS, ItemCap, plan_sparse_projection
+    from sparkpriv.mechanisms.sparse import WEIGHTS, ItemCap
 
-    P = np.random.default_rng(1).standard_normal((20, 2))
     out = set()
     for noise in NOISE_KINDS:
         delta = 1e-6 if noise == GAU else 0.0
         for w in WEIGHTS:
             cap = ItemCap(2, w, None if w == "binary" else 3)
             for rel in NEIGHBORS:
-                # the release entry point (release_sparse_projection) refuses add-remove
-                # first; plan_sparse_projection alone is a sensitivity calculator
-                if _accepts(lambda: refuse_row_level_add_remove(rel, release="event records", caller="audit")) \
-                        and _accepts(lambda: plan_sparse_projection(P, cap, epsilon=1.0, delta=delta, noise=noise,
-                                                                    neighbors=rel)):
+                if _accepts(lambda: plan_records_projection(rel, noise, delta, cap)):
                     out.add(("projection-events", noise, rel, w))
     return out
 
@@ -245,16 +252,18 @@ def test_audit_registry_points_at_existing_tests():
 
 
 REFUSED = [
-    ("projection add-remove (rows)", lambda: __import__("sparkpriv.mechanisms.projection", fromlist=["x"])
+    ("projection add-remove (rows)", lambda: __import__("sparkpriv.api", fromlist=["x"])
      .release_projection_array(X, k=2, epsilon=1.0, neighbors="add-remove", row_bound=1.0)),
-    ("projection element + row_bound", lambda: __import__("sparkpriv.mechanisms.projection", fromlist=["x"])
+    ("projection element + row_bound", lambda: __import__("sparkpriv.api", fromlist=["x"])
      .release_projection_array(X, k=2, epsilon=1.0, neighbors="element", row_bound=1.0,
                                lower=[-1.0] * 3, upper=[1.0] * 3)),
     ("projection element + element_bound + row_bound",
-     lambda: __import__("sparkpriv.mechanisms.projection", fromlist=["x"])
+     lambda: __import__("sparkpriv.api", fromlist=["x"])
      .release_projection_array(X, k=2, epsilon=1.0, neighbors="element", row_bound=1.0, element_bound=0.5)),
-    ("event-records projection add-remove", lambda: __import__("sparkpriv.spark.sparse_projection", fromlist=["x"])
-     .release_sparse_projection(None, k=2, epsilon=1.0, neighbors="add-remove")),
+    ("event-records projection add-remove", lambda: plan_records_projection(
+        "add-remove", LAP, 0.0, __import__("sparkpriv.mechanisms.sparse", fromlist=["x"]).ItemCap(2))),
+    ("event-records projection element", lambda: plan_records_projection(
+        "element", LAP, 0.0, __import__("sparkpriv.mechanisms.sparse", fromlist=["x"]).ItemCap(2))),
     ("dprp add-remove", lambda: __import__("sparkpriv.api", fromlist=["x"])
      .release_dprp_array(X, epsilon=1.0, delta=1e-6, lower=[-1.0] * 3, upper=[1.0] * 3,
                          neighbors="add-remove")),

@@ -1,14 +1,16 @@
 """Audit of the JL projection release: dense rows and event-table (sparse) records.
 
-Dense rows go through the public ``release_projection_array`` with a known
+Dense rows go through the public ``release_projection_array`` (the projection
+mechanism on the local engine) with a known
 ``matrix_key`` (so the auditor knows ``P``): one call releases ``n`` copies of
 the same row, i.e. ``n`` independent runs of the mechanism on that record
 (every row gets its own noise; the other rows of a table do not change the
 distribution of this one). Worst-case rows are computed by the auditor's own
 search over ``P`` (sign enumeration, vertices of the box) and given OUTSIDE the
 declared bounds, so the release's clipping is what maps them onto the
-worst-case pair. Event records go through the core functions of the Spark path
-(``plan_sparse_projection``, ``project_sparse_rows``, ``add_noise``).
+worst-case pair. Event records go through the mechanism's calibration
+(``plan_sparse_projection``) and its records row map (``_sparse_row_map``: the
+sparse projection and the keyed noise both engines run).
 
 Relations audited: replace-one with an L2, an L1 or a box bound; element with a
 box or an ``element_bound``. Not audited (refused by the library):
@@ -20,16 +22,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sparkpriv.mechanisms.projection import (
-    plan_projection,
-    release_projection_array,
-    secret_matrix_and_seed,
-)
-from sparkpriv.mechanisms.sparse import ItemCap, plan_sparse_projection, project_sparse_rows
-from sparkpriv.privacy import noise as nz
+from sparkpriv.api import release_projection_array
+from sparkpriv.mechanisms.projection import _sparse_row_map, plan_projection, secret_matrix_and_seed
+from sparkpriv.mechanisms.protocol import SparseRows
+from sparkpriv.mechanisms.sparse import ItemCap, plan_sparse_projection
 from sparkpriv.privacy.bounds import Bounds
 from sparkpriv.privacy.calibration import gdp_mu_for
-from sparkpriv.privacy.random import stream
 
 from ._audit import (
     N_GAUSS,
@@ -145,10 +143,10 @@ def test_dense_projection_laplace(relation, kind, control, monkeypatch, test_see
     assert rel_p.plan.noise == rel.plan.noise
     u = np.rint((x @ P) / g).astype(np.int64)
     up = np.rint((xp @ P) / g).astype(np.int64)
-    res = laplace_game(f"projection dense laplace {relation} {kind}", grid_integers(rel.Z, g),
-                       grid_integers(rel_p.Z, g), u, up, EPS_LAPLACE, control=control)
+    res = laplace_game(f"projection dense laplace {relation} {kind}", grid_integers(rel.to_numpy(), g),
+                       grid_integers(rel_p.to_numpy(), g), u, up, EPS_LAPLACE, control=control)
     if not control:
-        assert rel.epsilon() <= EPS_LAPLACE  # the accounted epsilon never exceeds the request
+        assert rel.epsilon <= EPS_LAPLACE  # the accounted epsilon never exceeds the request
     check(res)
 
 
@@ -167,10 +165,10 @@ def test_dense_projection_gaussian(relation, kind, control, monkeypatch, test_se
     u = np.rint((x @ P) / g).astype(np.int64)
     up = np.rint((xp @ P) / g).astype(np.int64)
     if not control:
-        assert rel.epsilon() <= EPS_GAUSS  # the accounted epsilon never exceeds the request
+        assert rel.epsilon <= EPS_GAUSS  # the accounted epsilon never exceeds the request
     mu_claim = gdp_mu_for(EPS_GAUSS, DELTA)
-    res = gaussian_game(f"projection dense gaussian {relation} {kind}", grid_integers(rel.Z, g),
-                        grid_integers(rel_p.Z, g), u, up, nzo.sigma, EPS_GAUSS, DELTA, mu_claim,
+    res = gaussian_game(f"projection dense gaussian {relation} {kind}", grid_integers(rel.to_numpy(), g),
+                        grid_integers(rel_p.to_numpy(), g), u, up, nzo.sigma, EPS_GAUSS, DELTA, mu_claim,
                         control=control)
     check(res)
 
@@ -213,8 +211,10 @@ def records_release(item: int, n: int, cap: ItemCap, plan, P, seed: int) -> np.n
     offsets = np.arange(n + 1, dtype=np.int64)
     indices = np.full(n, item, dtype=np.int32)
     values = None if cap.weights == "binary" else np.full(n, cap.value_cap)
-    Y = project_sparse_rows(offsets, indices, values, P)
-    return nz.add_noise(Y, plan.noise, stream(seed, 1, 0))
+    # the mechanism's own row map (what both engines run), one block of partition 0
+    row_map = _sparse_row_map(P, plan.noise, seed, plan.value_bound)
+    (cols,) = list(row_map(0, iter([SparseRows(offsets, indices, values, P.shape[0])])))
+    return np.column_stack(cols)
 
 
 @pytest.mark.parametrize("control", [False, True], ids=["mechanism", "control"])

@@ -15,7 +15,7 @@ from sparkpriv.errors import InputError, OutputExistsError, ParameterError
 from sparkpriv.io import writer as W
 from sparkpriv.privacy.random import reset_test_counter
 from sparkpriv.spark.batches import BatchMap
-from sparkpriv.spark.projection import release_projection
+from sparkpriv.api import release_projection
 
 pytestmark = pytest.mark.spark
 

@@ -12,8 +12,8 @@ from sparkpriv.mechanisms.projection import (
     plan_projection,
     project_rows,
     recover_sq_distances,
-    release_projection_array,
 )
+from sparkpriv.api import release_projection_array
 from sparkpriv.privacy.accounting import epsilon_of
 from sparkpriv.privacy.bounds import Bounds
 
@@ -90,7 +90,7 @@ def test_release_array_adds_noise_of_the_planned_scale(test_seed):
 
     P = draw_projection_matrix(10, 5, derive_seed(test_seed, "projection-matrix#1"))
     Y, _ = project_rows(X, P, Bounds(10, row_bound=1.0))
-    resid = rel.Z - Y
+    resid = rel.to_numpy() - Y
     assert resid.var() == pytest.approx(rel.plan.noise_variance, rel=0.03)
     assert abs(resid.mean()) < 4 * np.sqrt(rel.plan.noise_variance / resid.size)
 
@@ -117,7 +117,7 @@ def test_bad_parameters(kw, msg):
 def test_nan_input_is_named():
     X = np.ones((4, 3))
     X[2, 1] = np.nan
-    with pytest.raises(InputError, match="column index 1"):
+    with pytest.raises(InputError, match=r"column 'x1' \(index 1\) has NaN"):
         release_projection_array(X, k=2, epsilon=1.0, row_bound=1.0)
 
 
@@ -181,5 +181,5 @@ def test_values_far_from_origin_fit_the_noise_grid(noise, delta):
     X = rng.uniform(1000.0, 1001.0, size=(2000, 6))
     rel = release_projection_array(X, k=3, epsilon=8.0, delta=delta, noise=noise,
                                    lower=[1000.0] * 6, upper=[1001.0] * 6)
-    assert np.isfinite(rel.Z).all()
+    assert np.isfinite(rel.to_numpy()).all()
     assert rel.plan.noise.max_abs_value >= np.abs(X @ np.ones((6, 1))).max() / 10

@@ -13,7 +13,7 @@ from sparkpriv.io import writer as W
 from sparkpriv.privacy.random import reset_test_counter
 from sparkpriv.spark.batches import BatchMap
 from sparkpriv.spark.events import bound_contributions
-from sparkpriv.spark.projection import release_projection
+from sparkpriv.api import release_projection
 
 pytestmark = pytest.mark.spark
 

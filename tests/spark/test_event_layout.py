@@ -21,7 +21,7 @@ from sparkpriv.privacy.prf import siphash24_u64, split_key
 from sparkpriv.privacy.random import derive_seed
 from sparkpriv.api import release_dprp
 from sparkpriv.spark.events import LAYOUT_LABEL, bound_contributions
-from sparkpriv.spark.projection import release_projection
+from sparkpriv.api import release_projection
 
 # SipHash-2-4 reference vectors (Aumasson & Bernstein 2012, appendix / reference
 # implementation): key 00 01 .. 0f, message 00 01 .. (len-1), for len = 0 .. 16;

@@ -16,10 +16,10 @@ from sparkpriv.mechanisms.sparse import (
     sparse_rows_from_lists,
 )
 from sparkpriv.privacy.random import derive_seed
-from sparkpriv.spark.batches import map_batches
 from sparkpriv.spark.events import bound_contributions
-from sparkpriv.spark.projection import release_projection
-from sparkpriv.spark.sparse_projection import _schema, _sparse_batch_fn
+from sparkpriv.api import release_projection
+from sparkpriv.mechanisms.projection import _sparse_row_map
+from sparkpriv.spark.engine import SparkEngine
 
 pytestmark = pytest.mark.spark
 
@@ -46,6 +46,22 @@ def _records(df):
         vals = r["values"] if "values" in r.__fields__ else [1.0] * len(r["items"])
         out.append(tuple(zip(r["items"], vals)))
     return sorted(out)
+
+
+def _map_records(recs, row_map, k):
+    """The mechanism's records row map through the Spark engine (keyed layout, as the release)."""
+    eng = SparkEngine()
+    src = eng.open(recs, columns=None, fill=None, caller="test")
+    out, _ = eng.map_rows(src, row_map, [(f"z{i}", "double", False) for i in range(k)])
+    return out
+
+
+def _task_fn(recs, row_map, k):
+    """The Spark task function the engine builds for ``row_map`` (bounding, keyed order, noise)."""
+    eng = SparkEngine()
+    src = eng.open(recs, columns=None, fill=None, caller="test")
+    _, rows = eng.map_rows(src, row_map, [(f"z{i}", "double", False) for i in range(k)])
+    return rows.fn
 
 
 def _owner(rec_items):
@@ -139,8 +155,8 @@ def test_sparse_projection_on_spark_equals_dense_projection_before_noise(spark, 
     d, k = recs.d, 4
     rng = np.random.default_rng(0)
     for P in (rng.integers(-512, 512, (d, k)) / 256.0, draw_projection_matrix(d, k, seed=2)):
-        fn = _sparse_batch_fn(P, recs.record_fn(), None, 1, k)
-        Y = np.array(sorted(map(tuple, map_batches(recs.grouped, fn, _schema(k)).toPandas().to_numpy())))
+        out = _map_records(recs, _sparse_row_map(P, None, 1), k)
+        Y = np.array(sorted(map(tuple, out.toPandas().to_numpy())))
         rows = [r for r in recs.df.collect()]
         off, idx = sparse_rows_from_lists([r["items"] for r in rows])
         X = densify_rows(off, idx, None, d)
@@ -169,8 +185,8 @@ def test_sparse_release_noise_does_not_depend_on_arrival_order(spark, events):
     P = draw_projection_matrix(recs.d, 4, seed=3)
     plan = plan_sparse_projection(P, recs.cap, epsilon=1.0, delta=0.0, noise="laplace",
                                   neighbors="replace-one", caller="test")
-    fn = _sparse_batch_fn(P, recs.record_fn(), plan.noise, 77, 4)
-    ref_fn = _sparse_batch_fn(P, recs.record_fn(), None, 77, 4)
+    fn = _task_fn(recs, _sparse_row_map(P, plan.noise, 77), 4)
+    ref_fn = _task_fn(recs, _sparse_row_map(P, None, 77), 4)
 
     def run(f, t, sizes):
         out = pa.Table.from_batches(list(f(iter(t.to_batches(max_chunksize=sizes)), 5)))

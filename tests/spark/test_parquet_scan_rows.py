@@ -16,8 +16,8 @@ from sparkpriv.errors import InputError
 from sparkpriv.io.inputs import read_table
 from sparkpriv.privacy.random import reset_test_counter
 from sparkpriv.api import release_dprp
-from sparkpriv.spark.parquet_scan import ParquetInput, parquet_scan, row_map
-from sparkpriv.spark.projection import release_projection
+from sparkpriv.spark.parquet_scan import ParquetInput, parquet_scan
+from sparkpriv.api import release_projection
 
 pytestmark = pytest.mark.spark
 
@@ -132,18 +132,27 @@ def test_projection_direct_reader_equals_dataframe_reader(spark, layout, tmp_pat
 def test_direct_reader_pre_noise_values_match_numpy(spark, layout, test_seed):
     """Independent reference: the noiseless batch function over the direct reader's rows is
     X_clipped @ P for the rows of the files (any order, every row once)."""
-    from sparkpriv.mechanisms.projection import secret_matrix_and_seed
+    from sparkpriv.mechanisms.projection import project_rows, secret_matrix_and_seed
     from sparkpriv.privacy.bounds import Bounds
-    from sparkpriv.spark.projection import _batch_fn, projected_schema
+    from sparkpriv.spark.engine import SparkEngine
 
     path, lay = layout
     inp = read_table(spark, path, reader="arrow")
     P, seed = secret_matrix_and_seed(3, 2, b"k" * 32)
     bounds = Bounds(3, (0.0, -5.0, 0.0), (1.0, 5.0, 60.0))
-    fn = _batch_fn(P, bounds, None, seed, FEATURES, ["person"], 2, None, None)
+
+    def noiseless(pid, blocks):  # the projection's row map without its noise
+        for X in blocks:
+            Y, _ = project_rows(X, P, bounds)
+            yield [Y[:, 0].copy(), Y[:, 1].copy()]
+
     with spark_conf(spark, **_conf(lay)):
-        rows = row_map(inp, ["person", *FEATURES], fn, projected_schema(inp, 2, ["person"]), passthrough=["person"])
-        got = rows.to_df().toPandas().sort_values("person").reset_index(drop=True)
+        eng = SparkEngine()
+        src = eng.open(inp, columns=FEATURES, fill=None, caller="t", keep=["person"])
+        df, rows = eng.map_rows(src, noiseless, [("z0", "double", False), ("z1", "double", False)],
+                                keep=["person"])
+        assert rows.source is not inp.df  # the direct reader: tasks over spark.range, not the DataFrame
+        got = df.toPandas().sort_values("person").reset_index(drop=True)
     pdf = pd.concat([pq.read_table(os.path.join(path, f)).to_pandas() for f in sorted(os.listdir(path))],
                     ignore_index=True).sort_values("person").reset_index(drop=True)
     X = np.clip(pdf[FEATURES].to_numpy(float), [0, -5, 0], [1, 5, 60])
@@ -289,7 +298,8 @@ def test_python_daemon_preloads_the_release_modules():
     import sys
 
     code = ("import sys, sparkpriv.spark.daemon as d; d.preload(); "
-            "print(all(m in sys.modules for m in ('sparkpriv.spark.projection', 'sparkpriv.spark.parquet_scan', "
+            "print(all(m in sys.modules for m in ('sparkpriv.mechanisms.projection', 'sparkpriv.spark.engine', "
+            "'sparkpriv.spark.parquet_scan', "
             "'pyarrow.parquet', 'sparkpriv.privacy._compiled')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})

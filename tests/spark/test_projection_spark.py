@@ -9,11 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from sparkpriv.errors import InputError, OutputExistsError, ParameterError, SchemaError
-from sparkpriv.mechanisms.projection import draw_projection_matrix, project_rows
+from sparkpriv.api import release_projection
+from sparkpriv.mechanisms.projection import _dense_row_map, draw_projection_matrix, project_rows
 from sparkpriv.privacy.bounds import Bounds
 from sparkpriv.privacy.random import derive_seed
-from sparkpriv.spark.projection import _batch_fn, projected_schema, release_projection
-from sparkpriv.spark.batches import map_batches
+from sparkpriv.spark.engine import SparkEngine
 
 pytestmark = pytest.mark.spark
 
@@ -45,12 +45,19 @@ def _collect_sorted(df, key):
     return rows
 
 
+def _map_rows(df, columns, row_map, k, keep=()):
+    """The mechanism's row map through the Spark engine's map_rows (what the release runs)."""
+    eng = SparkEngine()
+    src = eng.open(df, columns=columns, fill=None, caller="test")
+    out, _ = eng.map_rows(src, row_map, [(f"z{i}", "double", False) for i in range(k)], keep=keep)
+    return out
+
+
 def test_spark_projection_equals_numpy_before_noise(spark, table):
     df, _ = table
     P = draw_projection_matrix(D, K, seed=99)
     bounds = Bounds(D, (-2.0,) * D, (2.0,) * D, row_bound=3.0)
-    fn = _batch_fn(P, bounds, None, 1, _cols(), ["person"], K, None, None)
-    out = map_batches(df.select("person", *_cols()), fn, projected_schema(df, K, ["person"]))
+    out = _map_rows(df, _cols(), _dense_row_map(P, bounds, None, 1), K, keep=["person"])
     got = out.toPandas().sort_values("person")
     src = df.toPandas().sort_values("person")
     Y, _ = project_rows(src[_cols()].to_numpy(), P, bounds)
@@ -167,6 +174,10 @@ def test_gaussian_variant(spark, table, tmp_path):
                              row_bound=3.0)
     assert rel.event.__class__.__name__ == "GaussianDpEvent"
     assert rel.epsilon <= 2.0 * 1.002 and rel.delta == 1e-6
+    z = [f"z{i}" for i in range(K)]
+    got = rel.to_numpy(z)  # collected to the driver, in partition order
+    assert got.shape == (3000, K) and got.dtype == np.float64
+    np.testing.assert_array_equal(got, rel.df.select(*z).toPandas().to_numpy())
 
 
 # ---- bad input: a clear error, nothing written -------------------------------------------
@@ -282,13 +293,11 @@ class _Untouchable:
 
 
 def test_add_remove_refused_before_the_input_is_read():
-    from sparkpriv.spark.sparse_projection import release_sparse_projection
-
     with pytest.raises(ParameterError, match=r"'add-remove'.*number of output rows.*replace-one"):
         release_projection(_Untouchable(), columns=["a"], k=1, epsilon=1.0, row_bound=1.0,
                            neighbors="add-remove")
     with pytest.raises(ParameterError, match=r"'add-remove'.*event-table records.*replace-one"):
-        release_sparse_projection(_Untouchable(), k=1, epsilon=1.0, neighbors="add-remove")
+        release_projection(_Untouchable(), k=1, epsilon=1.0, neighbors="add-remove")
 
 
 def test_add_remove_refused_by_dprp_rows(spark, table):
@@ -321,8 +330,7 @@ def test_spark_clamps_like_numpy_before_noise(spark):
     P = draw_projection_matrix(3, 2, seed=4)
     bounds = Bounds(3, element_bound=1.0)
     M = 1e6
-    fn = _batch_fn(P, bounds, None, 1, ["a", "b", "c"], [], 2, None, None, M)
-    got = map_batches(df, fn, projected_schema(df, 2, [])).toPandas().to_numpy()
+    got = _map_rows(df, ["a", "b", "c"], _dense_row_map(P, bounds, None, 1, M), 2).toPandas().to_numpy()
     Y, _ = project_rows(X, P, bounds, M)
     np.testing.assert_array_equal(got, Y)  # one batch of the same rows: the same bits
     assert np.abs(got).max() <= M and np.abs(got[0]).max() < 10
