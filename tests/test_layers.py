@@ -1,15 +1,14 @@
 """The package's layers, checked on the import graph (lazy imports inside functions included).
 
     core (sparkpriv.privacy, sparkpriv.mechanisms, errors, _validation; no pyspark)
-      <- engines (sparkpriv.spark)
-      <- release, ledger, io, config
+      <- engines (sparkpriv.spark, sparkpriv.local)
+      <- release, api, estimators, ledger, io, config
       <- cli, runner, demo, bench, jobs/
 
 An import may only go to the same or a lower layer, and sparkpriv.privacy may not
-import sparkpriv.mechanisms. KNOWN lists the imports that still run the wrong way,
-each to be removed by the one-release-path work (the engines build releases and
-write through io today); an import not in it fails, and so does an entry of KNOWN
-that no longer occurs, so the list can only shrink.
+import sparkpriv.mechanisms. KNOWN lists imports allowed to run the wrong way; it is
+empty since every mechanism is on the one release path, and an entry that no longer
+occurs fails, so it can only shrink.
 """
 
 from __future__ import annotations
@@ -30,9 +29,7 @@ LAYERS = [  # (module prefix, layer); longest prefix wins
 NAMES = {0: "core", 1: "engines", 2: "release/ledger/io", 3: "cli/jobs"}
 
 # (importing module, imported module): wrong-way imports still present
-KNOWN = {
-    ("sparkpriv.spark.counting_queries", "sparkpriv.io.inputs"),
-}
+KNOWN: set = set()
 
 
 def layer(module: str) -> int | None:

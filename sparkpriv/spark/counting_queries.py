@@ -154,23 +154,3 @@ def format_table(result: dict) -> str:
                      f"{g['max_relative_error']:>10.5f}")
     lines.append(f"{'all':>5} {'':>11} {result['queries']:>8} {result['mean_relative_error']:>14.5f}")
     return "\n".join(lines)
-
-
-def evaluate_tables(spark, *, source: str, release: str, person_col: str, item_col: str, vocabulary: str,
-                    source_format: str | None = None, release_format: str | None = None,
-                    release_columns=None, release_prefix: str | None = None, release_items_col: str = "items",
-                    threshold: float = 0.5, queries: int = 1000, groups: int = 5, max_length: int | None = None,
-                    seed: int = 0) -> dict:
-    """Read ``source`` and ``release`` (paths or table names) and evaluate (the CLI's entry point)."""
-    from sparkpriv.io.inputs import read_table
-
-    if release_prefix and release_columns:
-        raise ParameterError("Give either release_columns or release_prefix, not both.")
-    if release_prefix:
-        release_columns = [f"{release_prefix}{j}" for j in range(Vocabulary.parse(vocabulary).size)]
-    return evaluate_counting_queries(
-        spark, source=read_table(spark, source, source_format, format_option="--source-format"),
-        release=read_table(spark, release, release_format, format_option="--release-format"),
-        person=person_col, item=item_col, vocabulary=vocabulary, release_columns=release_columns,
-        release_items_col=release_items_col, threshold=threshold, n_queries=queries, groups=groups,
-        max_length=max_length, seed=seed)
