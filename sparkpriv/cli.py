@@ -19,7 +19,7 @@ import re
 import sys
 from typing import Sequence
 
-from sparkpriv.config import Option, build_config, load_toml
+from sparkpriv.config import Option, build_config, load_toml, split_file_values
 from sparkpriv.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, ParameterError, SparkPrivError
 from sparkpriv.privacy.random import refuse_fixed_seed
 
@@ -175,20 +175,8 @@ def _apply_config(parser, argv, args):
     """Re-parse with the config file's values as defaults (command line wins)."""
     values = load_toml(args.config)
     leaf = args._leaf
-    spark_conf = values.pop("spark", {}) or {}
-    mech = values.pop("mechanism", None)
-    if mech is not None and getattr(args, "mechanism", mech) != mech:
-        raise ParameterError(
-            f"The config file {args.config!r} names mechanism {mech!r} but the command releases "
-            f"{args.mechanism!r}."
-        )
     dests = {a.dest for a in leaf._actions if a.dest not in ("help", "config")}
-    unknown = sorted(k for k in values if k not in dests or k.startswith("_"))
-    if unknown:
-        raise ParameterError(
-            f"Unknown key {unknown[0]!r} in the config file {args.config!r}. Known keys: "
-            f"{', '.join(sorted(d for d in dests if not d.startswith('_')))}, mechanism, [spark]."
-        )
+    spark_conf = split_file_values(values, getattr(args, "mechanism", None), dests, f"config file {args.config!r}")
     opt_types = {o.name: o for o in args._options}
     defaults = {}
     for k, v in values.items():

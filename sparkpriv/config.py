@@ -170,6 +170,31 @@ def load_toml(path: str) -> dict:
         raise ParameterError(f"The config file {path!r} is not valid TOML: {exc}.") from None
 
 
+def split_file_values(file_values: dict, mechanism: str | None, known, source: str) -> dict:
+    """Check a config file's keys (the one place that does) and take out ``mechanism`` and
+    ``[spark]``: returns the Spark settings; ``file_values`` keeps the options.
+
+    Unknown keys, a ``mechanism`` other than the command's, and a ``[spark]``
+    that is not a table are refused, naming the file and the known keys
+    (``mechanism`` None: a command that releases nothing; the key is ignored).
+    """
+    spark_conf = file_values.pop("spark", {}) or {}
+    if not isinstance(spark_conf, dict):
+        raise ParameterError(f"The [spark] section of the {source} must be a table of settings.")
+    mech = file_values.pop("mechanism", None)
+    if mech is not None and mechanism is not None and mech != mechanism:
+        raise ParameterError(
+            f"The {source} names mechanism {mech!r} but the command releases {mechanism!r}."
+        )
+    unknown = sorted(k for k in file_values if k not in known or k.startswith("_"))
+    if unknown:
+        raise ParameterError(
+            f"Unknown key {unknown[0]!r} in the {source}. Known keys{f' for {mechanism}' if mechanism else ''}: "
+            f"{', '.join(sorted(k for k in known if not k.startswith('_')))}, mechanism, [spark]."
+        )
+    return spark_conf
+
+
 def build_config(
     mechanism: str,
     options: tuple[Option, ...],
@@ -183,21 +208,8 @@ def build_config(
     Unknown keys in the file are errors; missing required options are errors.
     """
     file_values = dict(file_values or {})
-    spark_conf = file_values.pop("spark", {}) or {}
-    if not isinstance(spark_conf, dict):
-        raise ParameterError(f"The [spark] section of the {source} must be a table of settings.")
-    mech = file_values.pop("mechanism", None)
-    if mech is not None and mech != mechanism:
-        raise ParameterError(
-            f"The {source} names mechanism {mech!r} but the command releases {mechanism!r}."
-        )
+    spark_conf = split_file_values(file_values, mechanism, {o.name for o in options}, source)
     known = {o.name: o for o in options}
-    unknown = sorted(set(file_values) - set(known))
-    if unknown:
-        raise ParameterError(
-            f"Unknown key {unknown[0]!r} in the {source}. Known keys for {mechanism}: "
-            f"{', '.join(sorted(known))}, mechanism, [spark]."
-        )
     values: dict[str, Any] = {}
     for name, opt in known.items():
         v = cli_values.get(name)
