@@ -1,6 +1,6 @@
 """scikit-learn estimators over the one release path (in-memory data, the local engine).
 
-``DPKMeans`` follows scikit-learn's API (``get_params``/``set_params`` from the
+``DPKMeans`` and ``DPLinearRegression`` follow scikit-learn's API (``get_params``/``set_params`` from the
 constructor, ``fit`` returns ``self``, fitted attributes end in ``_``, usable
 in a :class:`sklearn.pipeline.Pipeline` and with :func:`sklearn.base.clone`),
 as diffprivlib's estimators do. Each ``fit`` is one release of the mechanism:
@@ -16,12 +16,12 @@ the data are not private. Declare the bounds (``lower``/``upper``/
 from __future__ import annotations
 
 import numpy as np
-from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
+from sklearn.base import BaseEstimator, ClusterMixin, RegressorMixin, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
-from sparkpriv.api import release_kmeans
+from sparkpriv.api import release_kmeans, release_regression
 
-__all__ = ["DPKMeans"]
+__all__ = ["DPKMeans", "DPLinearRegression"]
 
 
 class DPKMeans(ClusterMixin, TransformerMixin, BaseEstimator):
@@ -96,3 +96,70 @@ class DPKMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         C = self.cluster_centers_
         d2 = (X * X).sum(1)[:, None] - 2 * X @ C.T + (C * C).sum(1)[None, :]
         return np.sqrt(np.maximum(d2, 0.0))
+
+
+class DPLinearRegression(RegressorMixin, BaseEstimator):
+    """Private linear regression on a sample-mixing sketch (docs/regression.md) as an estimator.
+
+    ``fit(X, y)`` is one release of the ``regression`` mechanism on the local
+    engine: the rows ``[x, y]`` are clipped to the declared L2 bound
+    ``row_bound`` (public: declare it, never compute it from the data), the
+    sketch ``S [X y] + W`` is released, and the coefficients are fitted on it
+    (post-processing). There is no intercept term: add a constant column to
+    ``X`` (it counts in ``row_bound``).
+
+    Attributes
+    ----------
+    coef_ : ndarray of shape (n_features,)
+    stderr_, ci_low_, ci_high_ : ndarray of shape (n_features,)
+        Standard errors and ``confidence`` intervals of the coefficients.
+    epsilon_, delta_ : float
+        What the fit spent.
+    release_ : Release
+        The whole release (the private sketch, receipt; ``release_.write(path)``).
+    n_features_in_ : int
+    """
+
+    def __init__(self, *, row_bound: float = 1.0, epsilon: float = 1.0, delta: float = 1e-6,
+                 sketch_rows=None, sketch_rule: str = "log", ridge: float = 0.0, debias: bool = True,
+                 confidence: float = 0.95, ledger=None, table_id=None):
+        self.row_bound = row_bound
+        self.epsilon = epsilon
+        self.delta = delta
+        self.sketch_rows = sketch_rows
+        self.sketch_rule = sketch_rule
+        self.ridge = ridge
+        self.debias = debias
+        self.confidence = confidence
+        self.ledger = ledger
+        self.table_id = table_id
+
+    def fit(self, X, y):
+        """Release a private sketch of ``[X, y]`` and fit on it (spends epsilon, delta); returns self."""
+        import pyarrow as pa
+
+        from sparkpriv.errors import ParameterError
+
+        X = np.asarray(X, dtype=np.float64)
+        y = np.asarray(y, dtype=np.float64).ravel()
+        if X.ndim != 2 or y.shape != (X.shape[0],):
+            raise ParameterError(f"X must be 2-D (n_samples, n_features) and y of shape (n_samples,). Got "
+                                 f"{X.shape} and {y.shape}.")
+        names = [f"x{j}" for j in range(X.shape[1])]
+        table = pa.table({**{c: X[:, j] for j, c in enumerate(names)}, "y": y})
+        rel = release_regression(
+            table, columns=names, target="y", row_bound=self.row_bound, epsilon=self.epsilon,
+            delta=self.delta, sketch_rows=self.sketch_rows, sketch_rule=self.sketch_rule, ridge=self.ridge,
+            debias=self.debias, confidence=self.confidence, ledger=self.ledger, table_id=self.table_id,
+            source="DPLinearRegression.fit")
+        fit = rel.model
+        self.release_ = rel
+        self.coef_ = np.asarray(fit.coef, dtype=np.float64)
+        self.stderr_, self.ci_low_, self.ci_high_ = fit.stderr, fit.ci_low, fit.ci_high
+        self.epsilon_, self.delta_ = rel.epsilon, rel.delta
+        self.n_features_in_ = X.shape[1]
+        return self
+
+    def predict(self, X):
+        check_is_fitted(self, "coef_")
+        return np.asarray(X, dtype=np.float64) @ self.coef_

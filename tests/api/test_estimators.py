@@ -54,3 +54,19 @@ def test_unfitted_predict_is_refused():
 
     with pytest.raises(NotFittedError):
         DPKMeans(3).predict(np.zeros((2, 2)))
+
+
+def test_linear_regression_estimator_recovers_the_coefficients(test_seed):
+    from sparkpriv.estimators import DPLinearRegression
+
+    rng = np.random.default_rng(3)
+    X = rng.uniform(-1, 1, (20000, 3)) / 2.0
+    w = np.array([0.5, -0.3, 0.2])
+    y = X @ w + 0.01 * rng.standard_normal(len(X))
+    est = DPLinearRegression(row_bound=1.5, epsilon=50.0, delta=1e-6, sketch_rows=2000)
+    assert clone(est).get_params() == est.get_params()
+    assert est.fit(X, y) is est
+    np.testing.assert_allclose(est.coef_, w, atol=0.1)  # independent: the generating coefficients
+    assert np.all(est.ci_low_ <= est.coef_) and np.all(est.coef_ <= est.ci_high_)
+    assert est.score(X, y) > 0.8 and est.epsilon_ <= 50.0
+    assert est.predict(X[:5]).shape == (5,)
