@@ -52,7 +52,23 @@ def _same_kmeans(a, b):
     assert a.model.unreliable == b.model.unreliable
 
 
+def _binary_records(n=400, seed=2):
+    rng = np.random.default_rng(seed)
+    p = np.where(np.arange(n)[:, None] % 2 == 0, 0.8, 0.1)
+    return (rng.random((n, 6)) < p).astype(float)
+
+
+def _same_dpgm(a, b):
+    np.testing.assert_allclose(a.model.centers, b.model.centers, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(a.model.sizes, b.model.sizes, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(a.model.thetas, b.model.thetas, rtol=1e-6, atol=1e-9)
+    assert a.files.keys() == b.files.keys() == {"_dpgm_model.npz"}
+
+
 CASES = {
+    "dpgm": Case(_binary_records, dict(k=2, epsilon=5.0, delta=1e-5, kmeans_iterations=2, sampling_rate=0.2,
+                                       epochs=1.0, hidden=3, chains=10),
+                 {"k": 1}, _same_dpgm),
     "kmeans": Case(_blobs, dict(k=3, epsilon=2.0, delta=1e-5, iterations=3, variant="kernel",
                                 lower=[-12.0] * 3, upper=[12.0] * 3, kernel_width=4.0, frequencies=8),
                    {"k": 1}, _same_kmeans),
