@@ -207,10 +207,11 @@ def requested_event(params: DPGMParams, kplan: KMeansPlan, sigma: float) -> dp_e
 
 
 def plan_for_rows(params: DPGMParams, kplan: KMeansPlan, sigma: float, *, n: int, d: int, caller: str = "dpgm",
-                  requested: bool = False) -> DPGMPlan:
+                  requested: bool = False, accounted: float | None = None) -> DPGMPlan:
     """The DPGM plan for ``n`` rows (public under replace-one): the k rule and the step noise, whose
     grid holds a coordinate of a clipped sum of at most ``n`` rows (``n C``). ``requested``: record
-    the calibrated multiplier (the protocol's release), not the realized noise's."""
+    the calibrated multiplier (the protocol's release), not the realized noise's; ``accounted``: its
+    epsilon, when already computed (``epsilon_of(requested_event(...), delta)``)."""
     check_param("n", n, [Interval("integer", 1, None, "left")], caller)
     from sparkpriv.mechanisms.kmeans import check_k_for_n
 
@@ -220,7 +221,8 @@ def plan_for_rows(params: DPGMParams, kplan: KMeansPlan, sigma: float, *, n: int
     if noise.dp_event().noise_multiplier < sigma / 2:  # cannot happen: the discrete noise is rounded up
         raise ParameterError(f"{caller}: the step noise is below the calibrated multiplier.")
     plan = DPGMPlan(params, int(n), int(d), kplan, float(sigma), noise, requested_event=requested)
-    plan = dataclasses.replace(plan, epsilon_accounted=plan.epsilon_spent())
+    eps = plan.epsilon_spent() if accounted is None or not requested else float(accounted)
+    plan = dataclasses.replace(plan, epsilon_accounted=eps)
     if plan.epsilon_spent() > params.epsilon:  # the discrete noise's multiplier is >= sigma: cannot happen
         raise ParameterError(f"{caller}: calibration failed to meet epsilon={params.epsilon!r}.")
     return plan
@@ -448,7 +450,10 @@ class DPGM(_proto.Mechanism):
             n = cache.rows
             if n == 0:
                 raise InputError("The input table is empty: there is nothing to release.")
-            dplan = plan_for_rows(params, kplan, st.sigma, n=n, d=d, caller=progress.caller, requested=True)
+            dplan = plan_for_rows(params, kplan, st.sigma, n=n, d=d, caller=progress.caller, requested=True,
+                                  accounted=plan.epsilon)
+            if dplan.dp_event() != plan.events:  # the model file states the recorded event's epsilon
+                raise RuntimeError("dpgm: the run's event differs from the recorded one")
             progress.log("dpgm: k-means (linear), k=%d, %d iterations; features cached", k, kplan.iterations)
             centres0 = initial_centres(fmap, k, stream(seed, 1), None, progress.caller)
 

@@ -67,7 +67,7 @@ def _same_dpgm(a, b):
 
 CASES = {
     "dpgm": Case(_binary_records, dict(k=2, epsilon=5.0, delta=1e-5, kmeans_iterations=2, sampling_rate=0.2,
-                                       epochs=1.0, hidden=3, chains=10),
+                                       epochs=1.0, hidden=3, chains=10, accountant="rdp"),
                  {"k": 1}, _same_dpgm),
     "kmeans": Case(_blobs, dict(k=3, epsilon=2.0, delta=1e-5, iterations=3, variant="kernel",
                                 lower=[-12.0] * 3, upper=[12.0] * 3, kernel_width=4.0, frequencies=8),
