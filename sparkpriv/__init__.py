@@ -42,6 +42,7 @@ _LAZY = {
     "release_kmeans_array": "sparkpriv.api",
     "release_regression": "sparkpriv.api",
     "release_counts": "sparkpriv.api",
+    "release_dpgm": "sparkpriv.api",
     "KMeansModel": "sparkpriv.mechanisms.kmeans_model",
     "open_ledger": "sparkpriv.ledger",
     "get_spark": "sparkpriv.spark.session",

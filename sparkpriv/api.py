@@ -13,7 +13,8 @@ from __future__ import annotations
 from sparkpriv.release import Release, release
 
 __all__ = ["release", "release_kmeans", "release_kmeans_array", "release_projection", "release_projection_array",
-           "release_dprp", "release_dprp_array", "table_arrays", "release_regression", "release_counts"]
+           "release_dprp", "release_dprp_array", "table_arrays", "release_regression", "release_counts",
+           "release_dpgm", "release_dpgm_array"]
 
 
 def release_kmeans(data, *, ledger=None, table_id: str | None = None, source: str | None = None,
@@ -141,6 +142,37 @@ def release_dprp(data, y=None, *, ledger=None, table_id: str | None = None, sour
 
 
 release_dprp_array = release_dprp  # the same function: in-memory data runs on the local engine
+
+
+def release_dpgm(data, *, ledger=None, table_id: str | None = None, source: str | None = None,
+                 on_step=None, **params) -> Release:
+    """DP mixture of generative models of ``data`` (docs/dpgm.md; docs/math.md section 5).
+
+    ``data``: a Spark DataFrame or in-memory data (numpy array, pandas or
+    Arrow table), one row per person, columns with values in the declared box
+    ``[0, 1]`` (binary for ``model="rbm"``; values outside are clipped).
+    Parameters are those of :class:`sparkpriv.mechanisms.dpgm.DPGMParams`:
+    ``epsilon``, ``delta`` (required), ``columns`` (required for a DataFrame
+    or table), ``k`` (10), ``model`` ("rbm" or "vae"), ``kmeans_share``,
+    ``kmeans_iterations``, ``row_bound``, the DP-SGD ``clip``,
+    ``sampling_rate``, ``epochs``, ``learning_rate``, the model sizes,
+    ``accountant``, ``fill``, ``neighbors`` ("replace-one" only: n is public).
+
+    Returns a :class:`~sparkpriv.release.Release` whose ``model`` is the
+    public :class:`~sparkpriv.mechanisms.dpgm.DPGMModel` (sample it with
+    :func:`~sparkpriv.mechanisms.dpgm.synthesize`), ``df`` one row per
+    cluster (cluster, noisy size, k-means centre); ``write(path)`` publishes
+    it with the receipt and ``_dpgm_model.npz``.
+
+    Privacy: replace-one; DP k-means (linear) then DP-SGD per cluster at one
+    public ``(q, sigma, T)`` (parallel composition); the event is fixed from
+    the public parameters before any data is read.
+    """
+    return release("dpgm", data, ledger=ledger, table_id=table_id, source=source, on_step=on_step,
+                   caller="release_dpgm", **params)
+
+
+release_dpgm_array = release_dpgm  # the same function: in-memory data runs on the local engine
 
 
 def _with_labels(X, y, params: dict):

@@ -287,6 +287,8 @@ register_protocol("kmeans", "DP k-means (kernel: random Fourier features; linear
     Option("init_file", "str", "CSV of k PUBLIC rows used as initial centres (default: random "
            "points of the declared domain)"),
 ))
+register_protocol("dpgm", "DP mixture of generative models: DP k-means, then one RBM or VAE per cluster trained "
+                  "with DP-SGD; releases the model file", row_level=False)
 
 
 register_protocol("regression", "linear regression on a sample-mixing sketch S M + W; releases the sketch "

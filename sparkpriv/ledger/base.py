@@ -269,8 +269,9 @@ class Ledger(abc.ABC):
         except InvalidEvent as exc:
             raise ParameterError(
                 f"The 'event' parameter of {caller} cannot be accounted: {exc}. The ledger accounts "
-                "Gaussian, Laplace and discrete Laplace events with finite positive parameters, composed "
-                "with ComposedDpEvent and SelfComposedDpEvent (positive integer counts)."
+                "Gaussian, Laplace and discrete Laplace events with finite positive parameters, Poisson-sampled "
+                "Gaussian events, composed with ComposedDpEvent and SelfComposedDpEvent (positive integer "
+                "counts)."
             ) from None
         self._check_writable(caller)
         entry_id = str(uuid.uuid4())

@@ -3,7 +3,8 @@
 Every event is validated before it is composed or stored, and every stored
 event is validated again, the same way, when it is read: only the classes the
 ledger can account (Gaussian, Laplace, discrete Laplace, no-op, non-private,
-and their compositions ``ComposedDpEvent`` / ``SelfComposedDpEvent``), finite
+a Poisson-sampled Gaussian ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``
+(DP-SGD), and their compositions ``ComposedDpEvent`` / ``SelfComposedDpEvent``), finite
 positive parameters, positive integer counts, at most ``MAX_DEPTH`` levels and
 ``MAX_NODES`` events.
 
@@ -19,7 +20,8 @@ Composition. A validated event reduces to a :class:`Spend`: the sum of
 ``count / z**2`` over its Gaussian leaves (the composition of Gaussian
 mechanisms that each shift by at most one sensitivity is exactly one Gaussian
 mechanism with ``1 / z_eq**2 = sum 1 / z_i**2``, docs/math.md section 1), and
-the Laplace and discrete-Laplace leaves grouped by parameter with their counts.
+the Laplace and discrete-Laplace leaves grouped by parameter with their counts,
+and the Poisson-sampled Gaussians grouped by ``(q, z)`` with their counts.
 Reducing a table's history is linear in its length and composing it costs the
 same whatever the number of distinct Gaussian noise multipliers: see
 :meth:`Spend.epsilon`.
@@ -73,7 +75,8 @@ _LEAVES = {
     "NoOpDpEvent": (),
     "NonPrivateDpEvent": (),
 }
-_WRAPPERS = {"ComposedDpEvent": ("events",), "SelfComposedDpEvent": ("event", "count")}
+_WRAPPERS = {"ComposedDpEvent": ("events",), "SelfComposedDpEvent": ("event", "count"),
+             "PoissonSampledDpEvent": ("sampling_probability", "event")}  # of a GaussianDpEvent only
 _CLASSES = {name: getattr(_ev, name) for name in (*_LEAVES, *_WRAPPERS)}
 KNOWN_CLASSES = tuple(_CLASSES)
 
@@ -101,6 +104,13 @@ def _count(value: Any, where: str) -> int:
     if not 1 <= n <= MAX_COUNT:
         raise InvalidEvent(f"{where} must be an integer in [1, {MAX_COUNT}]; got {n}")
     return n
+
+
+def _probability(value: Any) -> float:
+    q = _number(value, "PoissonSampledDpEvent.sampling_probability")
+    if q > 1.0:
+        raise InvalidEvent(f"PoissonSampledDpEvent.sampling_probability must be in (0, 1]; got {q!r}")
+    return q
 
 
 def _short(value: Any) -> str:
@@ -131,6 +141,11 @@ def event_to_checked_dict(event: Any) -> dict:
         elif name == "SelfComposedDpEvent":
             d["event"] = walk(e.event, depth + 1)
             d["count"] = _count(e.count, "SelfComposedDpEvent.count")
+        elif name == "PoissonSampledDpEvent":
+            d["sampling_probability"] = _probability(e.sampling_probability)
+            if type(e.event) is not _ev.GaussianDpEvent:
+                raise InvalidEvent("PoissonSampledDpEvent.event must be a GaussianDpEvent")
+            d["event"] = walk(e.event, depth + 1)
         elif name == "DiscreteLaplaceDpEvent":
             d["noise_parameter"] = _number(e.noise_parameter, "DiscreteLaplaceDpEvent.noise_parameter")
             d["sensitivity"] = _count(e.sensitivity, "DiscreteLaplaceDpEvent.sensitivity")
@@ -151,7 +166,8 @@ class Spend:
 
     ``mu2`` is ``sum count / z**2`` over Gaussian leaves (``gaussians`` of them),
     ``laplace`` holds ``(noise multiplier, total count)`` pairs of Laplace leaves,
-    ``discrete`` holds ``((noise_parameter, sensitivity), total count)`` pairs.
+    ``discrete`` holds ``((noise_parameter, sensitivity), total count)`` pairs,
+    ``sampled`` ``((q, z), total count)`` pairs of Poisson-sampled Gaussians.
     """
 
     mu2: float = 0.0
@@ -159,6 +175,7 @@ class Spend:
     laplace: tuple = ()
     discrete: tuple = ()
     nonprivate: bool = False
+    sampled: tuple = ()
 
     def __add__(self, other: "Spend") -> "Spend":
         return Spend.total((self, other))
@@ -168,6 +185,7 @@ class Spend:
         mu2, gaussians, nonprivate = [], 0, False
         laplace: Counter = Counter()
         discrete: Counter = Counter()
+        sampled: Counter = Counter()
         for s in spends:
             if s.gaussians:
                 mu2.append(s.mu2)
@@ -176,9 +194,11 @@ class Spend:
                 laplace[k] += n
             for k, n in s.discrete:
                 discrete[k] += n
+            for k, n in s.sampled:
+                sampled[k] += n
             nonprivate = nonprivate or s.nonprivate
         return cls(math.fsum(mu2), gaussians, tuple(sorted(laplace.items())), tuple(sorted(discrete.items())),
-                   nonprivate)
+                   nonprivate, tuple(sorted(sampled.items())))
 
     def pure_epsilon_exact(self):
         """The exact epsilon (a :class:`fractions.Fraction`) of a spend of pure events only.
@@ -189,14 +209,14 @@ class Spend:
         such as ten times 0.1 rounds to exactly 1.0 although it exceeds 1).
         None when the spend has Gaussian or non-private events.
         """
-        if self.gaussians or self.nonprivate:
+        if self.gaussians or self.nonprivate or self.sampled:
             return None
         return (sum((Fraction(n) / Fraction(b) for b, n in self.laplace), Fraction(0))
                 + sum((Fraction(n) * Fraction(a) * Fraction(s) for (a, s), n in self.discrete), Fraction(0)))
 
     @property
     def empty(self) -> bool:
-        return not (self.gaussians or self.laplace or self.discrete or self.nonprivate)
+        return not (self.gaussians or self.laplace or self.discrete or self.nonprivate or self.sampled)
 
     def epsilon(self, delta: float) -> float:
         """Epsilon at ``delta`` of the composition of every event in this spend.
@@ -210,22 +230,30 @@ class Spend:
         """
         if self.nonprivate:
             return math.inf
-        if self.gaussians and delta == 0.0:
+        if (self.gaussians or self.sampled) and delta == 0.0:
             return math.inf
         if self.empty:
             return 0.0
         if not math.isfinite(self.mu2):
             return math.inf
         z = _equivalent_multiplier(self.mu2) if self.gaussians else None
-        if not (self.laplace or self.discrete):
+        if not (self.laplace or self.discrete or self.sampled):
             return gaussian_epsilon(z, delta)
         pure = math.fsum([n / b for b, n in self.laplace] + [n * a * s for (a, s), n in self.discrete])
         gauss = 0.0 if z is None else gaussian_epsilon(z, delta)
         if gauss > _PLD_LIMIT or pure > _PLD_LIMIT:
             # Far beyond any budget, where PLD grids get huge: basic composition (the Gaussian
-            # part at delta, the Laplace parts pure) is a cheap upper bound.
+            # part at delta, a Poisson-sampled Gaussian counted as the Gaussian itself (q = 1),
+            # which dominates it; the Laplace parts pure) is a cheap upper bound.
+            if self.sampled:
+                unsampled = math.fsum([self.mu2 if self.gaussians else 0.0]
+                                      + [n / zs**2 for (_, zs), n in self.sampled])
+                gauss = gaussian_epsilon(_equivalent_multiplier(unsampled), delta)
             return gauss + pure
         parts: list = [] if z is None else [_ev.GaussianDpEvent(z)]
+        for (q, zs), n in self.sampled:
+            leaf = _ev.PoissonSampledDpEvent(q, _ev.GaussianDpEvent(zs))
+            parts.append(leaf if n == 1 else _ev.SelfComposedDpEvent(leaf, n))
         for b, n in self.laplace:
             leaf = _ev.LaplaceDpEvent(b)
             parts.append(leaf if n == 1 else _ev.SelfComposedDpEvent(leaf, n))
@@ -285,6 +313,7 @@ def spend_of_dict(d: Any) -> Spend:
     nonprivate = [False]
     laplace: Counter = Counter()
     discrete: Counter = Counter()
+    sampled: Counter = Counter()
     nodes = [0]
 
     def walk(x: Any, mult: int, depth: int) -> None:
@@ -311,6 +340,14 @@ def spend_of_dict(d: Any) -> Spend:
             if mult * n > MAX_COUNT:
                 raise InvalidEvent(f"the total count of a leaf event must be at most {MAX_COUNT}")
             walk(x["event"], mult * n, depth + 1)
+        elif name == "PoissonSampledDpEvent":
+            q = _probability(x["sampling_probability"])
+            inner = x["event"]
+            if not (isinstance(inner, dict) and inner.get("class_name") == "GaussianDpEvent"
+                    and set(inner) == {"class_name", "noise_multiplier"}):
+                raise InvalidEvent("PoissonSampledDpEvent.event must be a GaussianDpEvent")
+            nodes[0] += 1
+            sampled[(q, _number(inner["noise_multiplier"], "GaussianDpEvent.noise_multiplier"))] += mult
         elif name == "GaussianDpEvent":
             z = _number(x["noise_multiplier"], "GaussianDpEvent.noise_multiplier")
             mu2.append(mult * ((1.0 / z) ** 2 if z > 1e-150 else math.inf))
@@ -326,7 +363,7 @@ def spend_of_dict(d: Any) -> Spend:
 
     walk(d, 1, 0)
     return Spend(math.fsum(mu2), gaussians[0], tuple(sorted(laplace.items())), tuple(sorted(discrete.items())),
-                 nonprivate[0])
+                 nonprivate[0], tuple(sorted(sampled.items())))
 
 
 def event_from_checked_dict(d: Mapping) -> _ev.DpEvent:

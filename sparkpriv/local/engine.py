@@ -364,6 +364,25 @@ class LocalEngine:
     def cache(self, source: LocalSource, fn, dim: int) -> _Cache:
         return _Cache([np.ascontiguousarray(fn(X), dtype=np.float64) for X in source.blocks(self.block_rows)])
 
+    def train_groups(self, source: LocalSource, group_fn, train_fn, k: int, dim: int, width: int) -> np.ndarray:
+        """``(k, dim)``: row ``j`` is ``train_fn(j, rows of group j)`` (the Spark engine's ``train_groups``).
+
+        ``group_fn(block) -> (groups, rows)`` gives each row's group in ``[0, k)`` and the
+        ``(n, width)`` rows to train on; group ``j`` gets its rows in source order (an empty
+        ``(0, width)`` matrix when it has none). Only the ``k`` vectors are returned.
+        """
+        groups, rows = [], []
+        for block in source.blocks(self.block_rows):
+            g, X = group_fn(block)
+            groups.append(np.asarray(g, dtype=np.int64))
+            rows.append(np.asarray(X, dtype=np.float64).reshape(-1, width))
+        g = np.concatenate(groups) if groups else np.zeros(0, np.int64)
+        X = np.concatenate(rows) if rows else np.zeros((0, width))
+        out = np.zeros((int(k), int(dim)))
+        for j in range(int(k)):
+            out[j] = train_fn(j, np.ascontiguousarray(X[g == j]))
+        return out
+
     def map_rows(self, source: LocalSource, row_map, columns: Sequence[tuple], *, keep: Sequence[str] = (),
                  count: bool = True):
         """A row-level output (the Spark engine's ``map_rows``): the whole input is partition 0.

@@ -61,11 +61,13 @@ from sparkpriv.privacy.accounting import compose, epsilon_of
 from sparkpriv.privacy.bounds import Bounds
 from sparkpriv.privacy.random import new_secret_seed, stream
 
-__all__ = ["MODELS", "FORMAT_VERSION", "DPGMParams", "DPGMPlan", "DPGMModel", "plan_dpgm",
-           "fit_dpgm_array", "assign_clusters", "train_clusters", "synthesize"]
+__all__ = ["MODELS", "FORMAT_VERSION", "MODEL_FILE", "DPGMParams", "DPGMPlan", "DPGMModel", "calibrate_dpgm",
+           "requested_event", "plan_for_rows", "plan_dpgm", "fit_dpgm_array", "assign_clusters",
+           "train_clusters", "synthesize", "DPGM", "DPGM_MECHANISM"]
 
 MODELS = ("rbm", "vae")
 FORMAT_VERSION = 1
+MODEL_FILE = "_dpgm_model.npz"  # the released model, published with the release's table
 SYNTH_STAGE = 31  # stream(seed, SYNTH_STAGE, j) samples cluster j's synthetic records
 _POS = Interval("real", 0, None, "neither")
 
@@ -105,6 +107,10 @@ class DPGMParams(_proto.Params):
                                     constraints=[Options(dpsgd.ACCOUNTANTS)])
     neighbors: str = _proto.option("replace-one", help="neighbour relation: replace-one (n is public; the "
                                    "k-means rule k <= floor(sqrt(n)) uses it)", kind="neighbors")
+    columns: tuple | None = _proto.option(None, help="numeric columns of the records, values in [0, 1] (binary "
+                                          "for rbm; values outside are clipped to the declared box)", kind="strs")
+    fill: float | None = _proto.option(None, help="public value that replaces nulls in the columns",
+                                       constraints=[Interval("real", 0, 1, "both")])
 
     @property
     def steps(self) -> int:
@@ -128,14 +134,17 @@ class DPGMPlan:
     noise_multiplier: float
     step_noise: _noise.GaussianNoise
     epsilon_accounted: float = math.nan  # epsilon_of(dp_event(), delta), computed once by plan_dpgm
+    # True (the protocol's release): the recorded step event is Gaussian(sigma / 2) at the calibrated
+    # sigma, fixed before n is known; the realized noise (grid from n) has a multiplier at least that
+    requested_event: bool = False
 
     @property
     def steps(self) -> int:
         return self.params.steps
 
     def dpsgd_event(self) -> dp_event.DpEvent:
-        return dpsgd.dpsgd_event(self.params.sampling_rate, self.noise_multiplier, self.steps,
-                                 step_event=self.step_noise.dp_event())
+        step = None if self.requested_event else self.step_noise.dp_event()
+        return dpsgd.dpsgd_event(self.params.sampling_rate, self.noise_multiplier, self.steps, step_event=step)
 
     def dp_event(self) -> dp_event.DpEvent:
         return compose([self.kmeans.dp_event(), self.dpsgd_event()])
@@ -176,28 +185,59 @@ def _bounds(params: DPGMParams, d: int, caller: str) -> Bounds:
     return Bounds(d, (0.0,) * d, (1.0,) * d, row_bound, "l2", None, _caller=caller)
 
 
-def plan_dpgm(params: DPGMParams, *, n: int, d: int, caller: str = "dpgm") -> DPGMPlan:
-    """Validate and calibrate (public facts only: ``n`` rows, ``d`` columns)."""
+def calibrate_dpgm(params: DPGMParams, d: int, caller: str = "dpgm") -> tuple[KMeansPlan, float]:
+    """The k-means plan and the DP-SGD noise multiplier ``sigma`` from public parameters and ``d``
+    only (no row count): the accounting of the release is fixed by them (docs/math.md section 5)."""
     params.validate(caller)
     _proto.resolve_neighbors(params.neighbors, _Relations, caller)
-    check_param("n", n, [Interval("integer", 1, None, "left")], caller)
     check_param("d", d, [Interval("integer", 1, None, "left")], caller)
-    from sparkpriv.mechanisms.kmeans import check_k_for_n
-
-    check_k_for_n(params.k, n, caller)
     fmap = make_feature_map("linear", _bounds(params, d, caller), caller=caller)
     kplan = plan_kmeans(fmap, k=params.k, epsilon=params.kmeans_share * params.epsilon, delta=params.delta,
                         iterations=params.kmeans_iterations, caller=caller)
     sigma = dpsgd.calibrate_noise_multiplier(
         epsilon=params.epsilon, delta=params.delta, sampling_rate=params.sampling_rate, steps=params.steps,
         neighbors="replace-one", accountant=params.accountant, base_event=kplan.dp_event(), caller=caller)
+    return kplan, float(sigma)
+
+
+def requested_event(params: DPGMParams, kplan: KMeansPlan, sigma: float) -> dp_event.DpEvent:
+    """The event of the release at the calibrated ``sigma``: what the protocol records before any
+    data is read (the realized discrete noise has a multiplier at least ``sigma / 2``)."""
+    return compose([kplan.dp_event(), dpsgd.dpsgd_event(params.sampling_rate, sigma, params.steps)])
+
+
+def plan_for_rows(params: DPGMParams, kplan: KMeansPlan, sigma: float, *, n: int, d: int, caller: str = "dpgm",
+                  requested: bool = False, accounted: float | None = None) -> DPGMPlan:
+    """The DPGM plan for ``n`` rows (public under replace-one): the k rule and the step noise, whose
+    grid holds a coordinate of a clipped sum of at most ``n`` rows (``n C``). ``requested``: record
+    the calibrated multiplier (the protocol's release), not the realized noise's; ``accounted``: its
+    epsilon, when already computed (``epsilon_of(requested_event(...), delta)``)."""
+    check_param("n", n, [Interval("integer", 1, None, "left")], caller)
+    from sparkpriv.mechanisms.kmeans import check_k_for_n
+
+    check_k_for_n(params.k, n, caller)
     dim = _make_model(params, d).dim
     noise = dpsgd.step_noise(clip=params.clip, noise_multiplier=sigma, dim=dim, max_abs=float(n) * params.clip)
-    plan = DPGMPlan(params, int(n), int(d), kplan, float(sigma), noise)
-    plan = dataclasses.replace(plan, epsilon_accounted=plan.epsilon_spent())
+    if noise.dp_event().noise_multiplier < sigma / 2:  # cannot happen: the discrete noise is rounded up
+        raise ParameterError(f"{caller}: the step noise is below the calibrated multiplier.")
+    plan = DPGMPlan(params, int(n), int(d), kplan, float(sigma), noise, requested_event=requested)
+    eps = plan.epsilon_spent() if accounted is None or not requested else float(accounted)
+    plan = dataclasses.replace(plan, epsilon_accounted=eps)
     if plan.epsilon_spent() > params.epsilon:  # the discrete noise's multiplier is >= sigma: cannot happen
         raise ParameterError(f"{caller}: calibration failed to meet epsilon={params.epsilon!r}.")
     return plan
+
+
+def plan_dpgm(params: DPGMParams, *, n: int, d: int, caller: str = "dpgm") -> DPGMPlan:
+    """Validate and calibrate (public facts only: ``n`` rows, ``d`` columns)."""
+    params.validate(caller)
+    _proto.resolve_neighbors(params.neighbors, _Relations, caller)
+    check_param("n", n, [Interval("integer", 1, None, "left")], caller)
+    from sparkpriv.mechanisms.kmeans import check_k_for_n
+
+    check_k_for_n(params.k, n, caller)
+    kplan, sigma = calibrate_dpgm(params, d, caller)
+    return plan_for_rows(params, kplan, sigma, n=n, d=d, caller=caller)
 
 
 @dataclass
@@ -220,13 +260,17 @@ class DPGMModel:
 
     def save(self, path) -> None:
         """A ``.npz`` with the arrays and a JSON header (``format_version``)."""
+        with open(path, "wb") as f:
+            f.write(self.to_bytes())
+
+    def to_bytes(self) -> bytes:
+        """The ``.npz`` file's bytes (:meth:`save`; a release publishes them as ``MODEL_FILE``)."""
         header = {"format": "sparkpriv-dpgm", "format_version": FORMAT_VERSION,
                   "params": self.params.public_dict(), "d": self.d, "public": self.plan_public}
         buf = io.BytesIO()
         np.savez(buf, header=np.frombuffer(json.dumps(header, default=float).encode(), np.uint8),
                  thetas=self.thetas, sizes=self.sizes, centers=self.centers)
-        with open(path, "wb") as f:
-            f.write(buf.getvalue())
+        return buf.getvalue()
 
     @classmethod
     def load(cls, path) -> "DPGMModel":
@@ -318,3 +362,130 @@ def synthesize(model: DPGMModel, n: int, seed: int) -> np.ndarray:
              for j, c in enumerate(counts) if c > 0]
     out = np.concatenate(parts) if parts else np.zeros((0, model.d))
     return out[stream(seed, SYNTH_STAGE, model.k + 1).permutation(out.shape[0])]
+
+
+# ----------------------------------------------------------------------------- the mechanism (protocol)
+
+
+@dataclass
+class _DPGMState:
+    params: DPGMParams
+    d: int
+    kplan: KMeansPlan
+    sigma: float
+
+
+def _group_fn(centers: np.ndarray, row_bound: float):
+    """Block -> (each row's nearest released centre, the rows clipped to the box [0, 1]); internal."""
+    centers = np.array(centers, dtype=np.float64, copy=True)
+
+    def group(block):
+        X = np.clip(np.asarray(block, dtype=np.float64), 0.0, 1.0)
+        return assign_clusters(X, centers, row_bound), X
+
+    return group
+
+
+def _train_fn(plan: DPGMPlan, sizes: np.ndarray, centers: np.ndarray, seed: int):
+    """(j, rows of cluster j in source order) -> cluster j's DP-SGD parameters (its own streams)."""
+    sizes = np.array(sizes, dtype=np.float64, copy=True)
+    centers = np.array(centers, dtype=np.float64, copy=True)
+
+    def train(j, Xj):
+        labels = np.full(Xj.shape[0], int(j))
+        return train_clusters(Xj, labels, sizes, centers, plan, seed, clusters=[int(j)])[int(j)]
+
+    return train
+
+
+class DPGM(_proto.Mechanism):
+    """DP mixture of generative models: DP k-means (linear), then DP-SGD per cluster (docs/dpgm.md)."""
+
+    name = "dpgm"
+    title = "DPGM"
+    summary = ("DP mixture of generative models: DP k-means, then one RBM or VAE per cluster trained with "
+               "DP-SGD; releases the model file")
+    Params = DPGMParams
+    neighbors = (_proto.REPLACE_ONE,)
+    refused_neighbors = dict(_Relations.refused_neighbors,
+                             element="it protects whole records (people), not single attributes")
+    row_level = False
+    inputs = ("table",)
+
+    def plan(self, params: DPGMParams, facts: _proto.InputFacts, caller: str) -> _proto.Plan:
+        d = facts.d
+        kplan, sigma = calibrate_dpgm(params, d, caller)
+        event = requested_event(params, kplan, sigma)
+        eps = epsilon_of(event, params.delta)
+        if eps > params.epsilon:  # the calibration checks its own accountant; PLD is the recorded one
+            raise ParameterError(
+                f"{caller}: the release's epsilon by the library's accountant is {eps:.6g}, above the "
+                f"request epsilon={params.epsilon!r} (accountant={params.accountant!r}); use accountant='pld'.")
+        bounds = _bounds(params, d, caller)
+        public = {
+            "bounds": bounds.to_public_dict(), "kmeans": kplan.to_public_dict(), "steps": params.steps,
+            "noise_multiplier": sigma, "sampling_rate": params.sampling_rate,
+            "accounting": "Composed[k-means, SelfComposed(PoissonSampled(q, Gaussian(sigma/2)), T)] at the "
+                          "calibrated sigma, fixed before the data is read (the step noise's grid comes from "
+                          "the public n; its multiplier is at least sigma/2); every cluster trains with the "
+                          "same (q, sigma, T) (parallel composition); replace-one is dominated by an "
+                          "add/remove step of sensitivity 2C (docs/math.md section 5)",
+        }
+        return _proto.Plan(events=event, epsilon=eps, delta=float(params.delta), public=public,
+                           neighbors=_proto.REPLACE_ONE, state=_DPGMState(params, d, kplan, sigma),
+                           secrets=new_secret_seed("dpgm"))
+
+    def run(self, engine, source, plan: _proto.Plan, progress) -> _proto.Outcome:
+        from sparkpriv.errors import InputError
+        from sparkpriv.mechanisms.kmeans import _features_fn, _stats_fn
+
+        st: _DPGMState = plan.state
+        params, d, kplan, seed = st.params, st.d, st.kplan, plan.secrets
+        bounds = _bounds(params, d, progress.caller)
+        fmap = make_feature_map("linear", bounds, caller=progress.caller)
+        k, dim = params.k, fmap.dim
+        counters = engine.counters(("rows", "rows_box_clipped", "rows_norm_clipped"))
+        cache = engine.cache(source, _features_fn(fmap, counters), dim)
+        try:
+            n = cache.rows
+            if n == 0:
+                raise InputError("The input table is empty: there is nothing to release.")
+            dplan = plan_for_rows(params, kplan, st.sigma, n=n, d=d, caller=progress.caller, requested=True,
+                                  accounted=plan.epsilon)
+            if dplan.dp_event() != plan.events:  # the model file states the recorded event's epsilon
+                raise RuntimeError("dpgm: the run's event differs from the recorded one")
+            progress.log("dpgm: k-means (linear), k=%d, %d iterations; features cached", k, kplan.iterations)
+            centres0 = initial_centres(fmap, k, stream(seed, 1), None, progress.caller)
+
+            def log(t, counts):
+                progress.step("kmeans iteration", t, kplan.iterations)
+
+            kmodel, history = fit_from_stats(kplan, fmap, centres0,
+                                             lambda c: cache.aggregate(_stats_fn(c), k * (dim + 1)),
+                                             None, seed, log)
+        finally:
+            cache.release()
+        centers = np.asarray(kmodel.centers, float)
+        sizes = np.maximum(np.asarray(kmodel.counts, float), 0.0)
+        progress.log("dpgm: training %d %s model(s), %d DP-SGD steps each", k, params.model, dplan.steps)
+        gen_dim = _make_model(params, d).dim
+        thetas = engine.train_groups(source, _group_fn(centers, bounds.row_bound),
+                                     _train_fn(dplan, sizes, centers, seed), k, gen_dim, d)
+        model = DPGMModel(params, d, np.asarray(thetas, float), sizes, centers, dplan.to_public_dict())
+        rows = [(j, float(sizes[j]), [float(v) for v in centers[j]]) for j in range(k)]
+        table = engine.table(rows, [("cluster", "int", False), ("size", "double", False),
+                                    ("center", "array<double>", False)])
+        diagnostics = {}
+        if counters is not None:
+            diagnostics = {"rows": counters[0].value, "rows_box_clipped": counters[1].value,
+                           "rows_norm_clipped": counters[2].value}
+        return _proto.Outcome(
+            table=table, model=model,
+            public={"model": {"file": MODEL_FILE, "format_version": FORMAT_VERSION, "n": n,
+                              "steps": dplan.steps, "step_noise": dplan.step_noise.to_public_dict(),
+                              "cluster_sizes": [float(v) for v in sizes]}},
+            files={MODEL_FILE: model.to_bytes()},
+            extras={"history": history, "diagnostics": diagnostics})
+
+
+DPGM_MECHANISM = _proto.register(DPGM())

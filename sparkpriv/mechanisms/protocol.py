@@ -500,6 +500,7 @@ def register(mechanism: Mechanism) -> Mechanism:
 
 def registered() -> dict[str, Mechanism]:
     """Every registered mechanism, by name (imports the built-in ones)."""
+    import sparkpriv.mechanisms.dpgm  # noqa: F401  (registers itself)
     import sparkpriv.mechanisms.dprp  # noqa: F401  (registers itself)
     import sparkpriv.mechanisms.counts  # noqa: F401  (registers itself)
     import sparkpriv.mechanisms.kmeans  # noqa: F401  (registers itself)

@@ -423,6 +423,61 @@ class SparkEngine:
             raise ParameterError("indexed passes need a table input (one row per person).")
         return _Indexed(source)
 
+    def train_groups(self, source, group_fn, train_fn, k: int, dim: int, width: int) -> np.ndarray:
+        """``(k, dim)``: row ``j`` is ``train_fn(j, rows of group j)``, one Spark task per group.
+
+        ``group_fn(block) -> (groups, rows)`` runs per Arrow batch in the Python workers (each
+        row's group in ``[0, k)``, the ``(n, width)`` float64 rows); the rows of group ``j`` go
+        to one call of ``train_fn`` (``groupBy("group").applyInPandas``: groups in parallel),
+        in source order (partition id, batch number, row), so a retried task sees the same
+        rows in the same order. A group without rows gets ``train_fn(j, (0, width) matrix)`` on
+        the driver. Only the ``k`` vectors reach the driver; the grouping is never written.
+        Table sources only.
+        """
+        from pyspark.sql.types import BinaryType, LongType, StructField, StructType
+
+        if source.kind != "table":
+            raise NotImplementedError("train_groups takes a table source (one row per record)")
+        make_block, k, dim, width = source.block_fn(), int(k), int(dim), int(width)
+        split_schema = StructType([StructField("group", LongType(), False), StructField("pid", LongType(), False),
+                                   StructField("block", LongType(), False), StructField("z", BinaryType(), False)])
+        out_schema = StructType([StructField("group", LongType(), False), StructField("theta", BinaryType(), False)])
+
+        def sparkpriv_groups(batches, pid):
+            for b, batch in enumerate(batches):
+                if batch.num_rows == 0:
+                    continue
+                g, X = group_fn(make_block(batch))
+                g = np.asarray(g, dtype=np.int64)
+                X = np.asarray(X, dtype=np.float64).reshape(-1, width)
+                for j in np.unique(g):
+                    z = np.ascontiguousarray(X[g == j]).tobytes()
+                    yield pa.RecordBatch.from_arrays(
+                        [pa.array([int(j)], pa.int64()), pa.array([pid], pa.int64()), pa.array([b], pa.int64()),
+                         pa.array([z], pa.binary())], ["group", "pid", "block", "z"])
+
+        def sparkpriv_train_group(pdf):
+            import pandas as pd
+
+            j = int(pdf["group"].iloc[0])
+            pdf = pdf.sort_values(["pid", "block"], kind="stable")
+            X = np.concatenate([np.frombuffer(z, dtype=np.float64).reshape(-1, width) for z in pdf["z"]])
+            theta = np.asarray(train_fn(j, X), dtype=np.float64)
+            return pd.DataFrame({"group": [j], "theta": [theta.tobytes()]})
+
+        parts = map_batches(source.df.select(*source.read_columns), sparkpriv_groups, split_schema)
+        with spark_errors():
+            out = parts.groupBy("group").applyInPandas(sparkpriv_train_group, out_schema).collect()
+        thetas = np.zeros((k, dim))
+        seen = set()
+        for row in out:
+            seen.add(int(row["group"]))
+            thetas[int(row["group"])] = np.frombuffer(row["theta"], dtype=np.float64)
+        for j in range(k):
+            if j not in seen:  # no rows: the same call on an empty matrix, as the local engine makes
+                thetas[j] = train_fn(j, np.zeros((0, width)))
+        return thetas
+
     def map_rows(self, source, row_map, columns: Sequence[tuple], *, keep: Sequence[str] = (),
                  count: bool = True):
         """A row-level output: ``row_map(pid, blocks)`` yields one list of output columns per block.

@@ -44,6 +44,7 @@ for _src in ("table", "records"):
 for _v in ("linear", "kernel"):
     for _rel in ("replace-one", "add-remove"):
         AUDITED[(f"kmeans-{_v}", GAU, _rel, "rows")] = "test_kmeans::test_kmeans_step"
+AUDITED[("dpsgd", GAU, "replace-one", "sampled")] = "test_dpsgd::test_dpsgd_step_sampled_replace_one_within_claim"
 for _rel in ("replace-one", "add-remove"):
     AUDITED[("row-bound-quantile", LAP, _rel, "histogram")] = "test_quantile::test_row_bound_histogram"
 for _scheme in ("sketch", "additive"):
@@ -64,6 +65,8 @@ FUNCTIONS = {
     "release_regression_array": ("regression-sketch", "regression-additive"),
     "release_regression": ("regression-sketch", "regression-additive"),
     "release_counts": ("counts",),
+    "release_dpgm_array": ("kmeans-linear", "dpsgd"),
+    "release_dpgm": ("kmeans-linear", "dpsgd"),
 }
 CLI_MECHANISMS = {
     "projection": ("projection", "projection-events", "row-bound-quantile"),
@@ -71,6 +74,7 @@ CLI_MECHANISMS = {
     "kmeans": ("kmeans-linear", "kmeans-kernel"),
     "regression": ("regression-sketch", "regression-additive"),
     "counts": ("counts",),
+    "dpgm": ("kmeans-linear", "dpsgd"),
 }
 SAMPLERS = {"sample_discrete_laplace": "test_samplers::test_sampler_matches_exact_pmf",
             "sample_discrete_gaussian": "test_samplers::test_sampler_matches_exact_pmf"}
@@ -169,6 +173,19 @@ def offered_kmeans() -> set:
     return out
 
 
+def offered_dpgm() -> set:
+    """The relations the DPGM release accepts (its k-means is the linear variant, probed above)."""
+    from sparkpriv.api import release_dpgm
+
+    Xb = (X > 0).astype(float)
+    out = set()
+    for rel in NEIGHBORS:
+        if _accepts(lambda: release_dpgm(Xb, k=2, epsilon=5.0, delta=1e-5, kmeans_iterations=1, sampling_rate=0.5,
+                                         epochs=1.0, hidden=2, chains=4, neighbors=rel)):
+            out.add(("dpsgd", GAU, rel, "sampled"))
+    return out
+
+
 def offered_quantile(projection_offered: set) -> set:
     """The histogram is only reachable through release_projection(row_bound_quantile=...),
     which refuses the element-wise relation; its relations are those the dense
@@ -208,7 +225,7 @@ def offered_counts() -> set:
 def all_offered() -> set:
     proj = offered_projection()
     return (proj | offered_projection_events() | offered_dprp() | offered_kmeans() | offered_quantile(proj)
-            | offered_regression() | offered_counts())
+            | offered_regression() | offered_counts() | offered_dpgm())
 
 
 # ----------------------------------------------------------------------------- tests

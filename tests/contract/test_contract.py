@@ -53,6 +53,21 @@ def _same_kmeans(a, b):
     assert a.model.unreliable == b.model.unreliable
 
 
+def _binary_records(n=400, seed=2):
+    rng = np.random.default_rng(seed)
+    p = np.where(np.arange(n)[:, None] % 2 == 0, 0.8, 0.1)
+    return (rng.random((n, 6)) < p).astype(float)
+
+
+def _same_dpgm(a, b):
+    np.testing.assert_allclose(a.model.centers, b.model.centers, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(a.model.sizes, b.model.sizes, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(a.model.thetas, b.model.thetas, rtol=1e-6, atol=1e-9)
+    assert a.files.keys() == b.files.keys() == {"_dpgm_model.npz"}
+
+
+
+
 def _table_values(rel):
     t = rel.df if rel.engine == "local" else None
     if t is None:
@@ -80,11 +95,15 @@ def _same_regression(a, b):
 
 
 CASES = {
+    "dpgm": Case(_binary_records, dict(k=2, epsilon=5.0, delta=1e-5, kmeans_iterations=2, sampling_rate=0.2,
+                                       epochs=1.0, hidden=3, chains=10, accountant="rdp"),
+                 {"k": 1}, _same_dpgm),
     "dprp": Case(_box, dict(epsilon=2.0, delta=1e-5, lower=[-1.0] * 4, upper=[1.0] * 4, k2=2),
                  {"budget_split": (0.5, 0.7)}, _same_table),
     "kmeans": Case(_blobs, dict(k=3, epsilon=2.0, delta=1e-5, iterations=3, variant="kernel",
                                 lower=[-12.0] * 3, upper=[12.0] * 3, kernel_width=4.0, frequencies=8),
                    {"k": 1}, _same_kmeans),
+    "projection": Case(_box, dict(k=2, epsilon=1.0, row_bound=2.0), {"k": 0}, _same_table),
     "regression": Case(_linear, dict(row_bound=3.0, epsilon=2.0, delta=1e-5, sketch_rows=40),
                        {"sketch_rows": 0}, _same_regression,
                        lambda X: {"columns": _cols(X)[:-1], "target": _cols(X)[-1]}),

@@ -78,7 +78,8 @@ BAD_EVENTS = {
     "fractional sensitivity": ev.DiscreteLaplaceDpEvent(1.0, 0.5),
     "bool count": ev.SelfComposedDpEvent(laplace(1.0), True),
     "class the ledger cannot account": ev.ZCDpEvent(0.1),
-    "Poisson sampling": ev.PoissonSampledDpEvent(0.5, ev.GaussianDpEvent(4.0)),
+    "Poisson sampling of a Laplace": ev.PoissonSampledDpEvent(0.5, laplace(4.0)),
+    "Poisson sampling probability above 1": ev.PoissonSampledDpEvent(1.5, ev.GaussianDpEvent(4.0)),
     "nested 100,000 deep": deep_event(100_000),
 }
 

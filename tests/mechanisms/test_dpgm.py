@@ -147,3 +147,28 @@ def test_params_are_protocol_params_and_refuse_add_remove():
         dpgm.plan_dpgm(dataclasses.replace(P, neighbors="add-remove"), n=400, d=10)
     with pytest.raises(ParameterError, match="'delta'.*required"):
         dpgm.plan_dpgm(dataclasses.replace(P, delta=None), n=400, d=10)
+
+
+def test_release_on_the_local_engine_equals_the_numpy_reference(monkeypatch):
+    """release_dpgm (protocol, engine calls) gives fit_dpgm_array's model for the same secret seed,
+    and records the event at the calibrated multiplier (at most the request, before any data)."""
+    from sparkpriv.api import release_dpgm
+
+    rng = np.random.default_rng(3)
+    X = (rng.random((300, 5)) < np.where(np.arange(300)[:, None] % 2 == 0, 0.8, 0.1)).astype(float)
+    params = dict(epsilon=4.0, delta=1e-5, k=2, sampling_rate=0.2, epochs=1, hidden=3, chains=10,
+                  kmeans_iterations=2, accountant="rdp")
+    monkeypatch.setattr(dpgm, "new_secret_seed", lambda purpose: 77)
+    rel = release_dpgm(X, **params)
+    model, plan = dpgm.fit_dpgm_array(X, dpgm.DPGMParams(**params), seed=77)
+    np.testing.assert_allclose(rel.model.centers, model.centers, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(rel.model.sizes, model.sizes, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(rel.model.thetas, model.thetas, rtol=1e-9, atol=1e-12)
+    # recorded: the calibrated sigma / 2 per step (the realized noise's multiplier is at least that)
+    sgd = rel.events.events[-1]
+    assert sgd.event.event.noise_multiplier == plan.noise_multiplier / 2
+    assert plan.step_noise.dp_event().noise_multiplier >= plan.noise_multiplier / 2
+    assert rel.epsilon == epsilon_of(rel.events, 1e-5) <= 4.0
+    assert rel.epsilon >= plan.epsilon_spent()  # never states less than the realized noise spends
+    assert rel.df.column_names == ["cluster", "size", "center"] and rel.df.num_rows == 2
+    assert set(rel.files) == {dpgm.MODEL_FILE}
