@@ -85,7 +85,7 @@ def run(dataset: str, epsilons, repeats: int, methods, first_repeat: int = 0) ->
     from sklearn.cluster import KMeans as SkKMeans
 
     from sparkpriv import release_kmeans_array
-from sparkpriv.mechanisms.kmeans import clustering_accuracy
+    from sparkpriv.mechanisms.kmeans import clustering_accuracy
 
     X, y = load_mnist() if dataset == "mnist" else load_blobs()
     s = SETTINGS[dataset]

@@ -478,11 +478,15 @@ def test_brute_force_sensitivity_never_exceeds_the_calibration(variant, bounds):
         assert add <= math.sqrt(2) * cx * (1 + 1e-12)
 
 
-def test_stated_uncertainty_covers_95_percent_by_simulation():
+def test_stated_uncertainty_covers_95_percent_by_simulation(test_seed):
     """The release's stated size std and centre std give 95% intervals that cover the truth in
-    93-97% of simulated noise draws (the driver step the release runs, fixed true statistics)."""
-    X, _ = _blobs(n=6000, d=4, k=3, sep=8.0)
-    r = release_kmeans(X, k=3, epsilon=1.0, delta=1e-5, iterations=2, variant="linear", row_bound=40.0)
+    93-97% of simulated noise draws (the driver step the release runs, fixed true statistics).
+    The centre std is first order in the size noise: the clusters here are large (about 2,000
+    rows each, from a public initialisation near the blobs), where it holds."""
+    X, y = _blobs(n=6000, d=4, k=3, sep=8.0)
+    init = X[[np.flatnonzero(y == j)[0] for j in range(3)]] + 0.5
+    r = release_kmeans(X, k=3, epsilon=1.0, delta=1e-5, iterations=2, variant="linear", row_bound=40.0,
+                       init=init)
     u = r.uncertainty()
     assert u == r.receipt()["mechanism_details"]["uncertainty"]
     plan = km.plan_kmeans(km.make_feature_map("linear", Bounds(4, None, None, 40.0)), k=3, epsilon=1.0,
@@ -491,6 +495,7 @@ def test_stated_uncertainty_covers_95_percent_by_simulation():
     # true statistics of one assignment: sizes and sums of the clipped rows
     lab = np.argmin(((X[:, None, :] - r.model.centers[None]) ** 2).sum(-1), axis=1)
     n_true = np.bincount(lab, minlength=3).astype(float)
+    assert n_true.min() > 1000, n_true  # large clusters: the regime the first-order std is stated for
     S_true = np.stack([X[lab == j].sum(0) for j in range(3)])
     stats = np.hstack([n_true[:, None], S_true]).ravel()
     mean_true = S_true / n_true[:, None]
