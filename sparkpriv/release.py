@@ -402,8 +402,10 @@ def release(mechanism, data, *, ledger=None, table_id: str | None = None, source
     src = eng.open(data, caller=caller, **mech.open_args(p))
     mech.check_input(p, src.facts, caller)
     plan = mech.plan(p, src.facts, caller)
-    parameters = {**src.public_params(), **p.public_dict(), "bounds": plan.public.get("bounds"),
-                  **plan.parameters}
+    declared = p.public_dict()  # a parameter left None (columns of a numpy array) takes the input's value
+    parameters = {**src.public_params(), **{k: v for k, v in declared.items() if v is not None or k not in
+                                            src.public_params()},
+                  "bounds": plan.public.get("bounds"), **plan.parameters}
     hold = reserve(event=plan.events, mechanism=mech.name, parameters=parameters, ledger=ledger,
                    table_id=table_id)
     progress = Progress(caller, logging.getLogger(f"sparkpriv.{mech.name}"), on_step,

@@ -139,3 +139,8 @@ def test_progress_steps_reach_the_caller_and_the_log(caplog):
     assert frames[-1].startswith("kmeans iteration [##########]") and buf.getvalue().endswith("\n")
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("kmeans iteration")]
     assert len(lines) == 3 and "release epsilon" in lines[-1]
+
+
+def test_numpy_columns_named_in_the_recorded_parameters():
+    r = release_kmeans(_X(), **ARGS)
+    assert r.public["parameters"]["columns"] == ["x0", "x1", "x2"]
