@@ -162,6 +162,39 @@ RECORD_CASES = {
                           dict(epsilon=1.0, domain=_count_domain()), {"noise": "gaussian"}),
 }
 
+def _record_seeds(monkeypatch) -> list:
+    """Every seed the release draws through new_secret_seed (also where a module imported the name)."""
+    seeds = []
+    real = sprandom.new_secret_seed
+
+    def recording(purpose):
+        s = real(purpose)
+        seeds.append(s)
+        return s
+
+    monkeypatch.setattr(sprandom, "new_secret_seed", recording)
+    for mod in list(__import__("sys").modules.values()):
+        if getattr(mod, "new_secret_seed", None) is real and mod.__name__.startswith("sparkpriv"):
+            monkeypatch.setattr(mod, "new_secret_seed", recording)
+    return seeds
+
+
+def _assert_no_seed(seeds, published, caplog, rel) -> None:
+    """No drawn seed (bytes either order, decimal, hex) in the published files, the logs or the repr."""
+    blobs = []
+    for root, _, names in os.walk(published):
+        for n in names:
+            with open(os.path.join(root, n), "rb") as f:
+                blobs.append(f.read())
+    blobs.append("\n".join(r.getMessage() for r in caplog.records).encode())
+    blobs.append(repr(rel).encode())
+    for s in seeds:
+        needles = [s.to_bytes(16, "little"), s.to_bytes(16, "big"), str(s).encode(), hex(s).encode()]
+        for blob in blobs:
+            for needle in needles:
+                assert needle not in blob, "a secret seed appears in the output, the logs or the repr"
+
+
 MECHANISMS = sorted(registered())
 TABLE_MECHANISMS = sorted(CASES)
 
@@ -257,18 +290,7 @@ def test_ledger_atomic_write_and_no_secrets(name, engine, spark, tmp_path, caplo
     url = f"sqlite:///{tmp_path}/ledger.sqlite"
     with open_ledger(url) as led:
         led.set_budget("t", epsilon=100.0, delta=1e-3)
-    seeds = []
-    real = sprandom.new_secret_seed
-
-    def recording(purpose):
-        s = real(purpose)
-        seeds.append(s)
-        return s
-
-    monkeypatch.setattr(sprandom, "new_secret_seed", recording)
-    for mod in list(__import__("sys").modules.values()):  # modules that imported the name
-        if getattr(mod, "new_secret_seed", None) is real and mod.__name__.startswith("sparkpriv"):
-            monkeypatch.setattr(mod, "new_secret_seed", recording)
+    seeds = _record_seeds(monkeypatch)
     caplog.set_level("DEBUG")
 
     # a run that fails (a NaN in the data, read only by the run) releases its reservation
@@ -302,18 +324,7 @@ def test_ledger_atomic_write_and_no_secrets(name, engine, spark, tmp_path, caplo
     assert states == ["aborted", "aborted", "committed"]
     assert not [f for f in os.listdir(tmp_path) if "staging" in f]
     assert seeds, "the release drew no secret seed through new_secret_seed"
-    blobs = []
-    for root, _, names in os.walk(tmp_path / "published"):
-        for n in names:
-            with open(os.path.join(root, n), "rb") as f:
-                blobs.append(f.read())
-    blobs.append("\n".join(r.getMessage() for r in caplog.records).encode())
-    blobs.append(repr(rel2).encode())
-    for s in seeds:
-        needles = [s.to_bytes(16, "little"), s.to_bytes(16, "big"), str(s).encode(), hex(s).encode()]
-        for blob in blobs:
-            for needle in needles:
-                assert needle not in blob, "a secret seed appears in the output, the logs or the repr"
+    _assert_no_seed(seeds, tmp_path / "published", caplog, rel2)
 
 
 # ----------------------------------------------------------------------------- event-records mechanisms
@@ -352,18 +363,7 @@ def test_records_receipt_refusals_ledger_and_no_secrets(name, spark, tmp_path, c
     url = f"sqlite:///{tmp_path}/ledger.sqlite"
     with open_ledger(url) as led:
         led.set_budget("t", epsilon=100.0, delta=1e-3)
-    seeds = []
-    real = sprandom.new_secret_seed
-
-    def recording(purpose):
-        s = real(purpose)
-        seeds.append(s)
-        return s
-
-    monkeypatch.setattr(sprandom, "new_secret_seed", recording)
-    for mod in list(__import__("sys").modules.values()):
-        if getattr(mod, "new_secret_seed", None) is real and mod.__name__.startswith("sparkpriv"):
-            monkeypatch.setattr(mod, "new_secret_seed", recording)
+    seeds = _record_seeds(monkeypatch)
     caplog.set_level("DEBUG")
     with pytest.raises(Exception):
         release(name, case.records(poisoned), ledger=url, table_id="t", **case.params)
@@ -382,15 +382,4 @@ def test_records_receipt_refusals_ledger_and_no_secrets(name, spark, tmp_path, c
         states = sorted(e["state"] for e in led.status("t").entries)
     assert states == ["aborted", "aborted", "committed"]
     assert seeds
-    blobs = []
-    for root, _, names in os.walk(tmp_path / "published"):
-        for n in names:
-            with open(os.path.join(root, n), "rb") as f:
-                blobs.append(f.read())
-    blobs.append("\n".join(rec.getMessage() for rec in caplog.records).encode())
-    blobs.append(repr(rel2).encode())
-    for s in seeds:
-        needles = [s.to_bytes(16, "little"), s.to_bytes(16, "big"), str(s).encode(), hex(s).encode()]
-        for blob in blobs:
-            for needle in needles:
-                assert needle not in blob, "a secret seed appears in the output, the logs or the repr"
+    _assert_no_seed(seeds, tmp_path / "published", caplog, rel2)
