@@ -238,6 +238,20 @@ class _LocalFS:
             return f.read()
 
 
+def _with_delayed_open(uri: str, scheme: str) -> str:
+    """``uri`` with ``allow_delayed_open=true`` added for S3 unless the query sets it.
+
+    pyarrow's S3 output streams otherwise start a multipart upload when opened, so
+    every marker, receipt and small part file costs three requests, and an empty
+    file is a multipart upload of one empty part (which some S3-compatible servers
+    refuse). With delayed opening an object smaller than one part is a single
+    PutObject; larger ones still go up in parts.
+    """
+    if scheme != "s3" or "allow_delayed_open=" in urlsplit(uri).query:
+        return uri
+    return uri + ("&" if urlsplit(uri).query else "?") + "allow_delayed_open=true"
+
+
 class _ArrowStore:
     """A pyarrow filesystem, addressed by the same qualified paths as the Hadoop one
     (``file:/abs/path``, ``s3://bucket/key``). The Arrow writer's driver side uses it,
@@ -259,7 +273,7 @@ class _ArrowStore:
                     "AWS profile or an instance role): the output path is written to the receipt and "
                     "the log.")
             try:
-                self.fs, _ = pafs.FileSystem.from_uri(uri)
+                self.fs, _ = pafs.FileSystem.from_uri(_with_delayed_open(uri, self.scheme))
             except Exception as exc:  # ArrowInvalid, ArrowNotImplementedError, OSError
                 raise ParameterError(
                     f"pyarrow cannot open the {self.scheme}:// output {self.qualify(uri)!r}: {exc}") from None

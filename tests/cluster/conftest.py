@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -187,6 +188,20 @@ def shipped(tmp_path_factory) -> Shipped:
     return Shipped(wheel=wheel, pyfiles=pyfiles, executor_python=py)
 
 
+def _master_ports(c: Cluster, log: Path) -> tuple[str, int]:
+    """The master's URL and web UI port as its log states them once it has bound both."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        url = re.search(r"Starting Spark master at (spark://\S+)", text)
+        ui = re.search(r"Successfully started service '?MasterUI'? on port (\d+)", text)
+        if url and ui:
+            return url.group(1), int(ui.group(1))
+        if c.procs["master"].poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"the standalone master did not start:\n{text[-3000:]}")
+        time.sleep(0.2)
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
     """A standalone master and two workers on 127.0.0.1; yields a :class:`Cluster`."""
@@ -211,6 +226,8 @@ def cluster(tmp_path_factory):
     try:
         start("master", ["org.apache.spark.deploy.master.Master", "--host", LOCALHOST, "--port", str(port),
                          "--webui-port", str(webui)])
+        # Spark moves a port that was taken meanwhile up by one: use the ports the master reports
+        c.master_url, c.webui = _master_ports(c, work / "master.log")
         for i in range(2):
             (work / f"work-{i}").mkdir()
             start(f"worker-{i}", ["org.apache.spark.deploy.worker.Worker", c.master_url, "--host", LOCALHOST,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -165,11 +166,15 @@ def test_publish_order_and_a_failed_copy(spark, table, bucket, monkeypatch):
     def under_dest():
         return [k[len("rel/out/"):] for k in bucket.keys() if k.startswith("rel/out/")]
 
+    lock = threading.Lock()  # the copies run on a thread pool: check and record atomically
+
     def copy(self, src, dst):
-        if not seen:
-            assert under_dest() == []  # all tasks have finished: still nothing at the destination
-        seen.append(("copy", dst[len(dest) + 1:]))
-        if fail and len(seen) == 2:
+        with lock:
+            if not seen:
+                assert under_dest() == []  # all tasks have finished: still nothing at the destination
+            seen.append(("copy", dst[len(dest) + 1:]))
+            n = len(seen)
+        if fail and n == 2:
             raise OSError("injected copy failure")
         real_copy(self, src, dst)
 
@@ -265,3 +270,21 @@ def test_cli_aggregate_release_to_s3_is_refused_before_reading(spark, bucket, s3
     assert f"s3a://{bucket.name}/rel/km instead" in err and "hadoop-aws" in err
     assert "missing.parquet" not in err
     assert bucket.keys() == []
+
+
+def _s3_options(store) -> dict:
+    return store.fs.__reduce__()[1][0]  # pyarrow's pickled S3Options, as the tasks receive them
+
+
+def test_small_s3_objects_are_single_puts(bucket):
+    """Markers, receipts and small part files go up as one PutObject (delayed opening), not as a
+    multipart upload of one part (three requests, and an empty part some S3 servers refuse);
+    the user's own setting wins."""
+    store = W._ArrowStore(bucket.uri("rel/x"))
+    assert _s3_options(store)["allow_delayed_open"] is True
+    store.write_bytes(bucket.uri("rel/x/_marker"), b"")
+    assert bucket.get("rel/x/_marker") == b""
+    own = W._ArrowStore(bucket.uri("rel/x") + "&allow_delayed_open=false")
+    assert _s3_options(own)["allow_delayed_open"] is False
+    assert W._with_delayed_open("file:/tmp/x", "file") == "file:/tmp/x"
+    assert W._with_delayed_open("s3://b/k", "s3") == "s3://b/k?allow_delayed_open=true"
