@@ -24,8 +24,8 @@ import numpy as np
 
 from sparkpriv._validation import Interval, check_param
 
-__all__ = ["QuerySet", "draw_queries", "answer_queries", "relative_errors", "group_summary",
-           "expected_answers_after_flips"]
+__all__ = ["QuerySet", "draw_queries", "answer_queries", "answers_under_independence", "relative_errors",
+           "group_summary", "expected_answers_after_flips"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,31 @@ def answer_queries(offsets: np.ndarray, indices: np.ndarray, Q: np.ndarray) -> n
         return np.zeros(Q.shape[1])
     X = csr_matrix((np.ones(int(offsets[-1])), np.asarray(indices), offsets), shape=(n, Q.shape[0]))
     return ((X @ Q) > 0).sum(axis=0).astype(np.float64)
+
+
+def answers_under_independence(item_counts, n: float, Q: np.ndarray) -> np.ndarray:
+    """Per query, ``n (1 - prod_{j in q} (1 - c_j / n))``: its answer if people visited
+    items independently with the released per-item rates (docs/counts.md, "Counting
+    queries from the counts").
+
+    ``item_counts`` (d,) are released per-item counts of distinct people (noisy:
+    post-processing of a counts release); each rate ``c_j / n`` is clipped to
+    [0, 1]. ``n`` is the public number of people (the replace-one relation makes it
+    public). This is the baseline a synthetic table must beat: it keeps every
+    item's popularity and nothing of how items go together.
+    """
+    caller = "answers_under_independence"
+    check_param("n", n, [Interval("real", 0, None, "neither")], caller)
+    c = np.asarray(item_counts, float).ravel()
+    if c.size != Q.shape[0]:
+        raise ValueError(f"{caller}: {c.size} item counts for queries over {Q.shape[0]} items")
+    if not np.all(np.isfinite(c)):
+        raise ValueError(f"{caller}: the item counts must be finite")
+    rate = np.clip(c / float(n), 0.0, 1.0)
+    with np.errstate(divide="ignore"):
+        log_miss = np.log1p(-rate)  # -inf where every person visited the item
+    miss = np.exp(np.asarray(Q, float).T @ np.where(np.isinf(log_miss), -1e300, log_miss))
+    return float(n) * (1.0 - miss)
 
 
 def relative_errors(true: np.ndarray, released: np.ndarray, n: int, sanity: float = 0.001) -> np.ndarray:

@@ -40,8 +40,8 @@ COLS = ["f0", "f1", "f2", "f3"]
 # Per-mechanism options of the cluster release (the rest of each config is common:
 # input, output, columns, ledger, table_id). A mechanism registered in
 # sparkpriv.runner.MECHANISMS without an entry here is SKIPPED with a reason:
-# add its options here. ``per_row``: the output has one row per input row and
-# keeps the public ``id`` column.
+# add its options here (None drops a common key). ``per_row``: the output has one
+# row per input row and keeps the public ``id`` column.
 MECHANISM_OPTIONS = {
     "projection": {"options": {"k": 2, "epsilon": 1.0, "row_bound": 8.0, "keep_columns": ["id"]},
                    "per_row": True},
@@ -50,6 +50,16 @@ MECHANISM_OPTIONS = {
              "per_row": True},
     "kmeans": {"options": {"k": 2, "epsilon": 2.0, "delta": 1e-5, "iterations": 2, "variant": "linear",
                            "row_bound": 8.0},
+               "per_row": False},
+    "regression": {"options": {"columns": COLS[:-1], "target": COLS[-1], "row_bound": 8.0, "epsilon": 2.0,
+                               "delta": 1e-5, "sketch_rows": 40},
+                   "per_row": False},
+    "dpgm": {"options": {"k": 2, "epsilon": 5.0, "delta": 1e-5, "model": "vae", "kmeans_iterations": 2,
+                         "sampling_rate": 0.2, "epochs": 1.0, "hidden": 3},
+             "per_row": False},
+    # an event table: the person is the id, the item its label (one event each)
+    "counts": {"options": {"columns": None, "epsilon": 1.0, "events": True, "person_col": "id",
+                           "item_col": "label", "vocabulary": "0..1", "max_items": 1},
                "per_row": False},
 }
 
@@ -241,10 +251,10 @@ def test_release_every_mechanism(cluster, shipped, small_table, tmp_path, mechan
     ledger = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     set_budget(ledger)
     out = tmp_path / "release"
-    cfg = write_config(tmp_path / "nightly.toml", mechanism, {
-        "input": str(small_table), "output": str(out), "columns": COLS,
-        "ledger": ledger, "table_id": TABLE_ID, **spec["options"],
-    })
+    values = {"input": str(small_table), "output": str(out), "columns": COLS,
+              "ledger": ledger, "table_id": TABLE_ID, **spec["options"]}
+    cfg = write_config(tmp_path / "nightly.toml", mechanism,
+                       {key: v for key, v in values.items() if v is not None})  # None: not this mechanism's
     log = tmp_path / "submit.log"
     rc = run_release(cluster, shipped, cfg, log)
     assert rc == 0, tail(log)

@@ -59,3 +59,47 @@ def test_flipped_release_matches_closed_form_expectation():
     e_exp = cq.relative_errors(t, exp, n).mean()
     assert e_meas == pytest.approx(e_exp, rel=0.1)
     assert e_exp > 0.01  # flips do bias the answers upwards
+
+
+# --------------------------------------------------------------------------- independence baseline
+
+
+def test_independence_answers_equal_enumeration_over_all_visit_patterns():
+    """The closed form against a sum over all 2^d visit patterns of independent items."""
+    import itertools
+
+    p = np.array([0.1, 0.5, 0.03, 0.9])
+    n = 1000.0
+    Q = np.array([[1, 0, 1, 0], [0, 1, 1, 0], [0, 0, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0]], float).T  # (d, nq)
+    want = np.zeros(Q.shape[1])
+    for pattern in itertools.product([0, 1], repeat=p.size):
+        x = np.array(pattern)
+        prob = np.prod(np.where(x == 1, p, 1 - p))
+        want += prob * ((x @ Q) > 0)
+    np.testing.assert_allclose(cq.answers_under_independence(n * p, n, Q), n * want, rtol=1e-12)
+
+
+def test_independence_answers_match_a_table_of_independent_visits():
+    rng = np.random.default_rng(3)
+    n, d = 200_000, 30
+    p = rng.uniform(0.001, 0.2, d)
+    X = rng.random((n, d)) < p
+    rows, cols = np.nonzero(X)
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n))])
+    qs = cq.draw_queries(d, max_length=10, n_queries=200, seed=1)
+    true = cq.answer_queries(offsets, cols, qs.matrix)
+    est = cq.answers_under_independence(X.sum(axis=0), n, qs.matrix)
+    # the rates are the realized ones, so only the finite-sample dependence is left
+    assert np.max(np.abs(est - true) / np.maximum(true, 100)) < 0.02
+
+
+def test_independence_misses_items_that_go_together_and_clips_noisy_counts():
+    n = 100.0
+    Q = np.array([[1.0], [1.0]])  # q = {a, b}
+    # a and b always visited together by the same 30 people: truth 30, independence 51
+    np.testing.assert_allclose(cq.answers_under_independence([30, 30], n, Q), [n * (1 - 0.7 ** 2)])
+    # noisy counts below 0 or above n are rates 0 and 1
+    np.testing.assert_allclose(cq.answers_under_independence([-5, 0], n, Q), [0.0])
+    np.testing.assert_allclose(cq.answers_under_independence([250, 3], n, Q), [n])
+    with pytest.raises(ValueError, match="3 item counts for queries over 2 items"):
+        cq.answers_under_independence([1, 2, 3], n, Q)
