@@ -190,7 +190,7 @@ def sum_partials(
     merge.__name__ = "sparkpriv_merge"
     parts = map_batches(df, first, schema)
     if has_rdd(df):
-        n = max(df.rdd.getNumPartitions(), 1)
+        n = max(partition_estimate(df), 1)
         while n > fanout:
             n = -(-n // fanout)
             parts = map_batches(parts.repartition(n), merge, schema)
@@ -200,6 +200,24 @@ def sum_partials(
     for row in parts.toLocalIterator():
         total += np.frombuffer(row["v"], dtype=np.float64)
     return total
+
+
+def partition_estimate(df) -> int:
+    """The partition count of ``df`` without running a job (classic Spark).
+
+    ``df.rdd.getNumPartitions()`` is free on a scan, but on a plan with a
+    shuffle under adaptive query execution it runs the shuffle's map stage to
+    learn the final count (a whole ``groupBy(person)`` pass, run again by the
+    job that follows). There the count is at most ``spark.sql.shuffle.partitions``
+    (adaptive execution only coalesces), which is what the merge tree needs.
+    """
+    try:
+        plan = df._jdf.queryExecution().executedPlan().toString()  # planned (adaptive: not run)
+    except Exception:  # not a classic DataFrame
+        plan = ""
+    if "Exchange" in plan:
+        return int(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+    return df.rdd.getNumPartitions()
 
 
 def has_rdd(df) -> bool:
