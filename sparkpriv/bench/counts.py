@@ -139,7 +139,10 @@ def _timed(fn, out: str) -> tuple[float, float | None, float | None, object]:
     res = fn(out)
     secs = time.perf_counter() - t
     c1, m1 = _tree_cpu(), _machine_cpu()
-    return (secs, (c1 - c0) if (c0 is not None and c1 is not None) else None,
+    own = (c1 - c0) if (c0 is not None and c1 is not None) else None
+    if own is not None and own < 0:  # a process of the tree ended and no process of it reaped it
+        own = None
+    return (secs, own,
             (m1[0] - m0[0]) if (m0 and m1) else None, res)
 
 
@@ -373,8 +376,10 @@ def run(*, people: int, max_keys: int = 32, epsilon: float = 1.0, data_dir: str 
             times[name].append(secs)
             cpu[name].append(c)
             mcpu[name].append(mc)
-            print(f"repeat {rep} {name}: {secs:.2f} s, {c:.1f} CPU-s (own processes), "
-                  f"{mc:.1f} CPU-s (whole machine)", flush=True)
+            own = "n/a (a process ended unaccounted)" if c is None else f"{c:.1f}"
+            whole = "n/a" if mc is None else f"{mc:.1f}"
+            print(f"repeat {rep} {name}: {secs:.2f} s, {own} CPU-s (own processes), "
+                  f"{whole} CPU-s (whole machine)", flush=True)
             if name == "sparkpriv":
                 info = res
             if rep == repeats - 1:

@@ -257,7 +257,9 @@ def _timed(data_dir: str, name: str, fn):
         res = fn(out)
         wall = time.perf_counter() - t0
         c1 = _tree_cpu_seconds()
-        return wall, (None if c0 is None or c1 is None else c1 - c0), res
+        cpu = None if c0 is None or c1 is None else c1 - c0
+        # negative: a process of the tree ended and no process of the tree reaped it
+        return wall, (cpu if cpu is None or cpu >= 0 else None), res
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
