@@ -63,7 +63,7 @@ from sparkpriv.privacy.random import new_secret_seed, stream
 
 __all__ = ["MODELS", "FORMAT_VERSION", "MODEL_FILE", "DPGMParams", "DPGMPlan", "DPGMModel", "calibrate_dpgm",
            "requested_event", "plan_for_rows", "plan_dpgm", "fit_dpgm_array", "assign_clusters",
-           "train_clusters", "synthesize", "DPGM", "DPGM_MECHANISM"]
+           "train_clusters", "synthesize", "synthesize_part", "DPGM", "DPGM_MECHANISM"]
 
 MODELS = ("rbm", "vae")
 FORMAT_VERSION = 1
@@ -364,6 +364,27 @@ def synthesize(model: DPGMModel, n: int, seed: int) -> np.ndarray:
              for j, c in enumerate(counts) if c > 0]
     out = np.concatenate(parts) if parts else np.zeros((0, model.d))
     return out[stream(seed, SYNTH_STAGE, model.k + 1).permutation(out.shape[0])]
+
+
+def synthesize_part(model: DPGMModel, n: int, seed: int, *key: int) -> np.ndarray:
+    """``n`` synthetic records (n, d) of one slice of a large table: :func:`synthesize`'s
+    mixture (cluster ``j`` with probability noisy ``n_j / sum``, then its model's sampler, rows
+    shuffled) from the keyed streams ``stream(seed, SYNTH_STAGE, *key, ...)``, values clipped to
+    the declared box ``[0, 1]``. A Spark task passes its ``(partition, batch)`` as ``key``: a
+    retried task regenerates the same rows, and distinct keys give independent slices.
+    Post-processing of the released model: no budget."""
+    check_param("n", n, [Interval("integer", 0, None, "left")], "synthesize")
+    key = tuple(int(v) for v in key)
+    w = np.asarray(model.sizes, float)
+    if not np.any(w > 0):
+        w = np.ones_like(w)
+    counts = stream(seed, SYNTH_STAGE, *key, model.k).multinomial(int(n), w / w.sum())
+    gen = model.generator()
+    parts = [gen.sample(model.thetas[j], int(c), stream(seed, SYNTH_STAGE, *key, j))
+             for j, c in enumerate(counts) if c > 0]
+    out = np.concatenate(parts).astype(np.float64, copy=False) if parts else np.zeros((0, model.d))
+    out = out[stream(seed, SYNTH_STAGE, *key, model.k + 1).permutation(out.shape[0])]
+    return np.clip(out, 0.0, 1.0)
 
 
 # ----------------------------------------------------------------------------- the mechanism (protocol)
