@@ -109,7 +109,7 @@ def _check_model(model, receipt: dict, where: str):
 
 
 def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = False,
-                    partitions: int | None = None, writer: str = "auto", spark=None,
+                    partitions: int | None = None, writer: str = "auto", spark=None, spark_conf=None,
                     on_step=None) -> SynthesisResult:
     """Write ``rows`` synthetic records of the DPGM release ``model`` to ``output``.
 
@@ -128,9 +128,11 @@ def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = Fal
     writer : {"auto", "spark", "arrow"}
         Who writes the part files (:func:`sparkpriv.io.writer.publish`).
     spark : SparkSession, optional
-        Default: :func:`sparkpriv.spark.session.get_spark`.
+        Default: :func:`sparkpriv.spark.session.get_spark` with ``spark_conf``, started after
+        the parameters are checked.
     on_step : callable, optional
-        ``(what, i, n, message)``: progress of the generation (completed / total Spark tasks).
+        ``(what, i, n, message)``: progress of the generation (completed / total Spark tasks);
+        every step is also logged (``sparkpriv.synthesize`` at INFO).
 
     Privacy
     -------
@@ -141,16 +143,20 @@ def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = Fal
     """
     from sparkpriv.io.writer import RECEIPT_FILE, check_output_path, publish
     from sparkpriv.mechanisms.dpgm import MODEL_FILE, DPGMModel
+    from sparkpriv.mechanisms.protocol import Progress
     from sparkpriv.privacy.random import active_fixed_seed, new_secret_seed
     from sparkpriv.spark.progress import TaskProgress
     from sparkpriv.spark.synthesize import default_partitions, synthetic_rows
 
     rows = _check_rows(rows)
     partitions = _check_partitions(partitions, rows)
+    if writer not in ("auto", "spark", "arrow"):
+        raise ParameterError(f"The 'writer' parameter of {_CALLER} must be auto, spark or arrow (--writer). "
+                             f"Got {writer!r} instead.")
     if spark is None:
         from sparkpriv.spark.session import get_spark
 
-        spark = get_spark()
+        spark = get_spark(spark_conf)
     directory, model_bytes, receipt_bytes = _read_release(spark, model)
     try:
         mdl = DPGMModel.load(io.BytesIO(model_bytes))
@@ -201,7 +207,8 @@ def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = Fal
               "no budget spent", rows, directory, mdl.k, mdl.params.model, partitions)
     df = batch_map.to_df()
     provenance["output"] = {"path": target, "schema": [{"name": c, "type": "double"} for c in columns]}
-    with TaskProgress(spark, "synthesis", on_step):
+    progress = Progress(_CALLER, _log, on_step, spent="post-processing: no budget spent")
+    with TaskProgress(spark, "synthesis", progress.step):
         out = publish(df, output, receipt=provenance, overwrite=overwrite, rows=batch_map, writer=writer)
     del seed
     return SynthesisResult(output=out, receipt_path=f"{out}/{RECEIPT_FILE}", rows=rows, columns=columns,
