@@ -98,8 +98,10 @@ def _check_model(model, receipt: dict, where: str):
     if recorded is not None and not np.allclose(np.asarray(recorded, float), sizes, rtol=1e-12, atol=0.0):
         raise InputError(f"The model file of {where} does not match its receipt (cluster sizes differ): "
                          "the directory was altered.")
-    if not np.all(np.isfinite(model.thetas)):
-        raise InputError(f"The model of {where} has non-finite parameters.")
+    dim = model.generator().dim
+    if np.shape(model.thetas) != (model.k, dim) or not np.all(np.isfinite(model.thetas)):
+        raise InputError(f"The model of {where} has parameters of shape {np.shape(model.thetas)} (expected "
+                         f"({model.k}, {dim}), finite): not a released model.")
     columns = model.params.columns or receipt.get("input", {}).get("columns") or \
         [f"x{j}" for j in range(model.d)]
     columns = tuple(str(c) for c in columns)
