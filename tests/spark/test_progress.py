@@ -104,18 +104,29 @@ def test_dpgm_training_steps_in_order_with_the_spend_on_the_local_engine():
     assert [s[3].split(",")[0] for s in train] == ["cluster 1/2"] * 10 + ["cluster 2/2"] * 10
 
 
-def test_dpgm_on_spark_reports_the_training_tasks(spark, caplog):
-    from sparkpriv.api import release_dpgm
+def _groups(block):
+    X = np.asarray(block, dtype=np.float64)
+    return (X[:, 0] > 0.5).astype(np.int64), X
 
-    caplog.set_level("INFO", logger="sparkpriv.dpgm")
-    X = _dpgm_data()
-    df = spark.createDataFrame([tuple(map(float, r)) for r in X], [f"c{j}" for j in range(X.shape[1])])
-    steps = []
-    release_dpgm(df, on_step=lambda *a: steps.append(a), columns=df.columns, **dict(DPGM_ARGS, epochs=1))
-    training = [s for s in steps if s[0] == "dpgm training"]
-    assert training and training[-1][1] == training[-1][2] and training[-1][3] == "Spark tasks"
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("dpgm training")]
-    assert len(lines) == len(training) and "release epsilon" in lines[-1]
+
+def _train(j, rows):
+    return np.array([float(j), float(rows.shape[0])])
+
+
+def test_spark_training_reports_its_tasks_and_not_the_in_process_callback(spark):
+    """The Spark engine's train_groups reports the job's tasks to the release's progress (set by
+    release()); the per-step callback of in-process training is not called from the tasks."""
+    from sparkpriv.spark.engine import SparkEngine
+
+    df = spark.createDataFrame([(float(i % 2), float(i)) for i in range(40)], ["a", "b"]).repartition(3)
+    eng = SparkEngine()
+    src = eng.open(df, columns=["a", "b"], fill=None, caller="test")
+    steps, calls = [], []
+    eng.progress = lambda *a: steps.append(a)
+    out = eng.train_groups(src, _groups, _train, 3, 2, 2, on_train=lambda *a: calls.append(a), what="training")
+    np.testing.assert_array_equal(out, [[0.0, 20.0], [1.0, 20.0], [2.0, 0.0]])  # group 2: no rows
+    assert steps and steps[-1][0] == "training" and steps[-1][1] == steps[-1][2] > 0
+    assert calls == []
 
 
 def test_the_event_bounding_pass_reports_steps(spark):
