@@ -410,6 +410,9 @@ def release(mechanism, data, *, ledger=None, table_id: str | None = None, source
                    table_id=table_id)
     progress = Progress(caller, logging.getLogger(f"sparkpriv.{mech.name}"), on_step,
                         spent=f"release epsilon {plan.epsilon:.6g}, delta {plan.delta:.3g}")
+    watched = hasattr(eng, "watch")  # an engine that reports its long passes (the Spark engine)
+    if watched:
+        eng.progress = progress.step
     try:
         outcome = mech.run(eng, src, plan, progress)
     except BaseException as exc:
@@ -418,6 +421,8 @@ def release(mechanism, data, *, ledger=None, table_id: str | None = None, source
         raise
     finally:
         plan.forget_secrets()
+        if watched:
+            eng.progress = None
     public = dict(plan.public, parameters=parameters, **outcome.public)
     public.setdefault("neighbors", plan.neighbors.name)
     public.setdefault("protects", plan.neighbors.protects)

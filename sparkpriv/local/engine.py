@@ -364,12 +364,16 @@ class LocalEngine:
     def cache(self, source: LocalSource, fn, dim: int) -> _Cache:
         return _Cache([np.ascontiguousarray(fn(X), dtype=np.float64) for X in source.blocks(self.block_rows)])
 
-    def train_groups(self, source: LocalSource, group_fn, train_fn, k: int, dim: int, width: int) -> np.ndarray:
+    def train_groups(self, source: LocalSource, group_fn, train_fn, k: int, dim: int, width: int, *,
+                     on_train=None, what: str = "training") -> np.ndarray:
         """``(k, dim)``: row ``j`` is ``train_fn(j, rows of group j)`` (the Spark engine's ``train_groups``).
 
         ``group_fn(block) -> (groups, rows)`` gives each row's group in ``[0, k)`` and the
         ``(n, width)`` rows to train on; group ``j`` gets its rows in source order (an empty
         ``(0, width)`` matrix when it has none). Only the ``k`` vectors are returned.
+        ``on_train(j, t, steps)``: the groups train here, one after another, so
+        ``train_fn(j, rows, report=...)`` is given a ``report(t, steps)`` that calls it
+        (progress; ``what`` names the pass on the Spark engine).
         """
         groups, rows = [], []
         for block in source.blocks(self.block_rows):
@@ -380,7 +384,11 @@ class LocalEngine:
         X = np.concatenate(rows) if rows else np.zeros((0, width))
         out = np.zeros((int(k), int(dim)))
         for j in range(int(k)):
-            out[j] = train_fn(j, np.ascontiguousarray(X[g == j]))
+            rows_j = np.ascontiguousarray(X[g == j])
+            if on_train is None:
+                out[j] = train_fn(j, rows_j)
+            else:
+                out[j] = train_fn(j, rows_j, report=lambda t, steps, j=j: on_train(j, t, steps))
         return out
 
     def map_rows(self, source: LocalSource, row_map, columns: Sequence[tuple], *, keep: Sequence[str] = (),

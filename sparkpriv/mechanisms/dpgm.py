@@ -63,7 +63,7 @@ from sparkpriv.privacy.random import new_secret_seed, stream
 
 __all__ = ["MODELS", "FORMAT_VERSION", "MODEL_FILE", "DPGMParams", "DPGMPlan", "DPGMModel", "calibrate_dpgm",
            "requested_event", "plan_for_rows", "plan_dpgm", "fit_dpgm_array", "assign_clusters",
-           "train_clusters", "synthesize", "DPGM", "DPGM_MECHANISM"]
+           "train_clusters", "synthesize", "synthesize_part", "DPGM", "DPGM_MECHANISM"]
 
 MODELS = ("rbm", "vae")
 FORMAT_VERSION = 1
@@ -328,10 +328,11 @@ def assign_clusters(X: np.ndarray, centers: np.ndarray, row_bound: float) -> np.
 
 
 def train_clusters(X: np.ndarray, labels: np.ndarray, sizes: np.ndarray, centers: np.ndarray,
-                   plan: DPGMPlan, seed: int, clusters=None, log=None) -> np.ndarray:
+                   plan: DPGMPlan, seed: int, clusters=None, log=None, on_step=None) -> np.ndarray:
     """DP-SGD of every cluster's model on its own rows (a Spark task per cluster does the same
     for one ``j``): ``(k, dim)`` parameters. Cluster ``j`` sees only ``X[labels == j]``, the
-    public ``sizes[j]``, ``centers[j]`` and its own streams ``(seed, stage, j, step)``."""
+    public ``sizes[j]``, ``centers[j]`` and its own streams ``(seed, stage, j, step)``.
+    ``on_step(j, t, steps)``: called after DP-SGD step ``t`` of cluster ``j`` (progress)."""
     params, d = plan.params, plan.d
     gen = _make_model(params, d)
     clusters = range(params.k) if clusters is None else clusters
@@ -343,7 +344,8 @@ def train_clusters(X: np.ndarray, labels: np.ndarray, sizes: np.ndarray, centers
             theta0[d * params.hidden: d * params.hidden + d] = _logit_init(centers[j])
         thetas[j] = dpsgd.train(gen, Xj, theta0, clip=params.clip, sampling_rate=params.sampling_rate,
                                 steps=plan.steps, noise=plan.step_noise, n_pub=max(float(sizes[j]), 1.0),
-                                seed=seed, cluster=j, lr=params.learning_rate)
+                                seed=seed, cluster=j, lr=params.learning_rate,
+                                on_step=None if on_step is None else (lambda t, T, j=j: on_step(j, t, T)))
         if log is not None:
             log(j, Xj.shape[0])
     return thetas
@@ -362,6 +364,27 @@ def synthesize(model: DPGMModel, n: int, seed: int) -> np.ndarray:
              for j, c in enumerate(counts) if c > 0]
     out = np.concatenate(parts) if parts else np.zeros((0, model.d))
     return out[stream(seed, SYNTH_STAGE, model.k + 1).permutation(out.shape[0])]
+
+
+def synthesize_part(model: DPGMModel, n: int, seed: int, *key: int) -> np.ndarray:
+    """``n`` synthetic records (n, d) of one slice of a large table: :func:`synthesize`'s
+    mixture (cluster ``j`` with probability noisy ``n_j / sum``, then its model's sampler, rows
+    shuffled) from the keyed streams ``stream(seed, SYNTH_STAGE, *key, ...)``, values clipped to
+    the declared box ``[0, 1]``. A Spark task passes its ``(partition, batch)`` as ``key``: a
+    retried task regenerates the same rows, and distinct keys give independent slices.
+    Post-processing of the released model: no budget."""
+    check_param("n", n, [Interval("integer", 0, None, "left")], "synthesize")
+    key = tuple(int(v) for v in key)
+    w = np.asarray(model.sizes, float)
+    if not np.any(w > 0):
+        w = np.ones_like(w)
+    counts = stream(seed, SYNTH_STAGE, *key, model.k).multinomial(int(n), w / w.sum())
+    gen = model.generator()
+    parts = [gen.sample(model.thetas[j], int(c), stream(seed, SYNTH_STAGE, *key, j))
+             for j, c in enumerate(counts) if c > 0]
+    out = np.concatenate(parts).astype(np.float64, copy=False) if parts else np.zeros((0, model.d))
+    out = out[stream(seed, SYNTH_STAGE, *key, model.k + 1).permutation(out.shape[0])]
+    return np.clip(out, 0.0, 1.0)
 
 
 # ----------------------------------------------------------------------------- the mechanism (protocol)
@@ -387,15 +410,58 @@ def _group_fn(centers: np.ndarray, row_bound: float):
 
 
 def _train_fn(plan: DPGMPlan, sizes: np.ndarray, centers: np.ndarray, seed: int):
-    """(j, rows of cluster j in source order) -> cluster j's DP-SGD parameters (its own streams)."""
+    """(j, rows of cluster j in source order[, report]) -> cluster j's DP-SGD parameters (its own
+    streams); ``report(t, steps)`` after each step, where the engine trains in-process."""
     sizes = np.array(sizes, dtype=np.float64, copy=True)
     centers = np.array(centers, dtype=np.float64, copy=True)
 
-    def train(j, Xj):
+    def train(j, Xj, report=None):
         labels = np.full(Xj.shape[0], int(j))
-        return train_clusters(Xj, labels, sizes, centers, plan, seed, clusters=[int(j)])[int(j)]
+        on_step = None if report is None else (lambda _j, t, steps: report(t, steps))
+        return train_clusters(Xj, labels, sizes, centers, plan, seed, clusters=[int(j)], on_step=on_step)[int(j)]
 
     return train
+
+
+TRAINING_CHUNKS = 10  # in-process training reports each cluster's DP-SGD in at most this many steps
+
+
+def _training_progress(progress, dplan: DPGMPlan, reserved: float):
+    """``on_train(j, t, steps)`` for an engine that trains in-process: a step of ``progress`` at
+    each chunk boundary of cluster ``j``'s DP-SGD (``TRAINING_CHUNKS`` per cluster, ``k`` clusters,
+    in order), with the privacy spent so far.
+
+    The whole release's epsilon is reserved before any data is read. Training composes: while the
+    first cluster trains, the spend so far is at most ``epsilon(k-means + t steps)``; every cluster
+    runs the same ``(q, sigma, T)`` on disjoint rows (parallel composition), so once one cluster has
+    made its ``T`` steps the whole reserved epsilon counts as spent (docs/dpgm.md "Progress").
+    """
+    k, steps = dplan.params.k, dplan.steps
+    chunks = min(steps, TRAINING_CHUNKS)
+    boundaries = {int(math.ceil(c * steps / chunks)): c for c in range(1, chunks + 1)}
+    first: list = [None]  # the first cluster trained: the one whose steps add to the spend
+    done = [0]  # steps reported so far
+
+    def spent(t: int) -> float:
+        if t >= steps:
+            return reserved
+        ev = compose([dplan.kmeans.dp_event(), dpsgd.dpsgd_event(dplan.params.sampling_rate,
+                                                                 dplan.noise_multiplier, t)])
+        return min(epsilon_of(ev, dplan.params.delta), reserved)
+
+    def on_train(j: int, t: int, total: int) -> None:
+        c = boundaries.get(int(t))
+        if c is None:
+            return
+        if first[0] is None:
+            first[0] = j
+        so_far = spent(t) if j == first[0] else reserved
+        done[0] += 1
+        progress.step("dpgm training", done[0], k * chunks,
+                      f"cluster {j + 1}/{k}, DP-SGD step {t}/{total}; epsilon spent so far at most "
+                      f"{so_far:.4g} of the reserved {reserved:.4g}")
+
+    return on_train
 
 
 class DPGM(_proto.Mechanism):
@@ -470,7 +536,9 @@ class DPGM(_proto.Mechanism):
         progress.log("dpgm: training %d %s model(s), %d DP-SGD steps each", k, params.model, dplan.steps)
         gen_dim = _make_model(params, d).dim
         thetas = engine.train_groups(source, _group_fn(centers, bounds.row_bound),
-                                     _train_fn(dplan, sizes, centers, seed), k, gen_dim, d)
+                                     _train_fn(dplan, sizes, centers, seed), k, gen_dim, d,
+                                     on_train=_training_progress(progress, dplan, plan.epsilon),
+                                     what="dpgm training")
         model = DPGMModel(params, d, np.asarray(thetas, float), sizes, centers, dplan.to_public_dict())
         rows = [(j, float(sizes[j]), [float(v) for v in centers[j]]) for j in range(k)]
         table = engine.table(rows, [("cluster", "int", False), ("size", "double", False),

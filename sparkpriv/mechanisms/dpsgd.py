@@ -339,8 +339,10 @@ def dp_step(model, X: np.ndarray, theta: np.ndarray, state, *, clip: float, samp
 
 def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate: float, steps: int,
           noise: _noise.GaussianNoise | None, n_pub: float, seed: int, cluster: int = 0,
-          lr: float = 1e-3, state=None, init_rng: np.random.Generator | None = None):
+          lr: float = 1e-3, state=None, init_rng: np.random.Generator | None = None, on_step=None):
     """``steps`` DP-SGD steps with Adam (post-processing); returns the final ``theta``.
+
+    ``on_step(t, steps)`` is called after step ``t`` (progress; public counts only).
 
     ``X`` is one cluster's rows (a Spark task's partition); everything random
     is keyed by ``(seed, stage, cluster, step)``, so a retried task reproduces
@@ -356,4 +358,6 @@ def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate
         g, state, _ = dp_step(model, X, theta, state, clip=clip, sampling_rate=sampling_rate, noise=noise,
                               n_pub=n_pub, seed=seed, cluster=cluster, step=t)
         theta = opt.step(theta, g)
+        if on_step is not None:
+            on_step(t, int(steps))
     return theta

@@ -29,6 +29,7 @@ are pickled into the task binary; secrets never appear in a query plan.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -49,6 +50,8 @@ from sparkpriv.spark.schema import check_numeric_columns, schema_fingerprint
 __all__ = ["SparkEngine", "TableSource", "RecordsSource", "accepts"]
 
 _log = logging.getLogger(__name__)
+
+BOUNDING = "event bounding"  # the progress steps of the pass that bounds event records
 
 
 def accepts(data: Any) -> bool:
@@ -369,6 +372,14 @@ class SparkEngine:
 
     def __init__(self) -> None:
         self._spark = None  # the session of the opened source
+        self.progress = None  # (what, i, n, message) of the running release (release() sets it)
+
+    def watch(self, what: str):
+        """A context reporting the task progress of the Spark jobs run inside it as ``what``
+        steps to :attr:`progress` (nothing when there is none): :class:`~sparkpriv.spark.progress.TaskProgress`."""
+        from sparkpriv.spark.progress import TaskProgress
+
+        return TaskProgress(self._spark, what, self.progress)
 
     def counters(self, names: Sequence[str]):
         """Accumulators for owner diagnostics (None under Spark Connect: no diagnostics)."""
@@ -385,9 +396,10 @@ class SparkEngine:
             return acc
 
         with spark_errors():
-            if source.kind == "records":
+            if source.kind == "records":  # the event bounding pass (groupBy person, cap) runs here
                 blocks = source.batch_fn(fn, counted=count)
-                return sum_partials(source.records.grouped, sparkpriv_partial, size)
+                with self.watch(BOUNDING):
+                    return sum_partials(source.records.grouped, sparkpriv_partial, size)
             blocks = source.batch_fn(fn)
             strings = [source.labels[0]] if source.labels else []
             return scan_aggregate(source.input, source.read_columns, sparkpriv_partial, size, strings=strings)
@@ -408,9 +420,11 @@ class SparkEngine:
         else:
             frame = source.records.grouped
         blocks_df = map_batches(frame, sparkpriv_features, _blocks_schema())
-        if has_rdd(blocks_df):
-            return _Cache(dim, rdd=blocks_df.rdd.map(_block_bytes))
-        return _Cache(dim, df=blocks_df)
+        # the cache is filled by its row count; for event records that job is the bounding pass
+        with self.watch(BOUNDING) if source.kind == "records" else contextlib.nullcontext():
+            if has_rdd(blocks_df):
+                return _Cache(dim, rdd=blocks_df.rdd.map(_block_bytes))
+            return _Cache(dim, df=blocks_df)
 
     def index(self, source) -> "_Indexed":
         """The table's rows numbered in table order: ``.rows`` (a count pass) and
@@ -423,7 +437,8 @@ class SparkEngine:
             raise ParameterError("indexed passes need a table input (one row per person).")
         return _Indexed(source)
 
-    def train_groups(self, source, group_fn, train_fn, k: int, dim: int, width: int) -> np.ndarray:
+    def train_groups(self, source, group_fn, train_fn, k: int, dim: int, width: int, *,
+                     on_train=None, what: str = "training") -> np.ndarray:
         """``(k, dim)``: row ``j`` is ``train_fn(j, rows of group j)``, one Spark task per group.
 
         ``group_fn(block) -> (groups, rows)`` runs per Arrow batch in the Python workers (each
@@ -432,7 +447,9 @@ class SparkEngine:
         in source order (partition id, batch number, row), so a retried task sees the same
         rows in the same order. A group without rows gets ``train_fn(j, (0, width) matrix)`` on
         the driver. Only the ``k`` vectors reach the driver; the grouping is never written.
-        Table sources only.
+        Table sources only. Progress: the groups train in Spark tasks, so ``on_train`` (per
+        DP-SGD step, in-process engines) is not called; the job's completed / total tasks are
+        reported as ``what`` steps to the release's progress (:class:`~sparkpriv.spark.progress.TaskProgress`).
         """
         from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
@@ -466,7 +483,7 @@ class SparkEngine:
             return pd.DataFrame({"group": [j], "theta": [theta.tobytes()]})
 
         parts = map_batches(source.df.select(*source.read_columns), sparkpriv_groups, split_schema)
-        with spark_errors():
+        with spark_errors(), self.watch(what):
             out = parts.groupBy("group").applyInPandas(sparkpriv_train_group, out_schema).collect()
         thetas = np.zeros((k, dim))
         seen = set()

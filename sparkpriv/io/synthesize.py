@@ -1,0 +1,225 @@
+"""``sparkpriv synthesize``: a synthetic table from a released DPGM model (docs/dpgm.md).
+
+:func:`synthesize_dpgm` reads a DPGM release (the directory the ``dpgm``
+mechanism published: its ``_dpgm_model.npz`` and ``_privacy_receipt.json``),
+checks the model against its receipt, generates ``rows`` synthetic records in
+parallel on Spark (:mod:`sparkpriv.spark.synthesize`: each partition its slice,
+from keyed streams of a fresh secret seed that is never written anywhere) and
+publishes them atomically like a release (:func:`sparkpriv.io.writer.publish`).
+
+Post-processing: the generation reads no data, only the released model, so it
+spends no budget and makes no ledger entry. The output's receipt
+(``_privacy_receipt.json``, also in ``_common_metadata`` and the part files'
+footers) is a provenance record: it says the table is post-processing of the
+model release, points to that release's receipt (path and SHA-256) and repeats
+its guarantee, which is the table's guarantee too.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import io
+import json
+import logging
+import math
+import platform
+from dataclasses import dataclass
+
+import numpy as np
+
+from sparkpriv.errors import InputError, ParameterError
+
+__all__ = ["synthesize_dpgm", "SynthesisResult", "SYNTHESIS_FORMAT"]
+
+_log = logging.getLogger("sparkpriv.synthesize")
+
+SYNTHESIS_FORMAT = "sparkpriv.synthesis/1"
+_CALLER = "synthesize_dpgm"
+
+
+@dataclass(frozen=True)
+class SynthesisResult:
+    """What :func:`synthesize_dpgm` published."""
+
+    output: str
+    receipt_path: str
+    rows: int
+    columns: tuple
+    partitions: int
+    model_receipt: str
+    epsilon: float
+    delta: float
+
+
+def _check_rows(rows) -> int:
+    if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
+        raise ParameterError(f"The 'rows' parameter of {_CALLER} must be an integer >= 1 (--rows). "
+                             f"Got {rows!r} instead.")
+    return int(rows)
+
+
+def _check_partitions(partitions, rows: int):
+    if partitions is None:
+        return None
+    if isinstance(partitions, bool) or not isinstance(partitions, (int, np.integer)) or partitions < 1:
+        raise ParameterError(f"The 'partitions' parameter of {_CALLER} must be an integer >= 1 "
+                             f"(--partitions). Got {partitions!r} instead.")
+    return int(min(int(partitions), rows))
+
+
+def _read_release(spark, model: str):
+    """(release directory, model bytes, receipt bytes) of a DPGM release directory (or its
+    ``_dpgm_model.npz``, the receipt beside it)."""
+    from sparkpriv.io.writer import RECEIPT_FILE, _store_for_check
+    from sparkpriv.mechanisms.dpgm import MODEL_FILE
+
+    path = str(model).rstrip("/")
+    directory = path[: -len(MODEL_FILE) - 1] if path.endswith("/" + MODEL_FILE) else path
+    fs = _store_for_check(spark, directory)
+    directory = fs.qualify(directory)
+    model_path, receipt_path = f"{directory}/{MODEL_FILE}", f"{directory}/{RECEIPT_FILE}"
+    for what, p in (("model file", model_path), ("receipt", receipt_path)):
+        if not fs.exists(p):
+            raise InputError(f"The model {model!r} is not a DPGM release: its {what} {p} is missing. Give the "
+                             "output directory of a `sparkpriv release dpgm` run (--model).")
+    return directory, fs.read_bytes(model_path), fs.read_bytes(receipt_path)
+
+
+def _check_model(model, receipt: dict, where: str):
+    """The model is the one its receipt describes: a DPGM release, the cluster sizes it
+    recorded, finite parameters. Returns the column names."""
+    if receipt.get("mechanism") != "dpgm":
+        raise InputError(f"{where} is a {receipt.get('mechanism')!r} release, not a DPGM one (--model).")
+    sizes = np.asarray(model.sizes, float)
+    if sizes.shape != (model.k,) or not np.all(np.isfinite(sizes)) or np.any(sizes < 0):
+        raise InputError(f"The model of {where} has invalid cluster sizes (k={model.k}): not a released model.")
+    recorded = (receipt.get("mechanism_details", {}).get("model") or {}).get("cluster_sizes")
+    if recorded is not None and not np.allclose(np.asarray(recorded, float), sizes, rtol=1e-12, atol=0.0):
+        raise InputError(f"The model file of {where} does not match its receipt (cluster sizes differ): "
+                         "the directory was altered.")
+    dim = model.generator().dim
+    if np.shape(model.thetas) != (model.k, dim) or not np.all(np.isfinite(model.thetas)):
+        raise InputError(f"The model of {where} has parameters of shape {np.shape(model.thetas)} (expected "
+                         f"({model.k}, {dim}), finite): not a released model.")
+    columns = model.params.columns or receipt.get("input", {}).get("columns") or \
+        [f"x{j}" for j in range(model.d)]
+    columns = tuple(str(c) for c in columns)
+    if len(columns) != model.d or len(set(columns)) != len(columns):
+        raise InputError(f"The model of {where} names {len(columns)} column(s) for {model.d} model columns.")
+    return columns
+
+
+def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = False,
+                    partitions: int | None = None, writer: str = "auto", spark=None, spark_conf=None,
+                    on_step=None) -> SynthesisResult:
+    """Write ``rows`` synthetic records of the DPGM release ``model`` to ``output``.
+
+    Parameters
+    ----------
+    model : str
+        The output directory of a DPGM release (path or URI; or its ``_dpgm_model.npz``).
+    rows : int >= 1
+        Synthetic records to generate.
+    output : str
+        Where to publish the synthetic table (Parquet; atomically, like a release).
+    overwrite : bool
+        Replace an existing ``output``.
+    partitions : int, optional
+        Public number of Spark partitions (output files); default from ``rows``.
+    writer : {"auto", "spark", "arrow"}
+        Who writes the part files (:func:`sparkpriv.io.writer.publish`).
+    spark : SparkSession, optional
+        Default: :func:`sparkpriv.spark.session.get_spark` with ``spark_conf``, started after
+        the parameters are checked.
+    on_step : callable, optional
+        ``(what, i, n, message)``: progress of the generation (completed / total Spark tasks);
+        every step is also logged (``sparkpriv.synthesize`` at INFO).
+
+    Privacy
+    -------
+    Post-processing of the released model: no data is read, no budget is spent and
+    no ledger entry is made; the table has the model release's guarantee, which its
+    receipt repeats and points to. The generation seed is fresh OS entropy per run
+    and is never written.
+    """
+    from sparkpriv.io.writer import RECEIPT_FILE, check_output_path, publish
+    from sparkpriv.mechanisms.dpgm import MODEL_FILE, DPGMModel
+    from sparkpriv.mechanisms.protocol import Progress
+    from sparkpriv.privacy.random import active_fixed_seed, new_secret_seed
+    from sparkpriv.spark.progress import TaskProgress
+    from sparkpriv.spark.synthesize import default_partitions, synthetic_rows
+
+    rows = _check_rows(rows)
+    partitions = _check_partitions(partitions, rows)
+    if writer not in ("auto", "spark", "arrow"):
+        raise ParameterError(f"The 'writer' parameter of {_CALLER} must be auto, spark or arrow (--writer). "
+                             f"Got {writer!r} instead.")
+    if spark is None:
+        from sparkpriv.spark.session import get_spark
+
+        spark = get_spark(spark_conf)
+    directory, model_bytes, receipt_bytes = _read_release(spark, model)
+    try:
+        mdl = DPGMModel.load(io.BytesIO(model_bytes))
+        receipt = json.loads(receipt_bytes.decode())
+    except ParameterError:
+        raise
+    except Exception as exc:
+        raise InputError(f"The DPGM release {directory} cannot be read ({type(exc).__name__}): its model file "
+                         "or receipt is damaged (--model).") from None
+    columns = _check_model(mdl, receipt, directory)
+    target = check_output_path(spark, output, overwrite)  # refused before anything is generated
+    if partitions is None:
+        partitions = default_partitions(rows, spark.sparkContext.defaultParallelism
+                                        if hasattr(spark, "_jsc") else 2)
+    seed = new_secret_seed("dpgm-synthesis")
+    batch_map = synthetic_rows(spark, mdl, rows, seed, columns, partitions=partitions)
+    guarantee = dict(receipt.get("guarantee") or {})
+    test_seed = active_fixed_seed() is not None
+    if test_seed:
+        guarantee.update(holds=False, statement="made with a fixed test seed: the synthetic rows are "
+                         "reproducible, the model release's own receipt says what it guarantees")
+    provenance = {
+        "format": SYNTHESIS_FORMAT,
+        "mechanism": "dpgm-synthesis",
+        "post_processing": True,
+        "statement": "synthetic records sampled from a released DPGM model: post-processing of that release, "
+                     "no data read, no budget spent, no ledger entry; the guarantee is the model release's",
+        "post_processing_of": {
+            "release": directory,
+            "receipt": f"{directory}/{RECEIPT_FILE}",
+            "receipt_sha256": hashlib.sha256(receipt_bytes).hexdigest(),
+            "model_file": f"{directory}/{MODEL_FILE}",
+            "model_sha256": hashlib.sha256(model_bytes).hexdigest(),
+            "mechanism": receipt.get("mechanism"),
+            "created_at": receipt.get("created_at"),
+            "ledger": receipt.get("ledger"),
+        },
+        "guarantee": guarantee,
+        "spent": {"epsilon": 0.0, "delta": 0.0},
+        "library": {"name": "sparkpriv", "version": _version(), "python": platform.python_version()},
+        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "synthesis": {"rows": rows, "columns": list(columns), "partitions": partitions,
+                      "cluster_sizes": [float(v) for v in mdl.sizes], "values": "in the declared box [0, 1]",
+                      "seed": "fresh OS entropy for this run; not recorded"},
+        "insecure_test_seed": test_seed,
+    }
+    _log.info("synthesize: %d rows of the DPGM model of %s (k=%d, %s), %d partition(s); post-processing, "
+              "no budget spent", rows, directory, mdl.k, mdl.params.model, partitions)
+    df = batch_map.to_df()
+    provenance["output"] = {"path": target, "schema": [{"name": c, "type": "double"} for c in columns]}
+    progress = Progress(_CALLER, _log, on_step, spent="post-processing: no budget spent")
+    with TaskProgress(spark, "synthesis", progress.step):
+        out = publish(df, output, receipt=provenance, overwrite=overwrite, rows=batch_map, writer=writer)
+    del seed
+    return SynthesisResult(output=out, receipt_path=f"{out}/{RECEIPT_FILE}", rows=rows, columns=columns,
+                           partitions=partitions, model_receipt=f"{directory}/{RECEIPT_FILE}",
+                           epsilon=float(guarantee.get("epsilon", math.nan)),
+                           delta=float(guarantee.get("delta", math.nan)))
+
+
+def _version() -> str:
+    from sparkpriv._version import __version__
+
+    return __version__
