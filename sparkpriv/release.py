@@ -208,7 +208,8 @@ class Release:
         * counts: ``std``, ``half_width`` and ``coverage_exact`` of each key's
           interval, the same for every key (docs/counts.md).
         * regression: the coefficients' standard errors and confidence
-          intervals (``coefficient_stderr``, ``ci_low``, ``ci_high``; docs/regression.md).
+          intervals (``coefficient_stderr``, ``confidence_intervals``,
+          ``sketch_entry_std``; docs/regression.md).
         * projection: ``value_std`` of every released value and how squared
           distances are recovered; :meth:`squared_distances` gives them with
           their std and intervals (docs/math.md section 2).
