@@ -8,7 +8,6 @@ synthesis per trial, with independent seeds; the truth is the fresh synthesis's 
 (counted independently of ``answer_dense``).
 """
 
-import math
 
 import numpy as np
 import pytest

@@ -12,7 +12,6 @@ the reconstruction without noise, computed by the same functions with ``noise=No
 import math
 
 import numpy as np
-import pytest
 
 from sparkpriv.api import release_dprp
 from sparkpriv.mechanisms import dprp as core
