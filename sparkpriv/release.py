@@ -199,11 +199,25 @@ class Release:
         return self.df
 
     def uncertainty(self) -> dict:
-        """The noise this release added, in the units of its outputs (public; also in the receipt).
+        """The noise this release added, in the units of its outputs (public; also in the receipt,
+        ``mechanism_details.uncertainty``). What each mechanism states (docs/outputs.md, "Uncertainty"):
 
-        k-means: ``count_std`` (std of each noisy cluster size), ``sum_std``,
-        ``center_std`` (k x d, first-order std of each centre coordinate) and
-        how to read 95% intervals.
+        * k-means: ``count_std`` (std of each noisy cluster size), ``sum_std``,
+          ``center_std`` (k x d, first-order std of each centre coordinate) and
+          how to read 95% intervals (docs/kmeans.md).
+        * counts: ``std``, ``half_width`` and ``coverage_exact`` of each key's
+          interval, the same for every key (docs/counts.md).
+        * regression: the coefficients' standard errors and confidence
+          intervals (``coefficient_stderr``, ``confidence_intervals``,
+          ``sketch_entry_std``; docs/regression.md).
+        * projection: ``value_std`` of every released value and how squared
+          distances are recovered; :meth:`squared_distances` gives them with
+          their std and intervals (docs/math.md section 2).
+        * DPRP: ``value_std``, the std of the noise in each released column
+          (per class with public labels) in the column's units, and the std of
+          DP fill values (docs/dprp.md, "Uncertainty").
+        * DPGM: ``cluster_size_std`` and how the spread of counting queries over
+          repeated syntheses is obtained (``model.query_spread``; docs/dpgm.md).
         """
         u = self.public.get("uncertainty")
         if u is None:
@@ -212,6 +226,33 @@ class Release:
             raise ParameterError(f"The {self.mechanism} release does not state its uncertainty yet; "
                                  "its receipt's mechanism_details give the noise scale.")
         return u
+
+    def squared_distances(self, Zi, Zj, confidence: float = 0.95):
+        """Squared distances between released rows of a projection, with their uncertainty.
+
+        ``Zi``, ``Zj``: released rows (``k`` values each; shape ``(k,)`` or
+        ``(pairs, k)``, e.g. from :meth:`to_numpy`) of THIS release. Returns a
+        :class:`~sparkpriv.mechanisms.projection.SqDistances`: ``estimate``
+        (unbiased for the squared distance of the two clipped input rows),
+        ``std``, and the ``confidence`` interval ``low``..``high``, over the draw
+        of the secret matrix and the noise (docs/math.md section 2). Post-processing:
+        no budget. Other mechanisms raise :class:`ParameterError`.
+        """
+        from sparkpriv.errors import ParameterError
+
+        if self.mechanism != "projection":
+            raise ParameterError(f"squared_distances applies to projection releases; this is a "
+                                 f"{self.mechanism} release.")
+        from sparkpriv.mechanisms.projection import sq_distance_intervals
+
+        Zi, Zj = _as_rows(Zi), _as_rows(Zj)
+        k = int(self.public["k"])
+        for z in (Zi, Zj):
+            if z.shape[-1] != k:
+                raise ParameterError(f"squared_distances: a released row of this projection has k = {k} "
+                                     f"values (z0..z{k - 1}); got {z.shape[-1]}.")
+        return sq_distance_intervals(Zi, Zj, noise_variance=self.public["noise_variance_per_entry"],
+                                     noise_kind=self.public["noise_kind"], confidence=confidence)
 
     def __getattr__(self, name):  # mechanism extras as attributes (release.iteration_seconds)
         extras = self.__dict__.get("extras") or {}
@@ -342,6 +383,12 @@ class Release:
                    "note": "data-owner diagnostics; NOT private, never publish with the release"}
             with open(owner_report, "w") as f:
                 json.dump(doc, f, indent=2, sort_keys=True)
+
+
+def _as_rows(Z):
+    import numpy as np
+
+    return np.asarray(Z, dtype=np.float64)
 
 
 def guarantee(event, delta: float) -> float:

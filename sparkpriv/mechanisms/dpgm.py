@@ -63,7 +63,8 @@ from sparkpriv.privacy.random import new_secret_seed, stream
 
 __all__ = ["MODELS", "FORMAT_VERSION", "MODEL_FILE", "DPGMParams", "DPGMPlan", "DPGMModel", "calibrate_dpgm",
            "requested_event", "plan_for_rows", "plan_dpgm", "fit_dpgm_array", "assign_clusters",
-           "train_clusters", "synthesize", "synthesize_part", "DPGM", "DPGM_MECHANISM"]
+           "train_clusters", "synthesize", "synthesize_part", "query_spread", "QuerySpread", "answer_dense",
+           "DPGM", "DPGM_MECHANISM"]
 
 MODELS = ("rbm", "vae")
 FORMAT_VERSION = 1
@@ -258,6 +259,13 @@ class DPGMModel:
     def generator(self):
         return _make_model(self.params, self.d)
 
+    def query_spread(self, queries, n: int, *, repeats: int = 199, confidence: float = 0.95,
+                     threshold: float = 0.5, seed: int | None = None) -> "QuerySpread":
+        """The spread of counting queries over ``repeats`` syntheses of ``n`` records
+        (:func:`query_spread`; post-processing, no budget; docs/dpgm.md, "Uncertainty")."""
+        return query_spread(self, queries, n, repeats=repeats, confidence=confidence, threshold=threshold,
+                            seed=seed)
+
     def save(self, path) -> None:
         """A ``.npz`` with the arrays and a JSON header (``format_version``)."""
         with open(path, "wb") as f:
@@ -387,6 +395,110 @@ def synthesize_part(model: DPGMModel, n: int, seed: int, *key: int) -> np.ndarra
     return np.clip(out, 0.0, 1.0)
 
 
+# ----------------------------------------------------------------------------- uncertainty of synthetic counts
+
+DEFAULT_SPREAD_REPEATS = 199  # with confidence 0.95: the 5th and 195th of 199 answers, exactly 95%
+SPREAD_METHOD = ("R independent syntheses of n records from the released model (post-processing, no "
+                 "budget); per counting query the mean, the std and the central interval between order "
+                 "statistics r = floor((R + 1) (1 - confidence) / 2) and R + 1 - r of the R answers, which "
+                 "holds the answer of another independent synthesis with probability at least "
+                 "1 - 2 r / (R + 1) >= confidence (exactly, for answers without ties)")
+
+
+@dataclass(frozen=True)
+class QuerySpread:
+    """Per counting query, the spread of its answer over repeated syntheses (arrays of length
+    ``n_queries``); :func:`query_spread`."""
+
+    mean: np.ndarray
+    std: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    repeats: int
+    confidence: float
+    coverage: float  # 1 - 2 r / (R + 1): the interval's coverage of a fresh synthesis (at least)
+
+
+def _query_matrix(queries, d: int) -> np.ndarray:
+    Q = np.asarray(getattr(queries, "matrix", queries), dtype=np.float64)
+    if Q.ndim == 1:
+        Q = Q[:, None]
+    if Q.ndim != 2 or Q.shape[0] != d:
+        raise ParameterError(f"query_spread: queries must be a QuerySet or a (d, n_queries) 0/1 matrix with "
+                             f"d = {d} rows (one per column of the records). Got shape {Q.shape}.")
+    return Q
+
+
+def answer_dense(records: np.ndarray, Q: np.ndarray, threshold: float = 0.5) -> np.ndarray:
+    """Per query (a column of ``Q``), the number of records with a value ``>= threshold`` in any of
+    its columns (the counting queries of :mod:`~sparkpriv.mechanisms.counting_queries` on a dense
+    table)."""
+    visited = (np.asarray(records) >= threshold).astype(np.float64)
+    return ((visited @ (np.asarray(Q) > 0).astype(np.float64)) > 0).sum(axis=0).astype(np.float64)
+
+
+def _spread_seed(seed: int, i: int) -> int:
+    """The seed of synthesis ``i`` of :func:`query_spread` (independent streams per ``i``)."""
+    from sparkpriv.privacy.random import derive_seed
+
+    return derive_seed(int(seed), f"query-spread/{int(i)}")
+
+
+def query_spread(model: "DPGMModel", queries, n: int, *, repeats: int = DEFAULT_SPREAD_REPEATS,
+                 confidence: float = 0.95, threshold: float = 0.5, seed: int | None = None) -> QuerySpread:
+    """How much counting queries on a synthetic table of ``n`` records move between syntheses.
+
+    ``repeats`` (R) independent syntheses from the same released ``model``
+    (post-processing: no budget); ``queries``: a
+    :class:`~sparkpriv.mechanisms.counting_queries.QuerySet` or a ``(d, n_queries)``
+    0/1 matrix, answered as "records with a value ``>= threshold`` in any of
+    the query's columns". Per query: the mean and std of the R answers and
+    the central interval between order statistics ``r`` and ``R + 1 - r``,
+    ``r = floor((R + 1)(1 - confidence) / 2)``: another independent synthesis
+    answers inside it with probability at least ``coverage = 1 - 2 r / (R + 1)``
+    (exchangeability; exactly 0.95 at the default R = 199). It is the spread
+    of the synthesis only: the noise in the released model and the model's
+    error against the real data are not in it (docs/dpgm.md, "Uncertainty").
+    ``seed`` makes it reproducible; by default fresh OS entropy.
+    """
+    caller = "query_spread"
+    check_param("n", n, [Interval("integer", 1, None, "left")], caller)
+    check_param("repeats", repeats, [Interval("integer", 1, None, "left")], caller)
+    check_param("confidence", confidence, [Interval("real", 0, 1, "neither")], caller)
+    r = int(math.floor((repeats + 1) * (1.0 - confidence) / 2.0))
+    if r < 1:
+        need = int(math.ceil(2.0 / (1.0 - confidence))) - 1
+        raise ParameterError(f"The 'repeats' parameter of {caller} must be at least {need} for a "
+                             f"{confidence:g} interval (the interval lies between two of the answers). "
+                             f"Got {repeats}.")
+    Q = _query_matrix(queries, model.d)
+    if seed is None:
+        seed = new_secret_seed("dpgm-query-spread")  # not a secret: fresh entropy for the syntheses
+    answers = np.stack([answer_dense(synthesize(model, n, _spread_seed(seed, i)), Q, threshold)
+                        for i in range(repeats)])
+    srt = np.sort(answers, axis=0)
+    return QuerySpread(mean=answers.mean(axis=0), std=answers.std(axis=0, ddof=1) if repeats > 1 else
+                       np.zeros(Q.shape[1]), low=srt[r - 1], high=srt[repeats - r], repeats=int(repeats),
+                       confidence=float(confidence), coverage=1.0 - 2.0 * r / (repeats + 1))
+
+
+def uncertainty_public(kplan: KMeansPlan) -> dict:
+    """The receipt's ``uncertainty`` of a DPGM release: public parameters only, no data-derived number."""
+    return {
+        "cluster_size_std": float(kplan.count_std),
+        "cluster_size_note": "each released cluster size is the k-means count plus Gaussian noise of this "
+                             "std (before the clamp at 0); 95%: size +- 1.96 std",
+        "synthetic_queries": {
+            "accessor": "model.query_spread(queries, n, repeats=199, confidence=0.95)",
+            "method": SPREAD_METHOD,
+            "default_repeats": DEFAULT_SPREAD_REPEATS,
+            "covers": "the answer of another synthesis from the same model: the spread of the synthesis "
+                      "only, not the noise in the model nor its error against the real data",
+            "docs": "docs/dpgm.md",
+        },
+    }
+
+
 # ----------------------------------------------------------------------------- the mechanism (protocol)
 
 
@@ -491,6 +603,7 @@ class DPGM(_proto.Mechanism):
         public = {
             "bounds": bounds.to_public_dict(), "kmeans": kplan.to_public_dict(), "steps": params.steps,
             "noise_multiplier": sigma, "sampling_rate": params.sampling_rate,
+            "uncertainty": uncertainty_public(kplan),
             "accounting": "Composed[k-means, SelfComposed(PoissonSampled(q, Gaussian(sigma/2)), T)] at the "
                           "calibrated sigma, fixed before the data is read (the step noise's grid comes from "
                           "the public n; its multiplier is at least sigma/2); every cluster trains with the "

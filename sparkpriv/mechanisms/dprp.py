@@ -166,6 +166,8 @@ __all__ = [
     "gram_from_partial",
     "impute_partial",
     "dp_column_means",
+    "fill_value_std",
+    "released_value_std",
     "noisy_grams",
     "reconstruction_matrix",
     "reconstruct_rows",
@@ -615,16 +617,87 @@ def impute_partial(X: np.ndarray, missing: np.ndarray, plan: DPRPPlan) -> np.nda
     return np.concatenate([U.sum(axis=0), present.sum(axis=0).astype(np.float64), [float(X.shape[0])]])
 
 
-def dp_column_means(total: np.ndarray, noise, rng: np.random.Generator | None, plan: DPRPPlan) -> np.ndarray:
+def dp_column_means(total: np.ndarray, noise, rng: np.random.Generator | None, plan: DPRPPlan,
+                    *, with_std: bool = False):
     """Column means in the columns' units from a summed :func:`impute_partial`.
 
     Noise is added once, on the driver (``noise=None``: exact means, for tests).
+    ``with_std``: also their first-order std (:func:`fill_value_std`, from the
+    noisy counts: post-processing), returned as ``(means, std)``.
     """
     d = plan.d
     noisy = total[:2 * d] if noise is None else _noise.add_noise(total[:2 * d], noise, rng)
     m = np.clip(noisy[:d] / np.maximum(noisy[d:], 1.0), 0.0, 1.0)
     lo = np.asarray(plan.lower, float)
-    return lo + m * (np.asarray(plan.upper, float) - lo)
+    means = lo + m * (np.asarray(plan.upper, float) - lo)
+    if with_std:
+        return means, fill_value_std(m, noisy[d:], 0.0 if noise is None else noise.std, plan)
+    return means
+
+
+def fill_value_std(means01: np.ndarray, noisy_counts: np.ndarray, noise_std: float, plan: DPRPPlan) -> np.ndarray:
+    """First-order (delta method) std of the DP column means, in the columns' units:
+    ``sigma sqrt(1 + m^2) / max(count, 1) (upper - lower)``, ``m`` the mean on the [0, 1]
+    scale, ``sigma`` the noise std of each sum and each count, ``count`` the noisy count of
+    non-missing values (docs/dprp.md, "Uncertainty"; meaningful when the count is far above sigma)."""
+    m = np.asarray(means01, float)
+    w = np.asarray(plan.upper, float) - np.asarray(plan.lower, float)
+    return float(noise_std) * np.sqrt(1.0 + m * m) / np.maximum(np.asarray(noisy_counts, float), 1.0) * w
+
+
+def released_value_std(M: np.ndarray, noise, plan: DPRPPlan) -> np.ndarray:
+    """Std of the noise in each released column, before the decode's clip: ``(e M)_j`` with ``e``
+    i.i.d. of the row noise's variance, so ``std_j = s ||M[:, j]||_2``; feature columns are mapped
+    to the columns' units (times ``upper - lower``); label-block columns stay on their scale."""
+    s = math.sqrt(float(noise.variance))
+    std = s * np.linalg.norm(np.asarray(M, float), axis=0)
+    w = np.asarray(plan.upper, float) - np.asarray(plan.lower, float)
+    std[:plan.d] *= w
+    return std
+
+
+def uncertainty_public(dplan: DPRPPlan, Ms: Sequence[np.ndarray], columns: Sequence[str], *,
+                       fill_std=None, kind: str = "table") -> dict:
+    """The receipt's ``uncertainty`` of a DPRP release (public: functions of the noisy Gram, the
+    realized ``R`` and the public noise scale; docs/dprp.md, "Uncertainty")."""
+    stds = [released_value_std(M, dplan.projection_noise, dplan) for M in Ms]
+    if kind == "records":
+        v = stds[0]  # bounds [0, c]: already in events (c (e M)_j)
+        return {
+            "value_std": {"min": float(v.min()), "median": float(np.median(v)), "max": float(v.max())},
+            "value_note": "std of the noise in each item's reconstructed value (in events) before the "
+                          "threshold: an item is released when value >= threshold; the noise is Gaussian, "
+                          "so an item whose noise-free value is t is released with probability "
+                          "1 - Phi((threshold - t) / std)",
+            "docs": "docs/dprp.md",
+        }
+    names = list(columns)
+
+    def per_column(std):
+        return {c: float(v) for c, v in zip(names, std[:dplan.d])}
+
+    if dplan.label_mode == "public":
+        value_std = {str(_jsonable(c)): per_column(sd) for c, sd in zip(dplan.classes, stds)}
+    else:
+        value_std = per_column(stds[0])
+    out = {
+        "value_std": value_std,
+        "value_std_by": "class (labels are public: one run per class)" if dplan.label_mode == "public"
+                        else "column",
+        "value_note": "each released cell is the noise-free reconstruction (x R M of the prepared row) plus "
+                      "Gaussian noise of this std, in the column's units, then clipped to [lower, upper]; "
+                      "95%: value +- 1.96 std covers the clipped noise-free reconstruction (at least 95%: the "
+                      "clip only moves a value closer); integer columns: add 0.5 (rounding). The "
+                      "reconstruction's own error against the input (rank k2, the noisy Gram) is not in it",
+        "docs": "docs/dprp.md",
+    }
+    if dplan.label_mode == "private":
+        out["label_note"] = "private labels are decoded by argmax: no interval"
+    if fill_std is not None:
+        out["fill_value_std"] = {c: float(v) for c, v in zip(names, fill_std)}
+        out["fill_note"] = ("first-order std of each DP column mean (dp_fill_values), from the noisy count "
+                            "of non-missing values; 95%: fill +- 1.96 std")
+    return out
 
 
 # ----------------------------------------------------------------------------- driver solve
@@ -975,7 +1048,7 @@ def _run_table(engine, source, st: _DPRPState, secrets, progress) -> _p.Outcome:
     R, seed = secrets
     d = dplan.d
     public: dict = {}
-    fill_values = None
+    fill_values = fill_std = None
     if dplan.fill == "dp-mean":  # pass 0: DP column means, noise added once here
         tot = engine.aggregate(source, _impute_fn(dplan), 2 * d + 1)
         n = int(tot[-1])
@@ -983,8 +1056,8 @@ def _run_table(engine, source, st: _DPRPState, secrets, progress) -> _p.Outcome:
             raise InputError(_EMPTY)
         noise = dplan.impute_noise(n)
         check_noise_multiplier(noise, dplan.mu["impute"])
-        fill_values = dp_column_means(tot, None if st.noise_free else noise, stream(seed, IMPUTE_NOISE_STAGE),
-                                      dplan)
+        fill_values, fill_std = dp_column_means(tot, None if st.noise_free else noise,
+                                                stream(seed, IMPUTE_NOISE_STAGE), dplan, with_std=True)
         public["impute_noise"] = noise.to_public_dict()
         public["dp_fill_values"] = [float(x) for x in fill_values]
     elif dplan.fill is not None:
@@ -1010,6 +1083,7 @@ def _run_table(engine, source, st: _DPRPState, secrets, progress) -> _p.Outcome:
     public["gram_noise"] = gnoise.to_public_dict()
     Cs = noisy_grams(grams, None if st.noise_free else gnoise, stream(seed, GRAM_NOISE_STAGE))
     Ms = solve(Cs, R, dplan.k2, caller=progress.caller)
+    public["uncertainty"] = uncertainty_public(dplan, Ms, source.facts.columns, fill_std=fill_std)
     progress.log("dprp: Gram solved (d = %d, k1 = %d, k2 = %d, %d run(s)); rows pass", d, dplan.k1, dplan.k2,
                  dplan.n_groups)
     counters = engine.counters(("rows", "rows_box_clipped", "rows_norm_clipped"))
@@ -1050,7 +1124,8 @@ def _run_records(engine, source, st: _DPRPState, secrets, progress) -> _p.Outcom
     row_noise = None if st.noise_free else dplan.projection_noise
     table, rows = engine.map_rows(source, _records_rows_fn(R, M, row_noise, seed, st.cap, d, st.threshold),
                                   [("items", "array<int>", False)], count=False)
-    return _p.Outcome(table=table, rows=rows, public={"gram_noise": gnoise.to_public_dict()})
+    unc = uncertainty_public(dplan, [M], (), kind="records")
+    return _p.Outcome(table=table, rows=rows, public={"gram_noise": gnoise.to_public_dict(), "uncertainty": unc})
 
 
 # per-block functions: built from plain values (numpy arrays, numbers), pickled into Spark's tasks
