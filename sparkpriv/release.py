@@ -16,6 +16,7 @@ the reservation, or releases it if publishing fails.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import logging
@@ -188,6 +189,9 @@ class Release:
     files: dict = field(default_factory=dict)
     extras: dict = field(default_factory=dict)
     engine: str = "spark"
+    # where the release's long pass runs when it is written (row-level releases on Spark: the
+    # output's job, with the event bounding for event records): (what, report) or None
+    write_progress: tuple | None = field(default=None, repr=False)
 
     @property
     def events(self):
@@ -333,8 +337,14 @@ class Release:
             refuse_empty_input()
         # the Arrow writer's tasks report their row counts: the input is only
         # looked at (one more Spark job) when the release came out with no rows
-        return publish(self.df, path, receipt=self.receipt(path_q), overwrite=overwrite, rows=self.rows,
-                       writer=how, extra_files=self.extra_files(), if_no_rows=refuse_empty_input)
+        watch = contextlib.nullcontext()
+        if self.write_progress is not None:
+            from sparkpriv.spark.progress import TaskProgress
+
+            watch = TaskProgress(self.df.sparkSession, *self.write_progress)
+        with watch:
+            return publish(self.df, path, receipt=self.receipt(path_q), overwrite=overwrite, rows=self.rows,
+                           writer=how, extra_files=self.extra_files(), if_no_rows=refuse_empty_input)
 
     def _publish_local(self, path: str, overwrite: bool, writer: str) -> str:
         from sparkpriv.io.local_writer import publish_local
@@ -427,6 +437,14 @@ def choose_engine(data, mechanism, caller: str):
     return engine
 
 
+def _write_progress(watched: bool, outcome, src, progress) -> tuple | None:
+    """A row-level release's pass runs when it is written: report it there (Spark engine)."""
+    if not watched or outcome.rows is None:
+        return None
+    kind = getattr(src, "kind", "table")
+    return ("event bounding and write" if kind == "records" else "write", progress.step)
+
+
 def release(mechanism, data, *, ledger=None, table_id: str | None = None, source: str | None = None,
             engine=None, caller: str | None = None, on_step=None, **params) -> Release:
     """Release ``data`` with a registered ``mechanism`` (its name or object): the one path.
@@ -479,4 +497,4 @@ def release(mechanism, data, *, ledger=None, table_id: str | None = None, source
                    diagnostics=lambda: {**src.diagnostics(), **(owner() if callable(owner) else owner)},
                    source_df=src.source_df if mech.refuses_empty_input else None,
                    rows=outcome.rows, model=outcome.model, files=outcome.files, extras=outcome.extras,
-                   engine=eng.name)
+                   engine=eng.name, write_progress=_write_progress(watched, outcome, src, progress))

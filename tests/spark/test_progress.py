@@ -143,3 +143,21 @@ def test_the_event_bounding_pass_reports_steps(spark):
     assert bounding and bounding[-1][1] == bounding[-1][2] > 0
     names = [s[0] for s in steps]
     assert names.index("event bounding") < names.index("kmeans iteration")  # the first pass bounds
+
+
+def test_a_row_level_release_reports_its_bounding_when_written(spark, tmp_path):
+    """Projection of event records: the bounding pass is part of the output's job, which runs at
+    write(): its tasks are reported there, with a final i == n step."""
+    from sparkpriv.api import release_projection
+    from sparkpriv.spark.events import bound_contributions
+
+    rows = [(p, 100 + (p * 7 + e) % 20) for p in range(40) for e in range(6)]
+    events = spark.createDataFrame(rows, "person long, tower long")
+    recs = bound_contributions(events, person="person", item="tower", max_items=3, vocabulary="range:100:120")
+    steps = []
+    rel = release_projection(recs, k=2, epsilon=1.0, on_step=lambda *a: steps.append(a))
+    assert [s for s in steps if s[0] == "event bounding and write"] == []  # nothing has run yet
+    rel.write(str(tmp_path / "out"))
+    mine = [s for s in steps if s[0] == "event bounding and write"]
+    assert mine and mine[-1][1] == mine[-1][2] > 0
+    assert _progress_threads() == []
