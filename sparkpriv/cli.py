@@ -21,7 +21,6 @@ from typing import Sequence
 
 from sparkpriv.config import Option, build_config, load_toml, split_file_values
 from sparkpriv.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, ParameterError, SparkPrivError
-from sparkpriv.privacy.random import refuse_fixed_seed
 
 __all__ = ["main", "build_parser"]
 
@@ -106,12 +105,29 @@ def _leaf(sub, name: str, help_: str, handler, options: Sequence[Option] = ()):
     return p
 
 
+def _command_words(argv: Sequence[str]) -> list[str]:
+    """The sub-command words of ``argv`` before its first option, e.g. ``["release", "projection"]``."""
+    words = []
+    for a in argv:
+        if a.startswith("-"):
+            break
+        words.append(a)
+    return words
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The whole parser; with ``argv``, the release commands get their options only when
-    ``argv`` releases (their mechanism modules are costly to import)."""
+    """The whole parser; with ``argv``, only the branch ``argv`` names gets its leaves' options
+    (a mechanism's options only when ``argv`` releases with it, a benchmark's only when it runs
+    it): their modules are costly to import, and ``sparkpriv --help``, ``--version`` and the
+    ledger commands import neither them nor numpy (docs/architecture.md, "Start-up time")."""
     from sparkpriv.runner import MECHANISMS
 
-    releasing = argv is None or not argv or argv[0] in ("release", "-h", "--help")
+    words = None if argv is None else _command_words(argv)
+    command = None if not words else words[0]
+    leaf = None if words is None or len(words) < 2 else words[1]
+
+    def wanted(cmd: str) -> bool:  # does argv reach the leaves of this command?
+        return words is None or command == cmd
 
     parser = _ArgParser(prog="sparkpriv", description="Differentially private releases of large tables on Spark.")
     from sparkpriv import __version__
@@ -121,10 +137,12 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
     rel = sub.add_parser("release", help="release a private table").add_subparsers(
         dest="mechanism", required=True, parser_class=_ArgParser)
-    for name, spec in sorted(MECHANISMS.items()):
+    if wanted("release"):
         from sparkpriv.config import COMMON_OPTIONS
 
-        _leaf(rel, name, spec.summary, _cmd_release, COMMON_OPTIONS + (spec.all_options() if releasing else ()))
+        for name, spec in sorted(MECHANISMS.items()):
+            releasing = words is None or leaf == name
+            _leaf(rel, name, spec.summary, _cmd_release, COMMON_OPTIONS + (spec.all_options() if releasing else ()))
 
     gen = sub.add_parser("generate", help="generate sample tables on Spark").add_subparsers(
         dest="what", required=True, parser_class=_ArgParser)
@@ -139,28 +157,36 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     _leaf(ev, "counting-queries", "relative error of random item-set counting queries on a release",
           _cmd_evaluate_counting, EVALUATE_COUNTING_OPTIONS)
 
-    from sparkpriv.demo import DEMO_OPTIONS
+    demo_help = "generate a sample table and release it on local Spark"
+    if wanted("demo"):
+        from sparkpriv.demo import DEMO_OPTIONS  # imports numpy
 
-    _leaf(sub, "demo", "generate a sample table and release it on local Spark", _cmd_demo, DEMO_OPTIONS)
+        _leaf(sub, "demo", demo_help, _cmd_demo, DEMO_OPTIONS)
+    else:
+        sub.add_parser("demo", help=demo_help)
 
     bench = sub.add_parser("bench", help="benchmarks against baselines (prints a JSON last line)").add_subparsers(
         dest="bench", required=True, parser_class=_ArgParser)
-    from sparkpriv.bench import BENCHMARKS
+    if wanted("bench"):
+        from sparkpriv.bench import BENCHMARKS
 
-    for name, (mod_name, help_) in BENCHMARKS.items():
-        p = _leaf(bench, name, help_, _cmd_bench)
-        import importlib
+        for name, (mod_name, help_) in BENCHMARKS.items():
+            p = _leaf(bench, name, help_, _cmd_bench)
+            if words is None or leaf == name:  # the benchmark's module (and its imports) only when it runs
+                import importlib
 
-        importlib.import_module(mod_name).add_arguments(p)
-        p.set_defaults(_bench_module=mod_name)
+                importlib.import_module(mod_name).add_arguments(p)
+            p.set_defaults(_bench_module=mod_name)
 
+    led_parser = sub.add_parser("ledger", help="privacy-budget ledger")
+    if not wanted("ledger"):  # the ledger's modules import dp_accounting (numpy, scipy)
+        return parser
     try:
         from sparkpriv.ledger.cli import add_ledger_subparsers
     except ImportError:  # pragma: no cover - ledger always ships
         add_ledger_subparsers = None
     if add_ledger_subparsers is not None:
-        led = sub.add_parser("ledger", help="privacy-budget ledger").add_subparsers(
-            dest="ledger_command", required=True, parser_class=_ArgParser)
+        led = led_parser.add_subparsers(dest="ledger_command", required=True, parser_class=_ArgParser)
         add_ledger_subparsers(led)
         for p in led.choices.values():
             if not any(a.dest == "config" for a in p._actions):
@@ -353,6 +379,8 @@ def worker_import_error(exc: BaseException) -> str | None:
 
 def _run(parser, argv, args) -> int:
     try:
+        from sparkpriv.privacy.random import refuse_fixed_seed  # numpy: not for --help
+
         refuse_fixed_seed("sparkpriv")
         if getattr(args, "config", None):
             args = _apply_config(parser, argv, args)
@@ -382,6 +410,8 @@ def main_job(argv: Sequence[str]) -> int:
     p.add_argument("--config", required=True, help="TOML file naming the mechanism and its options")
     known, rest = p.parse_known_args(argv)
     try:
+        from sparkpriv.privacy.random import refuse_fixed_seed
+
         refuse_fixed_seed("jobs/release.py")
         mech = load_toml(known.config).get("mechanism")
     except ParameterError as exc:
