@@ -242,42 +242,12 @@ class ProgressBar:
             self.stream.flush()
 
 
-def check_local_paths(cfg) -> None:
-    """Refuse, before Spark starts, a missing input and an existing output (without
-    ``--overwrite``) where the paths are files of this machine
-    (:func:`sparkpriv.spark.session.paths_are_local`); Spark checks the others."""
-    from sparkpriv.errors import InputError, OutputExistsError
-    from sparkpriv.io.inputs import _guess_format
-    from sparkpriv.spark.session import paths_are_local
-
-    def local(path) -> str | None:
-        if not isinstance(path, str) or not path or any(c in path for c in "*?[{"):  # globs: Spark's
-            return None
-        if path.startswith("file:"):
-            path = re.sub(r"^file:(//(localhost)?)?", "", path)
-            return path if path.startswith("/") else None
-        return None if re.match(r"^[A-Za-z][\w+.-]*:", path) else path
-
-    if not paths_are_local(cfg.spark):
-        return
-    source, fmt = cfg.get("input"), cfg.get("input_format")
-    path = local(source)
-    if path is not None and (fmt or _guess_format(source)) != "table" and not os.path.exists(path):
-        raise InputError(f"Cannot read the input {source!r}: there is no such file or directory on this machine. "
-                         "Check the path or table name and the format (--input-format parquet|csv|table).")
-    path = local(cfg.get("output"))
-    if path is not None and os.path.lexists(path) and not cfg.get("overwrite"):
-        raise OutputExistsError(f"The output {'file:' + os.path.abspath(path)!r} already exists. Choose another "
-                                "path or pass overwrite=True (--overwrite) to replace it.")
-
-
 def _cmd_release(args) -> int:
     from sparkpriv.runner import options_for, run_release
 
     cfg = build_config(args.mechanism, options_for(args.mechanism), None, _values(args),
                        source="config file")
     cfg = type(cfg)(mechanism=cfg.mechanism, values=cfg.values, spark=args._spark)
-    check_local_paths(cfg)  # with the parameter checks of run_release, before Spark starts
     bar = ProgressBar(sys.stderr) if sys.stderr.isatty() else None
     try:
         res = run_release(cfg, on_step=bar)
