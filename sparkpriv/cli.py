@@ -21,7 +21,6 @@ from typing import Sequence
 
 from sparkpriv.config import Option, build_config, load_toml, split_file_values
 from sparkpriv.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, ParameterError, SparkPrivError
-from sparkpriv.privacy.random import refuse_fixed_seed
 
 __all__ = ["main", "build_parser"]
 
@@ -116,12 +115,29 @@ def _leaf(sub, name: str, help_: str, handler, options: Sequence[Option] = ()):
     return p
 
 
+def _command_words(argv: Sequence[str]) -> list[str]:
+    """The sub-command words of ``argv`` before its first option, e.g. ``["release", "projection"]``."""
+    words = []
+    for a in argv:
+        if a.startswith("-"):
+            break
+        words.append(a)
+    return words
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The whole parser; with ``argv``, the release commands get their options only when
-    ``argv`` releases (their mechanism modules are costly to import)."""
+    """The whole parser; with ``argv``, only the branch ``argv`` names gets its leaves' options
+    (a mechanism's options only when ``argv`` releases with it, a benchmark's only when it runs
+    it): their modules are costly to import, and ``sparkpriv --help``, ``--version`` and the
+    ledger commands import neither them nor numpy (docs/architecture.md, "Start-up time")."""
     from sparkpriv.runner import MECHANISMS
 
-    releasing = argv is None or not argv or argv[0] in ("release", "-h", "--help")
+    words = None if argv is None else _command_words(argv)
+    command = None if not words else words[0]
+    leaf = None if words is None or len(words) < 2 else words[1]
+
+    def wanted(cmd: str) -> bool:  # does argv reach the leaves of this command?
+        return words is None or command == cmd
 
     parser = _ArgParser(prog="sparkpriv", description="Differentially private releases of large tables on Spark.")
     from sparkpriv import __version__
@@ -131,10 +147,12 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
     rel = sub.add_parser("release", help="release a private table").add_subparsers(
         dest="mechanism", required=True, parser_class=_ArgParser)
-    for name, spec in sorted(MECHANISMS.items()):
+    if wanted("release"):
         from sparkpriv.config import COMMON_OPTIONS
 
-        _leaf(rel, name, spec.summary, _cmd_release, COMMON_OPTIONS + (spec.all_options() if releasing else ()))
+        for name, spec in sorted(MECHANISMS.items()):
+            releasing = words is None or leaf == name
+            _leaf(rel, name, spec.summary, _cmd_release, COMMON_OPTIONS + (spec.all_options() if releasing else ()))
 
     gen = sub.add_parser("generate", help="generate sample tables on Spark").add_subparsers(
         dest="what", required=True, parser_class=_ArgParser)
@@ -152,28 +170,36 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     _leaf(sub, "synthesize", "a synthetic table from a released DPGM model (post-processing: no budget)",
           _cmd_synthesize, SYNTHESIZE_OPTIONS)
 
-    from sparkpriv.demo import DEMO_OPTIONS
+    demo_help = "generate a sample table and release it on local Spark"
+    if wanted("demo"):
+        from sparkpriv.demo import DEMO_OPTIONS  # imports numpy
 
-    _leaf(sub, "demo", "generate a sample table and release it on local Spark", _cmd_demo, DEMO_OPTIONS)
+        _leaf(sub, "demo", demo_help, _cmd_demo, DEMO_OPTIONS)
+    else:
+        sub.add_parser("demo", help=demo_help)
 
     bench = sub.add_parser("bench", help="benchmarks against baselines (prints a JSON last line)").add_subparsers(
         dest="bench", required=True, parser_class=_ArgParser)
-    from sparkpriv.bench import BENCHMARKS
+    if wanted("bench"):
+        from sparkpriv.bench import BENCHMARKS
 
-    for name, (mod_name, help_) in BENCHMARKS.items():
-        p = _leaf(bench, name, help_, _cmd_bench)
-        import importlib
+        for name, (mod_name, help_) in BENCHMARKS.items():
+            p = _leaf(bench, name, help_, _cmd_bench)
+            if words is None or leaf == name:  # the benchmark's module (and its imports) only when it runs
+                import importlib
 
-        importlib.import_module(mod_name).add_arguments(p)
-        p.set_defaults(_bench_module=mod_name)
+                importlib.import_module(mod_name).add_arguments(p)
+            p.set_defaults(_bench_module=mod_name)
 
+    led_parser = sub.add_parser("ledger", help="privacy-budget ledger")
+    if not wanted("ledger"):  # the ledger's modules import dp_accounting (numpy, scipy)
+        return parser
     try:
         from sparkpriv.ledger.cli import add_ledger_subparsers
     except ImportError:  # pragma: no cover - ledger always ships
         add_ledger_subparsers = None
     if add_ledger_subparsers is not None:
-        led = sub.add_parser("ledger", help="privacy-budget ledger").add_subparsers(
-            dest="ledger_command", required=True, parser_class=_ArgParser)
+        led = led_parser.add_subparsers(dest="ledger_command", required=True, parser_class=_ArgParser)
         add_ledger_subparsers(led)
         for p in led.choices.values():
             if not any(a.dest == "config" for a in p._actions):
@@ -208,10 +234,14 @@ def _values(args) -> dict:
 
 
 class ProgressBar:
-    """A one-line progress bar on a terminal for a release's long steps (k-means iterations, ...).
+    """Progress on a terminal for a release's long steps (k-means iterations, DP-SGD, the
+    event bounding pass, synthesis): one bar line per step, e.g.
+    ``kmeans iteration [#########.....] 3/8 2.1 s``.
 
-    Without a terminal the steps are log lines (``sparkpriv.<mechanism>`` at INFO,
-    with the release's epsilon and delta).
+    Each step is a finished line, so that Spark's own console progress (on for the
+    command line on a terminal: ``[Stage 3:===>  (5 + 2) / 8]``, redrawn in place while
+    a stage runs) stays below it instead of overwriting it. Without a terminal the steps
+    are log lines (``sparkpriv.<mechanism>`` at INFO, with the release's epsilon and delta).
     """
 
     def __init__(self, stream, width: int = 30):
@@ -219,14 +249,20 @@ class ProgressBar:
 
     def __call__(self, what: str, i: int, n: int, message: str = "") -> None:
         done = int(self.width * i / max(n, 1))
-        self.stream.write(f"\r{what} [{'#' * done}{'.' * (self.width - done)}] {i}/{n} {message[:60]}\x1b[K")
+        self.stream.write(f"\r{what} [{'#' * done}{'.' * (self.width - done)}] {i}/{n} {message[:60]}\x1b[K\n")
         self.stream.flush()
         self.drawn = True
 
     def close(self) -> None:
-        if self.drawn:
-            self.stream.write("\n")
-            self.stream.flush()
+        self.stream.flush()
+
+
+def _terminal(spark_conf: dict) -> tuple[dict, ProgressBar | None]:
+    """On a terminal: Spark's console progress on (unless the configuration says otherwise) and a
+    :class:`ProgressBar` for sparkpriv's steps; else neither (one log line per step)."""
+    if not sys.stderr.isatty():
+        return spark_conf, None
+    return {"spark.ui.showConsoleProgress": "true", **spark_conf}, ProgressBar(sys.stderr)
 
 
 def _cmd_release(args) -> int:
@@ -234,8 +270,8 @@ def _cmd_release(args) -> int:
 
     cfg = build_config(args.mechanism, options_for(args.mechanism), None, _values(args),
                        source="config file")
-    cfg = type(cfg)(mechanism=cfg.mechanism, values=cfg.values, spark=args._spark)
-    bar = ProgressBar(sys.stderr) if sys.stderr.isatty() else None
+    spark_conf, bar = _terminal(dict(args._spark))
+    cfg = type(cfg)(mechanism=cfg.mechanism, values=cfg.values, spark=spark_conf)
     try:
         res = run_release(cfg, on_step=bar)
     finally:
@@ -253,9 +289,9 @@ def _cmd_synthesize(args) -> int:
     from sparkpriv.io.synthesize import synthesize_dpgm
 
     cfg = build_config("synthesize", SYNTHESIZE_OPTIONS, None, _values(args))
-    bar = ProgressBar(sys.stderr) if sys.stderr.isatty() else None  # else one log line per step
+    spark_conf, bar = _terminal(dict(args._spark))  # no terminal: one log line per step
     try:
-        res = synthesize_dpgm(**cfg.values, spark_conf=args._spark, on_step=bar)
+        res = synthesize_dpgm(**cfg.values, spark_conf=spark_conf, on_step=bar)
     finally:
         if bar is not None:
             bar.close()
@@ -382,6 +418,8 @@ def worker_import_error(exc: BaseException) -> str | None:
 
 def _run(parser, argv, args) -> int:
     try:
+        from sparkpriv.privacy.random import refuse_fixed_seed  # numpy: not for --help
+
         refuse_fixed_seed("sparkpriv")
         if getattr(args, "config", None):
             args = _apply_config(parser, argv, args)
@@ -411,6 +449,8 @@ def main_job(argv: Sequence[str]) -> int:
     p.add_argument("--config", required=True, help="TOML file naming the mechanism and its options")
     known, rest = p.parse_known_args(argv)
     try:
+        from sparkpriv.privacy.random import refuse_fixed_seed
+
         refuse_fixed_seed("jobs/release.py")
         mech = load_toml(known.config).get("mechanism")
     except ParameterError as exc:

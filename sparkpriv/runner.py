@@ -150,6 +150,37 @@ def check_budget_exists(ledger_url: str | None, table_id: str | None) -> None:
             raise BudgetExceededError(_no_budget_message(getattr(led, "public_url", None) or str(url), table_id))
 
 
+def check_local_paths(cfg: ReleaseConfig) -> None:
+    """Refuse, before Spark starts, a missing input and an existing output (without
+    ``--overwrite``) where the paths are files of this machine
+    (:func:`sparkpriv.spark.session.paths_are_local`); Spark checks the others."""
+    import re
+
+    from sparkpriv.errors import InputError, OutputExistsError
+    from sparkpriv.io.inputs import _guess_format
+    from sparkpriv.spark.session import paths_are_local
+
+    def local(path) -> str | None:
+        if not isinstance(path, str) or not path or any(c in path for c in "*?[{"):  # globs: Spark's
+            return None
+        if path.startswith("file:"):
+            path = re.sub(r"^file:(//(localhost)?)?", "", path)
+            return path if path.startswith("/") else None
+        return None if re.match(r"^[A-Za-z][\w+.-]*:", path) else path
+
+    if not paths_are_local(cfg.spark):
+        return
+    source, fmt = cfg.get("input"), cfg.get("input_format")
+    path = local(source)
+    if path is not None and (fmt or _guess_format(source)) != "table" and not os.path.exists(path):
+        raise InputError(f"Cannot read the input {source!r}: there is no such file or directory on this machine. "
+                         "Check the path or table name and the format (--input-format parquet|csv|table).")
+    path = local(cfg.get("output"))
+    if path is not None and os.path.lexists(path) and not cfg.get("overwrite"):
+        raise OutputExistsError(f"The output {'file:' + os.path.abspath(path)!r} already exists. Choose another "
+                                "path or pass overwrite=True (--overwrite) to replace it.")
+
+
 def run_release(cfg: ReleaseConfig, spark=None, on_step=None) -> RunResult:
     """Read the input, release it with the configured mechanism, publish it.
 
@@ -169,6 +200,8 @@ def run_release(cfg: ReleaseConfig, spark=None, on_step=None) -> RunResult:
     if spec.precheck is not None:
         spec.precheck(cfg)
     check_budget_exists(cfg.get("ledger"), cfg.get("table_id"))
+    if spark is None:
+        check_local_paths(cfg)
     spark = spark or get_spark(cfg.spark)
     out_q = check_output_path(spark, cfg.get("output"), bool(cfg.get("overwrite")))
     check_writer(spark, out_q, spec.row_level, cfg.get("writer") or "auto")  # before any data is read

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Mapping
 
-__all__ = ["get_spark", "LOCAL_DEFAULTS"]
+__all__ = ["get_spark", "LOCAL_DEFAULTS", "paths_are_local"]
 
 _log = logging.getLogger(__name__)
 
@@ -79,3 +79,36 @@ def _runs_on_this_machine(master: str) -> bool:
     if m.startswith("local"):
         return True
     return m.startswith(("spark://127.0.0.1", "spark://localhost"))
+
+
+def paths_are_local(conf: Mapping[str, str] | None = None) -> bool:
+    """Whether a path without a scheme names a file of this machine in the session that
+    :func:`get_spark` ``(conf)`` would start, so that it can be checked before Spark starts.
+
+    True only for a new local session (no running session, not under spark-submit or
+    Spark Connect, a ``local`` master) whose default filesystem nothing can change: no
+    ``spark.hadoop.fs.default*`` setting, no Hadoop, YARN or Spark configuration
+    directory, no ``SPARK_HOME``. False when unsure: Spark then decides, after it starts.
+    """
+    conf = dict(conf or {})
+    if "PYSPARK_GATEWAY_PORT" in os.environ or any(
+            os.environ.get(v) for v in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "HADOOP_CONF_DIR",
+                                        "YARN_CONF_DIR", "SPARK_CONF_DIR", "SPARK_HOME")):
+        return False
+    if any(k.startswith("spark.hadoop.fs.default") or k == "spark.remote" for k in conf):
+        return False
+    if not str(conf.get("spark.master", "local[*]")).strip().lower().startswith("local"):
+        return False
+    pyspark = sys.modules.get("pyspark.sql")
+    if pyspark is not None and pyspark.SparkSession.getActiveSession() is not None:
+        return False
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("pyspark")  # its conf/ directory (spark-defaults.conf, core-site.xml)
+    except (ImportError, ValueError):
+        spec = None
+    for where in (spec.submodule_search_locations or []) if spec is not None else []:
+        if os.path.isdir(os.path.join(where, "conf")):
+            return False
+    return True
