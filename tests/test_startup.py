@@ -123,6 +123,13 @@ def test_bad_option_value_is_refused_before_spark(tmp_path, table):
                           tmp_path, 2, "'epsilon'")
 
 
+def test_a_rule_between_parameters_is_refused_before_spark(tmp_path, table):
+    """k-means' kernel variant needs a kernel width: a public rule, known before any data."""
+    _refused_before_spark(["release", "kmeans", "--columns", "a,b", "--k", "2", "--epsilon", "1", "--delta",
+                           "1e-5", "--row-bound", "10", "--input", str(table), "--output", "out"],
+                          tmp_path, 2, "'kernel_width'", "--kernel-width")
+
+
 @pytest.mark.parametrize("missing", ["missing.csv", "missing_dir/", "file:///nonexistent/sparkpriv/table"])
 def test_missing_input_path_is_refused_before_spark(tmp_path, missing):
     _refused_before_spark([*RELEASE, "--input", missing, "--output", "out", "--row-bound", "1"],

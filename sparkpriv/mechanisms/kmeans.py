@@ -242,17 +242,21 @@ class FeatureMap:
         return _rff_of_projection(project_sparse_rows(offsets, indices, values, self.W.T))
 
 
+def _kernel_width_required(caller: str) -> ParameterError:
+    return ParameterError(
+        f"The 'kernel_width' parameter of {caller} is required for variant='kernel': give the "
+        "public RBF width s of exp(-||x-y||^2 / (2 s^2)) (--kernel-width), e.g. about the "
+        "typical distance between two points of one cluster."
+    )
+
+
 def make_feature_map(variant: str, bounds: Bounds, *, kernel_width=None, frequencies: int = 128,
                      seed: int | None = None, caller: str = "release_kmeans") -> FeatureMap:
     check_param("variant", variant, [Options(VARIANTS)], caller)
     if variant == "linear":
         return FeatureMap("linear", bounds)
     if kernel_width is None:
-        raise ParameterError(
-            f"The 'kernel_width' parameter of {caller} is required for variant='kernel': give the "
-            "public RBF width s of exp(-||x-y||^2 / (2 s^2)) (--kernel-width), e.g. about the "
-            "typical distance between two points of one cluster."
-        )
+        raise _kernel_width_required(caller)
     check_param("kernel_width", kernel_width, [_POS], caller)
     check_param("frequencies", frequencies, [Interval("integer", 1, 100_000, "both")], caller)
     seed = new_secret_seed("kmeans-frequencies") if seed is None else seed
@@ -677,6 +681,8 @@ class KMeansParams(_p.Params):
                 "features are the inputs, so the last iteration's centres are the release. "
                 f"Got {self.final_share!r} instead."
             )
+        if self.variant == "kernel" and self.kernel_width is None:  # a public rule: before Spark starts
+            raise _kernel_width_required(caller)
 
 
 @dataclass
