@@ -43,7 +43,7 @@ def run_demo(*, workdir: str, rows: int, cols: int, k: int, epsilon: float, pair
 
     workdir = os.path.abspath(workdir)
     os.makedirs(workdir, exist_ok=True)
-    spark = get_spark(spark_conf)
+    spark = get_spark(spark_conf, size_local_driver=True)
     src = os.path.join(workdir, "input")
     out = os.path.join(workdir, "release")
     ledger_path = os.path.join(workdir, "ledger.sqlite")

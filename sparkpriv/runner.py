@@ -202,7 +202,7 @@ def run_release(cfg: ReleaseConfig, spark=None, on_step=None) -> RunResult:
     check_budget_exists(cfg.get("ledger"), cfg.get("table_id"))
     if spark is None:
         check_local_paths(cfg)
-    spark = spark or get_spark(cfg.spark)
+    spark = spark or get_spark(cfg.spark, size_local_driver=True)
     out_q = check_output_path(spark, cfg.get("output"), bool(cfg.get("overwrite")))
     check_writer(spark, out_q, spec.row_level, cfg.get("writer") or "auto")  # before any data is read
     # event tables are bounded by Spark SQL (bound_contributions): always Spark's reader

@@ -158,7 +158,7 @@ def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = Fal
     if spark is None:
         from sparkpriv.spark.session import get_spark
 
-        spark = get_spark(spark_conf)
+        spark = get_spark(spark_conf, size_local_driver=True)
     directory, model_bytes, receipt_bytes = _read_release(spark, model)
     try:
         mdl = DPGMModel.load(io.BytesIO(model_bytes))

@@ -196,6 +196,9 @@ class RecordsSource:
         return blocks
 
 
+CACHE_BLOCK_BYTES = 8 << 20  # the largest cached feature record (bytes)
+
+
 def _block(Z: np.ndarray) -> pa.RecordBatch:
     """One cached block record: the ``(rows, dim)`` float64 matrix as raw bytes, and its row count."""
     return pa.RecordBatch.from_arrays([pa.array([np.ascontiguousarray(Z, dtype=np.float64).tobytes()],
@@ -405,9 +408,14 @@ class SparkEngine:
             return scan_aggregate(source.input, source.read_columns, sparkpriv_partial, size, strings=strings)
 
     def cache(self, source, fn, dim: int) -> _Cache:
+        # cached records of at most CACHE_BLOCK_BYTES: the JVM holds each as one byte array (a
+        # 65,536-row batch of 256 kernel features is 134 MB: a 1 GB default heap ran out)
+        step = max(1, CACHE_BLOCK_BYTES // (8 * max(dim, 1)))
+
         def sparkpriv_features(batches, pid):
             for Z in blocks(batches):
-                yield _block(Z)
+                for i in range(0, max(Z.shape[0], 1), step):
+                    yield _block(Z[i:i + step])
 
         blocks = source.batch_fn(fn)
         if source.kind == "table":

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Mapping
 
-__all__ = ["get_spark", "LOCAL_DEFAULTS", "paths_are_local"]
+__all__ = ["get_spark", "LOCAL_DEFAULTS", "paths_are_local", "local_driver_memory"]
 
 _log = logging.getLogger(__name__)
 
@@ -26,13 +26,28 @@ LOCAL_DEFAULTS = {
 }
 
 
-def get_spark(conf: Mapping[str, str] | None = None, *, app_name: str = "sparkpriv", master: str | None = None):
+def local_driver_memory() -> str:
+    """The driver memory of a local session the command line starts: half of this machine's
+    memory, at least 1g and at most 8g (in local mode the executors run in the driver's JVM;
+    Spark's own default, 1g, runs out on a few hundred thousand rows of k-means features)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return "1g"
+    return f"{max(1, min(8, int(total / 2**30 / 2)))}g"
+
+
+def get_spark(conf: Mapping[str, str] | None = None, *, app_name: str = "sparkpriv", master: str | None = None,
+              size_local_driver: bool = False):
     """Return the active SparkSession, or create one.
 
     Under spark-submit (or in a notebook with a running session) the existing
     session is used and ``conf`` is applied where Spark allows it at run time.
     Otherwise a local session (``local[*]`` unless ``master`` says otherwise)
-    is created with Arrow enabled, bound to 127.0.0.1, and ``conf`` applied.
+    is created with Arrow enabled, bound to 127.0.0.1, and ``conf`` applied;
+    with ``size_local_driver`` (the command line) and a local master, its driver
+    memory is :func:`local_driver_memory` unless ``spark.driver.memory`` or
+    ``SPARK_DRIVER_MEMORY`` says otherwise.
     """
     from pyspark.sql import SparkSession
 
@@ -65,6 +80,12 @@ def get_spark(conf: Mapping[str, str] | None = None, *, app_name: str = "sparkpr
         # them on this interpreter unless the user chose one (PYSPARK_PYTHON or the conf).
         # PySpark reads the worker interpreter from PYSPARK_PYTHON when the context starts.
         os.environ["PYSPARK_PYTHON"] = sys.executable
+    if (size_local_driver and str(target).strip().lower().startswith("local")
+            and "spark.driver.memory" not in settings and not os.environ.get("SPARK_DRIVER_MEMORY")):
+        settings["spark.driver.memory"] = local_driver_memory()
+        _log.info("local Spark session: spark.driver.memory %s (half this machine's memory, at most 8g; "
+                  "set spark.driver.memory in the configuration's [spark] section to change it)",
+                  settings["spark.driver.memory"])
     for k, v in settings.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()

@@ -49,3 +49,35 @@ def test_which_masters_run_here():
     assert _runs_on_this_machine("local[2]") and _runs_on_this_machine("local-cluster[2,1,1024]")
     assert _runs_on_this_machine("spark://127.0.0.1:7077")
     assert not _runs_on_this_machine("spark://spark-master:7077") and not _runs_on_this_machine("yarn")
+
+
+_MEMORY_PROBE = r"""
+import json
+from sparkpriv.spark.session import get_spark
+spark = get_spark(master="local[1]", size_local_driver=True)
+print(json.dumps({"memory": spark.sparkContext.getConf().get("spark.driver.memory"),
+                  "max_heap": spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory()}))
+spark.stop()
+"""
+
+
+def test_local_driver_memory_is_half_the_machine_within_bounds():
+    from sparkpriv.spark.session import local_driver_memory
+
+    total_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    got = local_driver_memory()
+    assert got.endswith("g") and int(got[:-1]) == max(1, min(8, int(total_gib / 2)))
+
+
+@pytest.mark.slow
+def test_the_command_lines_local_session_gets_that_memory():
+    """Spark's own 1g default ran out of heap caching k-means features of 300,000 rows."""
+    from sparkpriv.spark.session import local_driver_memory
+
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_DRIVER_MEMORY",)}
+    out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE], env=env, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["memory"] == local_driver_memory()
+    assert got["max_heap"] > 0.8 * int(got["memory"][:-1]) * 2**30  # the JVM was started with it
