@@ -332,6 +332,11 @@ class KMeansPlan:
     def epsilon_spent(self) -> float:
         return epsilon_of(self.dp_event(), self.delta)
 
+    def epsilon_after(self, t: int) -> float:
+        """The epsilon (at the release's delta) of the first ``t`` iterations alone: what a
+        release stopped there would have spent (progress reports; the whole is reserved)."""
+        return epsilon_of(dp_event.SelfComposedDpEvent(self.iteration_event(), int(t)), self.delta)
+
     @property
     def count_std(self) -> float:
         """Std of one noisy count in an iteration (``s_S / C``)."""
@@ -784,8 +789,11 @@ class KMeans(_p.Mechanism):
                 now = time.perf_counter()
                 seconds.append(now - clock[0])
                 clock[0] = now
+                spent = kplan.epsilon_after(t)  # after the clock: not part of the iteration's time
                 progress.step("kmeans iteration", t, kplan.iterations,
-                              f"{seconds[-1]:.2f} s, {int(np.sum(counts < 1))} cluster(s) with noisy count < 1")
+                              f"{seconds[-1]:.2f} s, {int(np.sum(counts < 1))} cluster(s) with noisy count < 1, "
+                              f"epsilon spent so far {spent:.4g} of {plan.epsilon:.4g}")
+                clock[0] = time.perf_counter()
 
             model, history = fit_from_stats(
                 kplan, fmap, st.centres0,

@@ -507,3 +507,34 @@ def test_stated_uncertainty_covers_95_percent_by_simulation(test_seed):
         hit_c += np.sum(np.abs(c - mean_true) <= 1.96 * cstd)
     assert 0.93 <= hit_n / (3 * trials) <= 0.97
     assert 0.93 <= hit_c / (3 * 4 * trials) <= 0.97
+
+
+def test_progress_states_the_epsilon_spent_so_far_by_the_gaussian_closed_form():
+    """Each iteration step says the epsilon of the iterations so far: t Gaussian mechanisms of
+    mu_iter compose to one of mu_iter sqrt(t) (GDP), whose epsilon at delta solves
+    Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) = delta (independent of dp_accounting)."""
+    import re
+
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    from sparkpriv.api import release_kmeans
+
+    X = np.random.default_rng(0).normal(size=(2000, 3))
+    steps = []
+    release_kmeans(X, k=3, epsilon=1.0, delta=1e-5, iterations=4, variant="linear", lower=[-4] * 3,
+                   upper=[4] * 3, on_step=lambda *a: steps.append(a))
+    from sparkpriv.mechanisms.kmeans import make_feature_map, plan_kmeans
+    from sparkpriv.privacy.bounds import Bounds
+
+    mu_iter = plan_kmeans(make_feature_map("linear", Bounds(3, lower=np.full(3, -4.0), upper=np.full(3, 4.0))),
+                          k=3, epsilon=1.0, delta=1e-5, iterations=4).mu_iter  # public calibration
+
+    def gdp_epsilon(mu, delta):
+        return brentq(lambda e: norm.cdf(-e / mu + mu / 2) - np.exp(e) * norm.cdf(-e / mu - mu / 2) - delta,
+                      0.0, 50.0)
+
+    got = [float(re.search(r"epsilon spent so far ([0-9.e-]+) of", s[3]).group(1)) for s in steps]
+    want = [gdp_epsilon(mu_iter * np.sqrt(t), 1e-5) for t in range(1, 5)]
+    np.testing.assert_allclose(got, want, rtol=2e-3)
+    assert got[-1] <= 1.0 + 1e-9 and np.all(np.diff(got) > 0)
