@@ -430,6 +430,10 @@ def _run(parser, argv, args) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return EXIT_FAILURE
+    except BrokenPipeError:  # the reader of our output went away (`sparkpriv ledger show | head`)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout at exit
+        return EXIT_FAILURE
     except Exception as exc:  # unexpected: log the trace, exit 1
         missing = worker_import_error(exc)
         if missing is not None:

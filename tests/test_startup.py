@@ -180,3 +180,17 @@ def test_remote_paths_are_left_to_spark(tmp_path, monkeypatch):
     rc, modules, out, err = run_cli(*RELEASE, "--config", str(config), "--input", "missing.csv", "--output", "out",
                                     "--row-bound", "1", cwd=tmp_path)
     assert rc == 1 and "ModuleNotFoundError" in err  # went on to start Spark (blocked here)
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path):
+    """`sparkpriv ledger show --json | true`: no traceback when the reader has gone away."""
+    import subprocess
+    import sys
+
+    led = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    rc, _, _, err = run_cli("ledger", "set-budget", "--ledger", led, "--table-id", "t.a", "--epsilon", "2",
+                            "--delta", "1e-6", cwd=tmp_path)
+    assert rc == 0, err
+    cmd = f"{sys.executable} -m sparkpriv.cli ledger show --ledger {led} --json | true"
+    r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert "Traceback" not in r.stderr and "BrokenPipeError" not in r.stderr, r.stderr
