@@ -156,14 +156,15 @@ class ProjectionPlan:
         return {
             "value_std": float(self.noise.std),
             "value_variance": self.noise_variance,
-            "value_note": "every released z value is the projected (clipped) row plus independent noise of "
+            "value_note": "every released z value is the projected row (within the declared bounds) plus "
+                          "independent noise of "
                           "this std, mean 0; z0..z{k-1} are in the units of the columns (projected), so "
                           "a 95% interval of one value around its noise-free projection is value +- 1.96 "
                           "value_std (Gaussian noise; Laplace noise: +- 2.12 value_std)",
             "squared_distances": {
                 "accessor": "Release.squared_distances(Zi, Zj, confidence=0.95)",
                 "estimate": "||Zi - Zj||^2 - 2 k value_variance, unbiased for the squared distance of the "
-                            "two clipped input rows",
+                            "two input rows after clipping to the declared bounds",
                 "variance": "(2/k) D^2 + k c value_variance^2 + 8 value_variance D at the true squared "
                             "distance D (c = 14 Laplace, 8 Gaussian); std is it at max(estimate, 0)",
                 "c": 14.0 if self.noise_kind == "laplace" else 8.0,

@@ -264,7 +264,7 @@ def test_cli_aggregate_release_to_s3_is_refused_before_reading(spark, bucket, s3
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{s3_endpoint}")
     rc = main(["release", "kmeans", "--input", str(tmp_path / "missing.parquet"), "--output",
                f"s3://{bucket.name}/rel/km", "--columns", "a,b", "--k", "2", "--epsilon", "1",
-               "--delta", "1e-6", "--row-bound", "1"])
+               "--delta", "1e-6", "--row-bound", "1", "--variant", "linear"])
     err = capsys.readouterr().err
     assert rc == 2, err
     assert f"s3a://{bucket.name}/rel/km instead" in err and "hadoop-aws" in err
