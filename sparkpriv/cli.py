@@ -366,7 +366,8 @@ def _cmd_demo(args) -> int:
     from sparkpriv.demo import DEMO_OPTIONS, run_demo
 
     cfg = build_config("demo", DEMO_OPTIONS, None, _values(args))
-    run_demo(**cfg.values, spark_conf=args._spark)
+    spark_conf, _ = _terminal(dict(args._spark))  # Spark's console progress on a terminal
+    run_demo(**cfg.values, spark_conf=spark_conf)
     return EXIT_OK
 
 
