@@ -487,7 +487,6 @@ def _part_writer(fn, schema, fs, staging: str, token: str, rename: bool):
     import pyarrow.parquet as pq
     from pyarrow.fs import FileType
 
-    tmpdir = f"{staging}/_temporary"
     marker = f"{staging}/{_JOB_MARKER}"
 
     def staging_open() -> bool:
