@@ -30,6 +30,7 @@ from sparkpriv.api import release
 from sparkpriv.errors import InputError, ParameterError
 from sparkpriv.mechanisms.protocol import registered
 from sparkpriv.privacy import random as sprandom
+from tests.seeds import record_secret_seeds
 
 
 @dataclass
@@ -162,23 +163,6 @@ RECORD_CASES = {
                           dict(epsilon=1.0, domain=_count_domain()), {"noise": "gaussian"}),
 }
 
-def _record_seeds(monkeypatch) -> list:
-    """Every seed the release draws through new_secret_seed (also where a module imported the name)."""
-    seeds = []
-    real = sprandom.new_secret_seed
-
-    def recording(purpose):
-        s = real(purpose)
-        seeds.append(s)
-        return s
-
-    monkeypatch.setattr(sprandom, "new_secret_seed", recording)
-    for mod in list(__import__("sys").modules.values()):
-        if getattr(mod, "new_secret_seed", None) is real and mod.__name__.startswith("sparkpriv"):
-            monkeypatch.setattr(mod, "new_secret_seed", recording)
-    return seeds
-
-
 def _assert_no_seed(seeds, published, caplog, rel) -> None:
     """No drawn seed (bytes either order, decimal, hex) in the published files, the logs or the repr."""
     blobs = []
@@ -290,7 +274,7 @@ def test_ledger_atomic_write_and_no_secrets(name, engine, spark, tmp_path, caplo
     url = f"sqlite:///{tmp_path}/ledger.sqlite"
     with open_ledger(url) as led:
         led.set_budget("t", epsilon=100.0, delta=1e-3)
-    seeds = _record_seeds(monkeypatch)
+    seeds = record_secret_seeds(monkeypatch)
     caplog.set_level("DEBUG")
 
     # a run that fails (a NaN in the data, read only by the run) releases its reservation
@@ -363,7 +347,7 @@ def test_records_receipt_refusals_ledger_and_no_secrets(name, spark, tmp_path, c
     url = f"sqlite:///{tmp_path}/ledger.sqlite"
     with open_ledger(url) as led:
         led.set_budget("t", epsilon=100.0, delta=1e-3)
-    seeds = _record_seeds(monkeypatch)
+    seeds = record_secret_seeds(monkeypatch)
     caplog.set_level("DEBUG")
     with pytest.raises(Exception):
         release(name, case.records(poisoned), ledger=url, table_id="t", **case.params)

@@ -93,17 +93,9 @@ def test_input_that_changes_between_passes_is_refused(spark):
 
 
 def test_no_secret_in_logs_or_receipt(spark, caplog, monkeypatch):
-    from sparkpriv.privacy import random as sprandom
+    from tests.seeds import record_secret_seeds
 
-    seeds = []
-    real = sprandom.new_secret_seed
-
-    def recording(purpose):
-        s = real(purpose)
-        seeds.append(s)
-        return s
-
-    monkeypatch.setattr(reg, "new_secret_seed", recording)
+    seeds = record_secret_seeds(monkeypatch)
     caplog.set_level(logging.DEBUG)
     rel = release_regression(_table(spark, 2), **KW)
     text = caplog.text + repr(rel.receipt()) + repr(rel.public)
