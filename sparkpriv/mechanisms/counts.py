@@ -60,7 +60,10 @@ __all__ = [
     "NOISE_KINDS",
     "NEIGHBORS",
     "MAX_COUNT",
+    "DRIVER_KEYS",
+    "BLOCK_KEYS",
     "MAX_DRIVER_KEYS",
+    "MAX_KEYS",
     "KeyDomain",
     "CountsParams",
     "CountsPlan",
@@ -70,6 +73,7 @@ __all__ = [
     "noise_integers",
     "lattice_values",
     "finalize_counts",
+    "noisy_values",
     "CountsResult",
 ]
 
@@ -79,8 +83,16 @@ NEIGHBORS = ("add-remove", "replace-one")
 # clamped to it before the noise (a clamp per coordinate never increases a sensitivity);
 # 2^33 is more than every person alive, and a c-capped event count of 2^33 / c people.
 MAX_COUNT = 2**33
-# The noise of larger domains must be drawn per partition (keyed streams): not built yet.
+# Domains up to DRIVER_KEYS keys (the default of the release's ``driver_domain_limit``) are summed
+# into one vector, noised by one stream and turned into the table on the driver; larger
+# product domains are totalled in the JVM and noised in the Spark tasks, one keyed stream
+# per block of BLOCK_KEYS consecutive keys (docs/counts.md "Large domains"), up to MAX_KEYS
+# (the int32 key index). Declared key tuples are held by the driver whatever the path,
+# and are limited to MAX_DRIVER_KEYS.
+DRIVER_KEYS = 1 << 21
+BLOCK_KEYS = 1 << 20
 MAX_DRIVER_KEYS = 1 << 24
+MAX_KEYS = (1 << 31) - 1
 _POS = Interval("real", 0, None, "neither")
 
 
@@ -193,6 +205,21 @@ class KeyDomain:
                 for v in self.vocabularies]
         grids = np.meshgrid(*[np.arange(len(v)) for v in vals], indexing="ij")
         return [v[g.reshape(-1)] for v, g in zip(vals, grids)]
+
+    def values_range(self, start: int, stop: int) -> list[np.ndarray]:
+        """The key values of the indices ``start..stop-1`` (one array per key column), computed
+        without the whole domain: ``column_values()`` sliced, for a block of a large domain."""
+        start, stop = int(start), int(stop)
+        if not 0 <= start <= stop <= self.size:
+            raise ParameterError(f"values_range needs 0 <= start <= stop <= {self.size}. Got {start}, {stop}.")
+        if self.tuples is not None:
+            return [np.asarray([t[j] for t in self.tuples[start:stop]]) for j in range(len(self.columns))]
+        idx = np.arange(start, stop, dtype=np.int64)
+        out = []
+        for v, s in zip(self.vocabularies, self.strides):
+            i = (idx // s) % v.size
+            out.append(i + v.start if v.is_range else np.asarray(v.ids)[i])
+        return out
 
     def index(self, *columns) -> np.ndarray:
         """Domain index (int64) of each key given as one array per column; -1 outside."""
@@ -347,11 +374,10 @@ def plan_counts(params: CountsParams, domain_size: int, *, caller: str = "releas
     if not isinstance(params, CountsParams):
         raise ParameterError(f"{caller} needs CountsParams. Got {type(params).__name__}.")
     check_param("domain_size", domain_size, [Interval("integer", 1, None, "left")], caller)
-    if domain_size > MAX_DRIVER_KEYS:
+    if domain_size > MAX_KEYS:
         raise ParameterError(
-            f"The key domain of {caller} has {domain_size} keys, more than {MAX_DRIVER_KEYS} whose noise is "
-            "drawn on the driver (per-partition noise for larger domains is not built yet): declare a "
-            "smaller domain or split it.")
+            f"The key domain of {caller} has {domain_size} keys, more than {MAX_KEYS} (key indices are "
+            "32-bit integers): declare a smaller domain or split it into several releases.")
     sens = sensitivities(params.max_keys, params.value_cap, domain_size, params.neighbors)
     dim = sens["changed"]  # the coordinates one neighbour changes (grid rounding, samplers' slack)
     max_abs = None
@@ -522,13 +548,23 @@ def finalize_counts(counts: np.ndarray, plan: CountsPlan, rng: np.random.Generat
     are clamped to it first (never reached by real data; a per-coordinate
     clamp cannot raise a sensitivity).
     """
-    p = plan.params
     c = np.asarray(counts)
     if c.shape != (plan.domain_size,):
         raise ParameterError(f"finalize_counts needs one total per key of the domain ({plan.domain_size}). "
                              f"Got shape {c.shape}.")
+    return noisy_values(c, plan, rng, exact=exact)
+
+
+def noisy_values(counts: np.ndarray, plan: CountsPlan, rng: np.random.Generator, *,
+                 exact: bool = False) -> CountsResult:
+    """The released columns of consecutive keys (all of them, or one block of a large domain):
+    one noise draw per key from ``rng``, in order, then the post-processing."""
+    p = plan.params
+    c = np.asarray(counts)
+    if c.ndim != 1:
+        raise ParameterError(f"noisy_values needs a 1-d array of totals. Got shape {c.shape}.")
     c = np.clip(c.astype(np.int64), 0, MAX_COUNT * p.value_cap)
-    N = noise_integers(plan, rng, exact=exact)
+    N = noise_integers(plan, rng, c.shape[0], exact=exact)
     A, r, s = lattice_values(c, N, plan.noise.grid)
     if p.round and s > 0:
         value = (A + (r >> (s - 1))).astype(np.float64)  # floor(v + 1/2): r g >= 1/2 iff r >= 2^(s-1)
@@ -570,6 +606,10 @@ class CountsReleaseParams(_p.Params):
                             constraints=[bool])
     confidence: float = _p.option(0.95, help="coverage of the stated interval per key",
                                   constraints=[Interval("real", 0, 1, "neither")])
+    driver_domain_limit: int = _p.option(DRIVER_KEYS, help="domains of at most this many keys are noised on the "
+                                 "driver (one stream); larger product domains are totalled in the JVM and "
+                                 f"noised in the tasks, one keyed stream per block of {BLOCK_KEYS} keys",
+                                 constraints=[Interval("integer", 1, MAX_DRIVER_KEYS, "both")])
     domain: object = _p.option(None, help="the PUBLIC KeyDomain of the records' item indices (its key "
                                "columns name the output; default: the vocabulary index as 'item_index')",
                                kind="object", recorded=False)
@@ -591,6 +631,7 @@ class CountsReleaseParams(_p.Params):
 class _CountsState:
     plan: CountsPlan
     domain: KeyDomain | None
+    blocks: bool = False
 
 
 def _totals_fn(d: int):
@@ -635,29 +676,66 @@ class Counts(_p.Mechanism):
                           noise=params.noise, delta=params.delta, neighbors=rel.name, clamp=params.clamp,
                           round=params.round, confidence=params.confidence)
         cplan = plan_counts(cp, facts.d, caller=caller)
+        blocks = facts.d > params.driver_domain_limit
+        if blocks and dom is not None and dom.tuples is not None:
+            blocks = False  # declared key tuples are held by the driver anyway (at most MAX_DRIVER_KEYS)
+        if not blocks and facts.d > MAX_DRIVER_KEYS:
+            raise ParameterError(f"The key domain of {caller} has {facts.d} keys, more than {MAX_DRIVER_KEYS} "
+                                 "that can be noised on the driver: declare it as a product of per-column "
+                                 "vocabularies (noised in the tasks) or split it.")
         public = cplan.to_public_dict()
+        public["noise_drawn"] = (
+            f"in the Spark tasks: keys in blocks of {BLOCK_KEYS} consecutive indices, one keyed stream per "
+            "block (a retried task redraws the same noise); every key is noised exactly once"
+            if blocks else "on the driver, one stream for the whole domain, in key order")
         public["key_domain"] = dom.to_public_dict() if dom is not None else {"columns": ["item_index"],
                                                                              "size": facts.d}
         public["uncertainty"] = dict(public["uncertainty"], intervals="ci_low, ci_high per key")
         return _p.Plan(events=cplan.dp_event(), epsilon=cplan.epsilon, delta=cplan.delta, public=public,
-                       neighbors=rel, state=_CountsState(cplan, dom), secrets=new_secret_seed("counts-noise"))
+                       neighbors=rel, state=_CountsState(cplan, dom, blocks), secrets=new_secret_seed("counts-noise"))
 
     def run(self, engine, source, plan: _p.Plan, progress) -> _p.Outcome:
         st: _CountsState = plan.state
         d = st.plan.domain_size
-        totals = engine.aggregate(source, _totals_fn(d), d)
+        names = list(st.domain.columns) if st.domain is not None else ["item_index"]
+        if st.blocks:
+            return _p.Outcome(table=self._run_blocks(engine, source, plan, names, progress))
+        totals = engine.aggregate(source, _totals_fn(d), d, count=True)
         res = finalize_counts(np.rint(totals).astype(np.int64), st.plan, stream(plan.secrets, 0))
-        if st.domain is not None:
-            names, cols = list(st.domain.columns), st.domain.column_values()
-        else:
-            names, cols = ["item_index"], [np.arange(d, dtype=np.int64)]
-        types = ["long" if c.dtype.kind in "iu" else "string" for c in cols]
-        py = [c.tolist() if t == "long" else [str(x) for x in c] for c, t in zip(cols, types)]
-        rows = list(zip(*py, res.value.tolist(), res.std.tolist(), res.ci_low.tolist(), res.ci_high.tolist()))
-        schema = [(n, t, False) for n, t in zip(names, types)] + [(n, "double", False) for n in
-                                                                  ("noisy_count", "std", "ci_low", "ci_high")]
-        progress.log("counts: %d keys noised once (std %.4g per key)", d, st.plan.std)
-        return _p.Outcome(table=engine.table(rows, schema))
+        cols = st.domain.column_values() if st.domain is not None else [np.arange(d, dtype=np.int64)]
+        types = [_key_type(c) for c in cols]
+        out = [(n, t, c) for n, t, c in zip(names, types, cols)]
+        out += [(n, "double", v) for n, v in zip(OUTPUT_COLUMNS, (res.value, res.std, res.ci_low, res.ci_high))]
+        progress.log("counts: %d keys noised once on the driver (std %.4g per key)", d, st.plan.std)
+        return _p.Outcome(table=engine.columns_table(out))
+
+    @staticmethod
+    def _run_blocks(engine, source, plan: _p.Plan, names: list, progress):
+        st: _CountsState = plan.state
+        cplan, domain, seed = st.plan, st.domain, plan.secrets
+        d = cplan.domain_size
+        key_types = [_key_type(c) for c in (domain.values_range(0, 1) if domain is not None
+                                            else [np.zeros(1, np.int64)])]
+
+        def block_fn(b: int, totals: np.ndarray) -> list:
+            """Block ``b`` (keys ``b B .. b B + len(totals) - 1``): its own keyed stream."""
+            start = b * BLOCK_KEYS
+            keys = (domain.values_range(start, start + totals.shape[0]) if domain is not None
+                    else [np.arange(start, start + totals.shape[0], dtype=np.int64)])
+            res = noisy_values(totals, cplan, stream(seed, 1, b))
+            return keys + [res.value, res.std, res.ci_low, res.ci_high]
+
+        columns = [(n, t) for n, t in zip(names, key_types)] + [(n, "double") for n in OUTPUT_COLUMNS]
+        progress.log("counts: %d keys noised in the tasks, %d blocks of %d keys (std %.4g per key)", d,
+                     -(-d // BLOCK_KEYS), BLOCK_KEYS, cplan.std)
+        return engine.key_blocks(source, block_fn, d, BLOCK_KEYS, columns)
+
+
+OUTPUT_COLUMNS = ("noisy_count", "std", "ci_low", "ci_high")
+
+
+def _key_type(c: np.ndarray) -> str:
+    return "long" if np.asarray(c).dtype.kind in "iu" else "string"
 
 
 COUNTS = _p.register(Counts())

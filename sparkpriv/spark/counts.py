@@ -30,14 +30,13 @@ import logging
 import numpy as np
 
 from sparkpriv.errors import ParameterError, SchemaError
-from sparkpriv.mechanisms.counts import MAX_DRIVER_KEYS, KeyDomain
+from sparkpriv.mechanisms.counts import MAX_DRIVER_KEYS, MAX_KEYS, OUTPUT_COLUMNS, KeyDomain
 from sparkpriv.mechanisms.sparse import Vocabulary
 from sparkpriv.spark.events import bound_contributions
 
 __all__ = ["OUTPUT_COLUMNS", "key_index_events", "bound_keys", "key_totals"]
 
 _log = logging.getLogger(__name__)
-OUTPUT_COLUMNS = ("noisy_count", "std", "ci_low", "ci_high")
 _KIDX = "_kidx"
 
 
@@ -114,9 +113,13 @@ def bound_keys(events_df, *, person: str, domain: KeyDomain, max_keys: int, max_
     if not isinstance(domain, KeyDomain):
         raise ParameterError(f"bound_keys needs a KeyDomain for 'domain'. Got {type(domain).__name__}; "
                              "build one with KeyDomain.product(...) or KeyDomain.pairs(...).")
-    if domain.size > MAX_DRIVER_KEYS:
-        raise ParameterError(f"The key domain has {domain.size} keys, more than {MAX_DRIVER_KEYS} whose noise is "
-                             "drawn on the driver (per-partition noise for larger domains is not built yet).")
+    if domain.size > MAX_KEYS:
+        raise ParameterError(f"The key domain has {domain.size} keys, more than {MAX_KEYS} (key indices are 32-bit "
+                             "integers): declare a smaller domain or split it into several releases.")
+    if domain.tuples is not None and domain.size > MAX_DRIVER_KEYS:
+        raise ParameterError(f"The declared key list has {domain.size} keys, more than {MAX_DRIVER_KEYS}: the "
+                             "driver holds declared keys whole. Declare the domain as a product of per-column "
+                             "vocabularies (its noise is then drawn in the tasks), or split it.")
     from sparkpriv._validation import Interval, check_param
 
     check_param("max_keys", max_keys, [Interval("integer", 1, None, "left")], "bound_keys")

@@ -15,7 +15,12 @@ the Python workers over Arrow batches; only merged partials reach the driver:
 * ``map_rows(source, row_map, columns, keep=)``: a row-level output, one output
   batch per input batch, the row map opening its keyed noise stream from the
   partition id (a retried task reproduces the same noise);
-* ``table(rows, schema)``: a small output table (one partition).
+* ``key_blocks(source, block_fn, d, block, columns)``: a table over a public
+  index domain too large for the driver, from the records' per-index totals
+  (one JVM aggregation), one ``block_fn`` call per block of indices in the
+  tasks (keyed by the block, not the partition);
+* ``table(rows, schema)``, ``columns_table(columns)``: a small output table (one
+  partition), from rows or from numpy columns through Arrow.
 
 Blocks are ``(n, d)`` float64 matrices of the declared columns
 (:func:`~sparkpriv.spark.batches.batch_matrix`: nulls filled or refused, naming
@@ -455,24 +460,40 @@ class SparkEngine:
         in source order (partition id, batch number, row), so a retried task sees the same
         rows in the same order. A group without rows gets ``train_fn(j, (0, width) matrix)`` on
         the driver. Only the ``k`` vectors reach the driver; the grouping is never written.
-        Table sources only. Progress: the groups train in Spark tasks, so ``on_train`` (per
+        Progress: the groups train in Spark tasks, so ``on_train`` (per
         DP-SGD step, in-process engines) is not called; the job's completed / total tasks are
         reported as ``what`` steps to the release's progress (:class:`~sparkpriv.spark.progress.TaskProgress`).
+        Event records are read in the keyed person layout (``BoundedRecords.layout``, each task in
+        ``_pk`` order, as ``map_rows`` does), so their source order is a function of the
+        secret-keyed layout and the same on a retry.
         """
         from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
-        if source.kind != "table":
-            raise NotImplementedError("train_groups takes a table source (one row per record)")
-        make_block, k, dim, width = source.block_fn(), int(k), int(dim), int(width)
+        from sparkpriv.spark.events import in_person_hash_order
+
+        k, dim, width = int(k), int(dim), int(width)
+        if source.kind == "records":  # read in the keyed person layout, each task in _pk order
+            bound, d = source.records.record_fn(None), source.records.d
+            frame = source.records.layout
+
+            def blocks_of(batches):
+                for b in in_person_hash_order(batches):
+                    yield SparseRows(*bound(b), d)
+        else:
+            make_block = source.block_fn()
+            frame = source.df.select(*source.read_columns)
+
+            def blocks_of(batches):
+                for b in batches:
+                    if b.num_rows:
+                        yield make_block(b)
         split_schema = StructType([StructField("group", LongType(), False), StructField("pid", LongType(), False),
                                    StructField("block", LongType(), False), StructField("z", BinaryType(), False)])
         out_schema = StructType([StructField("group", LongType(), False), StructField("theta", BinaryType(), False)])
 
         def sparkpriv_groups(batches, pid):
-            for b, batch in enumerate(batches):
-                if batch.num_rows == 0:
-                    continue
-                g, X = group_fn(make_block(batch))
+            for b, block in enumerate(blocks_of(batches)):
+                g, X = group_fn(block)
                 g = np.asarray(g, dtype=np.int64)
                 X = np.asarray(X, dtype=np.float64).reshape(-1, width)
                 for j in np.unique(g):
@@ -490,7 +511,7 @@ class SparkEngine:
             theta = np.asarray(train_fn(j, X), dtype=np.float64)
             return pd.DataFrame({"group": [j], "theta": [theta.tobytes()]})
 
-        parts = map_batches(source.df.select(*source.read_columns), sparkpriv_groups, split_schema)
+        parts = map_batches(frame, sparkpriv_groups, split_schema)
         with spark_errors(), self.watch(what):
             out = parts.groupBy("group").applyInPandas(sparkpriv_train_group, out_schema).collect()
         thetas = np.zeros((k, dim))
@@ -588,6 +609,110 @@ class SparkEngine:
         return {"int": IntegerType(), "long": LongType(), "double": DoubleType(), "bool": BooleanType(),
                 "array<double>": ArrayType(DoubleType(), False), "array<int>": ArrayType(IntegerType(), False),
                 "string": StringType()}[t]
+
+    def key_blocks(self, source, block_fn, d: int, block: int, columns: Sequence[tuple]):
+        """A table over the PUBLIC index domain ``0..d-1`` of bounded event records, built in the tasks.
+
+        The per-index totals of the records (the bounding pass, then one
+        aggregation in the JVM: ``groupBy(index)`` of the records' (index,
+        value) pairs) are cut into blocks of ``block`` consecutive indices;
+        ``block_fn(b, totals)`` gets block ``b``'s dense totals (int64, zeros
+        for indices no record holds; the last block may be shorter) and
+        returns its output columns, one value per index, in index order. Every
+        block is computed exactly once, in one task (a marker row per block
+        makes blocks no record reaches exist too); open the noise stream from
+        ``b``, never from the partition id, so a retried or rescheduled task
+        redraws the same noise. Neither the totals nor the output pass
+        through the driver. ``columns``: the output schema ``(name, type)``.
+        Returns the lazy DataFrame.
+        """
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+
+        if source.kind != "records":
+            raise TypeError("key_blocks needs bounded event records")
+        bound = source.records.record_fn(source.counters)
+        counts_mode = source.records.cap.weights == "counts"
+        pairs_schema = StructType([StructField("_k", IntegerType(), False), StructField("_v", LongType(), False)])
+
+        def sparkpriv_key_pairs(batches, pid):
+            for b in batches:
+                off, idx, vals = bound(b)
+                v = (np.rint(np.asarray(vals, np.float64)).astype(np.int64) if counts_mode and vals is not None
+                     else np.ones(np.asarray(idx).shape[0], np.int64))
+                yield pa.RecordBatch.from_arrays([pa.array(np.asarray(idx, np.int32)), pa.array(v)],
+                                                 ["_k", "_v"])
+
+        nb = -(-int(d) // int(block))
+        spark = self._spark
+        pairs = map_batches(source.records.grouped, sparkpriv_key_pairs, pairs_schema)
+        totals = (pairs.groupBy("_k").agg(F.sum("_v").alias("_v"))
+                  .withColumn("_b", (F.col("_k") / F.lit(int(block))).cast("int")))
+        markers = spark.range(nb).select(F.lit(-1).cast("int").alias("_k"), F.lit(0).cast("long").alias("_v"),
+                                         F.col("id").cast("int").alias("_b"))
+        shuffle = int(spark.conf.get("spark.sql.shuffle.partitions"))
+        parts = totals.unionByName(markers).repartition(max(1, min(nb, shuffle)), "_b") \
+            .sortWithinPartitions("_b", "_k")
+        out_schema = StructType([StructField(n, self._type(t), False) for n, t in columns])
+        names = [n for n, _ in columns]
+        rows_per_batch = 1 << 16
+        d, block = int(d), int(block)
+
+        def emit(b, keys, vals):
+            size = min(block, d - b * block)
+            dense = np.zeros(size, np.int64)
+            if keys:
+                k = np.concatenate(keys) - b * block
+                dense[k] = np.concatenate(vals)
+            cols = block_fn(b, dense)
+            for i in range(0, size, rows_per_batch):
+                yield pa.RecordBatch.from_arrays([pa.array(c[i:i + rows_per_batch]) for c in cols], names)
+
+        def sparkpriv_key_blocks(batches, pid):
+            cur, keys, vals = None, [], []
+            for batch in batches:
+                if not batch.num_rows:
+                    continue
+                bs = batch.column("_b").to_numpy()
+                ks = batch.column("_k").to_numpy().astype(np.int64)
+                vs = batch.column("_v").to_numpy()
+                cuts = np.flatnonzero(np.diff(bs)) + 1
+                for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, bs.shape[0]]):
+                    b = int(bs[lo])
+                    if b != cur:
+                        if cur is not None:
+                            yield from emit(cur, keys, vals)
+                        cur, keys, vals = b, [], []
+                    real = ks[lo:hi] >= 0
+                    keys.append(ks[lo:hi][real])
+                    vals.append(vs[lo:hi][real])
+            if cur is not None:
+                yield from emit(cur, keys, vals)
+
+        return map_batches(parts, sparkpriv_key_blocks, out_schema)
+
+    def columns_table(self, columns: Sequence[tuple]):
+        """A table built on the driver from ``(name, type, values)`` columns (numpy arrays), through
+        Arrow (no Python row objects: a domain of millions of keys takes seconds, not minutes)."""
+        from pyspark.sql.types import StructField, StructType
+
+        st = StructType([StructField(n, self._type(t), False) for n, t, _ in columns])
+        arrays = [pa.array(np.asarray(v).astype(str) if t == "string" else np.asarray(v)) for _, t, v in columns]
+        tbl = pa.Table.from_arrays(arrays, [n for n, _, _ in columns])
+        import pyspark
+
+        if int(pyspark.__version__.split(".")[0]) >= 4:  # an Arrow table directly
+            df = self._spark.createDataFrame(tbl, st)
+        else:  # PySpark 3.5: through pandas, with Arrow on for the call
+            conf = self._spark.conf
+            key = "spark.sql.execution.arrow.pyspark.enabled"
+            before = conf.get(key)
+            conf.set(key, "true")
+            try:
+                df = self._spark.createDataFrame(tbl.to_pandas(), st)
+            finally:
+                conf.set(key, before)
+        return df.coalesce(1)
 
     def table(self, rows: list[tuple], schema: Sequence[tuple]):
         from pyspark.sql.types import StructField, StructType

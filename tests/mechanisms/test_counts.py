@@ -107,8 +107,46 @@ def test_domain_size_refused():
     p = C.CountsParams(epsilon=1.0, max_keys=2)
     with pytest.raises(ParameterError, match="domain_size"):
         C.plan_counts(p, 0)
-    with pytest.raises(ParameterError, match="driver"):
-        C.plan_counts(p, C.MAX_DRIVER_KEYS + 1)
+    with pytest.raises(ParameterError, match="32-bit"):
+        C.plan_counts(p, C.MAX_KEYS + 1)
+    # above what the driver noises, a plan is fine (the tasks noise it, in blocks)
+    assert C.plan_counts(p, C.MAX_DRIVER_KEYS + 1).domain_size == C.MAX_DRIVER_KEYS + 1
+
+
+@pytest.mark.parametrize("domain", [
+    lambda: C.KeyDomain.product(("tower", "hour"), [[10, 20, 30], "0..23"]),
+    lambda: C.KeyDomain.product(("cell", "day", "hour"), [["x", "b", "a"], range(5, 12), range(0, 24)]),
+    lambda: C.KeyDomain.product("tower", range(100, 1403)),
+    lambda: C.KeyDomain.pairs(("o", "d"), [(1, 2), (2, 1), (3, 3), (7, 1)]),
+])
+def test_values_range_is_a_slice_of_the_whole_domain(domain):
+    dom = domain()
+    whole = dom.column_values()
+    n = dom.size
+    for start, stop in [(0, n), (0, 1), (n - 1, n), (n // 3, n // 2 + 1), (5 % n, 5 % n)]:
+        got = dom.values_range(start, stop)
+        assert len(got) == len(whole)
+        for g, w in zip(got, whole):
+            assert g.tolist() == w[start:stop].tolist()
+        # and each block's values map back to their indices
+        if stop > start:
+            assert dom.index(*got).tolist() == list(range(start, stop))
+    with pytest.raises(ParameterError, match="start"):
+        dom.values_range(0, n + 1)
+
+
+def test_noisy_values_of_blocks_are_the_noise_of_their_streams():
+    """A block's values are its totals plus g N, N drawn in order from the block's own stream
+    (independently re-drawn here from the sampler), whatever the block's length."""
+    from sparkpriv.privacy import noise as nz
+    from sparkpriv.privacy.random import stream
+
+    plan = C.plan_counts(C.CountsParams(epsilon=0.7, max_keys=5), 10_000)
+    totals = np.arange(37, dtype=np.int64) * 3
+    res = C.noisy_values(totals, plan, stream(123, 1, 4))
+    N = nz.sample_discrete_laplace(stream(123, 1, 4), plan.noise.scale, 37)
+    assert np.array_equal(res.value, totals + N * plan.noise.grid)
+    assert np.array_equal(res.ci_high - res.value, np.full(37, plan.half_width))
 
 
 def test_key_domain():
