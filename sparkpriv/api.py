@@ -244,13 +244,16 @@ def release_regression(data, *, ledger=None, table_id: str | None = None, source
     ``columns`` (the features) and ``target``, ``row_bound`` (declared bound on
     the L2 norm of [features..., target]), ``epsilon``, ``delta`` (required),
     ``sketch_rows`` or ``sketch_rule`` ("log", "linear", "full"), ``ridge``,
-    ``debias``, ``confidence``, ``fill``, ``neighbors`` ("replace-one" only).
+    ``debias``, ``confidence``, ``fill``, ``neighbors`` ("replace-one" only),
+    ``scheme`` ("sketch", or "additive": the baseline ``M + W``, one noisy row
+    per input row, for comparisons).
 
     Returns a :class:`~sparkpriv.release.Release` whose ``df`` is the private
-    sketch (m rows, the original column names), ``model`` the fit (coefficients,
-    standard errors, confidence intervals); ``write(path)`` publishes the sketch
-    with the receipt and ``_regression_model.json``. The secret sketch matrix is
-    never materialised whole, written or logged.
+    sketch (m rows, the original column names; the noisy rows for the additive
+    scheme), ``model`` the fit (coefficients, standard errors, confidence
+    intervals); ``write(path)`` publishes the sketch with the receipt and
+    ``_regression_model.json``. The secret sketch matrix is never materialised
+    whole, written or logged.
     """
     return release("regression", data, ledger=ledger, table_id=table_id, source=source, on_step=on_step,
                    caller="release_regression", **params)

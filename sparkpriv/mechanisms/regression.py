@@ -154,8 +154,7 @@ class RegressionParams(_p.Params):
     delta: float = _p.option(help="the delta of the release, in (0, 1) (Gaussian noise)",
                              constraints=[Interval("real", 0, 1, "neither")])
     scheme: str = _p.option("sketch", help="sketch: release S M + W (m rows); additive: the baseline "
-                            "M + W (n rows; numpy reference only)", constraints=[Options(SCHEMES)],
-                            cli=False)
+                            "M + W (one noisy row per input row, for comparisons)", constraints=[Options(SCHEMES)])
     sketch_rows: int | None = _p.option(None, help="m, rows of the sketch (1 <= m <= n)",
                                         constraints=[Interval("integer", 1, None, "left")],
                                         doc_default="the sketch_rule")
@@ -750,24 +749,22 @@ class Regression(_p.Mechanism):
         if not params.columns or not params.target:
             raise ParameterError(f"{caller} needs feature columns (columns / --columns) and a target column "
                                  "(target / --target).")
-        if params.scheme != "sketch":
-            raise ParameterError(
-                f"The 'scheme' parameter of {caller} must be 'sketch' for a release: the additive baseline "
-                "(one noisy row per record) is the numpy reference release_regression_array of "
-                "sparkpriv.mechanisms.regression, for comparisons."
-            )
         eps, delta = float(params.epsilon), float(params.delta)
         mu = gdp_mu_for(eps, delta)
         r = fit_to_epsilon(lambda r: dp_event.GaussianDpEvent(1.0 / (r * mu)), epsilon=eps, delta=delta,
                            caller=caller)
         z = 1.0 / (r * mu)
         event = dp_event.GaussianDpEvent(z)
+        sketch = params.scheme == "sketch"
         public = {
-            "mechanism": "linear regression on a sample-mixing sketch (docs/math.md section 6)",
+            "mechanism": ("linear regression on a sample-mixing sketch (docs/math.md section 6)" if sketch else
+                          "linear regression, additive noise baseline M + W (docs/math.md section 6)"),
+            "scheme": params.scheme,
             "features": list(params.columns), "target": params.target, "row_bound": float(params.row_bound),
             "bounds": {"row_bound": float(params.row_bound), "norm": "l2", "applies_to": "[features..., target]"},
             "noise_multiplier": z, "gaussian_dp_mu": r * mu,
-            "sensitivity": "2 row_bound max_i ||S_:,i||_2 of the realized secret sketch S",
+            "sensitivity": ("2 row_bound max_i ||S_:,i||_2 of the realized secret sketch S" if sketch else
+                            "2 row_bound (one row replaced changes one released row)"),
         }
         return _p.Plan(events=event, epsilon=epsilon_of(event, delta), delta=delta, public=public,
                        neighbors=_p.REPLACE_ONE, state=_RegressionState(params, z, r * mu),
@@ -782,6 +779,8 @@ class Regression(_p.Mechanism):
         n = idx.rows
         if n == 0:
             raise InputError("The input table is empty: there is nothing to release.")
+        if pr.scheme == "additive":
+            return _run_additive(engine, source, plan, n, progress)
         m = sketch_rows_for(pr.sketch_rule, n, p) if pr.sketch_rows is None else int(pr.sketch_rows)
         if m > n:
             raise ParameterError(
@@ -818,6 +817,80 @@ class Regression(_p.Mechanism):
         return _p.Outcome(table=table, model=rel.fit, public=public,
                           files={MODEL_FILE: json.dumps(model, indent=2, sort_keys=True).encode()},
                           extras={"sketch": rel.R, "diagnostics": diagnostics})
+
+
+def _additive_row_map(noise_seed: int, nz: _noise.GaussianNoise, row_bound: float, counters=None):
+    """``row_map(pid, blocks)`` of the additive baseline: clip each row to ``row_bound``, add the
+    per-entry Gaussian noise from the partition's keyed stream ``(noise_seed, ADDITIVE_STAGE, pid)``."""
+
+    def additive_rows(pid, blocks):
+        rng = stream(noise_seed, ADDITIVE_STAGE, pid)
+        for X in blocks:
+            Mc, counts = clip_rows(np.asarray(X, np.float64),
+                                   Bounds(X.shape[1], row_bound=float(row_bound), _caller="release_regression"))
+            if counters is not None:
+                counters[0].add(counts.rows)
+                counters[1].add(counts.norm_clipped)
+            R = _noise.add_noise(Mc, nz, rng)
+            yield [R[:, j] for j in range(R.shape[1])]
+
+    return additive_rows
+
+
+def _gram_fn():
+    def gram(X):
+        X = np.asarray(X, np.float64)
+        return (X.T @ X).reshape(-1)
+
+    return gram
+
+
+def _meat_fn(x: np.ndarray, s2: float, ridge: float, debias: bool, rows: int):
+    def meat(X):
+        return sandwich_moments(np.asarray(X, np.float64), x, s2, ridge=ridge, debias=debias, rows=rows).reshape(-1)
+
+    return meat
+
+
+def _run_additive(engine, source, plan: _p.Plan, n: int, progress) -> _p.Outcome:
+    """The additive baseline ``M + W`` as a release: one noisy row per input row (a row-level output,
+    keyed per-partition streams), and the model fitted on exactly those released rows (two more
+    passes that regenerate them: post-processing)."""
+    st: _RegressionState = plan.state
+    pr = st.params
+    d = len(pr.columns)
+    p = d + 1
+    _, noise_seed = plan.secrets
+    rplan = RegressionPlan(pr, n, d, n, st.noise_multiplier, st.mu, plan.epsilon, plan.delta,
+                           noise_seed=noise_seed)
+    nz = rplan.additive_noise()
+    names = list(pr.columns) + [pr.target]
+    cols = [(c, "double", False) for c in names]
+    progress.log("regression (additive baseline): n=%d noisy rows of p=%d columns", n, p)
+    counters = engine.counters(("rows", "rows_norm_clipped"))
+    counted, _ = engine.map_rows(source, _additive_row_map(noise_seed, nz, pr.row_bound, counters), cols)
+    table, rows = engine.map_rows(source, _additive_row_map(noise_seed, nz, pr.row_bound), cols)
+    caller = progress.caller
+    s2 = float(nz.variance)
+    G = engine.aggregate(engine.open(counted, columns=names, fill=None, caller=caller), _gram_fn(), p * p)
+    G = G.reshape(p, p)
+    x, floored = fit_from_moments(G, n, s2, ridge=pr.ridge, debias=pr.debias)
+    meat = engine.aggregate(engine.open(table, columns=names, fill=None, caller=caller),
+                            _meat_fn(x, s2, pr.ridge, pr.debias, n), d * d).reshape(d, d)
+    fit = fit_from_gram_and_meat(G, meat, x, n, s2, ridge=pr.ridge, debias=pr.debias, confidence=pr.confidence)
+    model = fit.to_public_dict(pr.columns)
+    model.update({"features": list(pr.columns), "target": pr.target, "scheme": "additive", "n": n,
+                  "noise_variance_per_entry": s2})
+    public = {"n": n, "sketch_rows": None, "sensitivity_value": 2.0 * float(pr.row_bound),
+              "noise": nz.to_public_dict(), "noise_variance_per_entry": s2, "model": model,
+              "uncertainty": {"coefficient_stderr": model["stderr"],
+                              "confidence_intervals": model["confidence_intervals"],
+                              "confidence": model["confidence"], "entry_std": nz.std}}
+    diagnostics = (lambda: {"rows": counters[0].value, "rows_norm_clipped": counters[1].value}) \
+        if counters is not None else {}
+    return _p.Outcome(table=table, rows=rows, model=fit, public=public,
+                      files={MODEL_FILE: json.dumps(model, indent=2, sort_keys=True).encode()},
+                      extras={"diagnostics": diagnostics})
 
 
 MODEL_FILE = "_regression_model.json"

@@ -211,3 +211,36 @@ def test_bad_arrays_are_refused():
         release_regression_array(np.array([[1.0, np.nan]] * 20), np.zeros(20), RegressionParams(row_bound=1.0, epsilon=1.0, delta=1e-6))
     with pytest.raises(InputError, match="one value per row"):
         release_regression_array(np.ones((20, 2)), np.zeros(19), RegressionParams(row_bound=1.0, epsilon=1.0, delta=1e-6))
+
+
+def test_additive_release_on_the_local_engine_is_the_numpy_reference():
+    """The additive baseline through the one release path (in memory): the same noisy rows as the
+    numpy reference for a test seed, the stated per-entry noise, and the model of those rows."""
+    import pandas as pd
+
+    from sparkpriv.api import release_regression
+    from sparkpriv.privacy.random import insecure_fixed_seed
+
+    rng = np.random.default_rng(8)
+    n, d = 3000, 3
+    A = rng.normal(size=(n, d)) / 2
+    b = A @ np.array([0.5, -0.3, 0.2]) + 0.05 * rng.normal(size=n)
+    df = pd.DataFrame(A, columns=["a", "b", "c"]).assign(y=b)
+    kw = dict(row_bound=1.5, epsilon=3.0, delta=1e-6, scheme="additive")
+    with insecure_fixed_seed(21):
+        ref = release_regression_array(A, b, RegressionParams(**kw))
+    with insecure_fixed_seed(21):
+        rel = release_regression(df, columns=["a", "b", "c"], target="y", **kw)
+    R = np.column_stack([rel.df.column(c).to_numpy() for c in ["a", "b", "c", "y"]])
+    assert R.shape == (n, 4)
+    np.testing.assert_array_equal(R, ref.R)
+    # the noise: R - clip(M) has the per-entry std of the Gaussian mechanism at sensitivity 2B
+    M, _ = reg.clip_regression_rows(A, b, 1.5)
+    W = R - M
+    z = rel.public["noise_multiplier"]
+    assert W.std() == pytest.approx(z * 2 * 1.5, rel=0.03)
+    assert rel.public["sensitivity_value"] == 3.0 and rel.public["scheme"] == "additive"
+    # the model is the fit of the released rows (here recomputed in one numpy call)
+    np.testing.assert_allclose(rel.model.coef, ref.fit.coef, rtol=1e-9)
+    np.testing.assert_allclose(rel.model.stderr, ref.fit.stderr, rtol=1e-9)
+    assert rel.diagnostics()["rows"] == n
