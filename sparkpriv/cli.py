@@ -170,11 +170,15 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     _leaf(sub, "synthesize", "a synthetic table from a released DPGM model (post-processing: no budget)",
           _cmd_synthesize, SYNTHESIZE_OPTIONS)
 
-    demo_help = "generate a sample table and release it on local Spark"
+    demo_help = ("generate a sample call-detail table and make a useful private table of it on local Spark "
+                 "(a DPGM release and its synthetic table); 'demo projection': the JL projection demo")
     if wanted("demo"):
-        from sparkpriv.demo import DEMO_OPTIONS  # imports numpy
+        from sparkpriv.demo import DEMO_OPTIONS, PROJECTION_DEMO_OPTIONS  # imports numpy
 
-        _leaf(sub, "demo", demo_help, _cmd_demo, DEMO_OPTIONS)
+        demo = _leaf(sub, "demo", demo_help, _cmd_demo, DEMO_OPTIONS)
+        dsub = demo.add_subparsers(dest="demo_what", required=False, parser_class=_ArgParser)
+        _leaf(dsub, "projection", "Gaussian blobs released by a private JL projection on local Spark",
+              _cmd_demo_projection, PROJECTION_DEMO_OPTIONS)
     else:
         sub.add_parser("demo", help=demo_help)
 
@@ -368,6 +372,15 @@ def _cmd_demo(args) -> int:
     cfg = build_config("demo", DEMO_OPTIONS, None, _values(args))
     spark_conf, _ = _terminal(dict(args._spark))  # Spark's console progress on a terminal
     run_demo(**cfg.values, spark_conf=spark_conf)
+    return EXIT_OK
+
+
+def _cmd_demo_projection(args) -> int:
+    from sparkpriv.demo import PROJECTION_DEMO_OPTIONS, run_projection_demo
+
+    cfg = build_config("demo projection", PROJECTION_DEMO_OPTIONS, None, _values(args))
+    spark_conf, _ = _terminal(dict(args._spark))
+    run_projection_demo(**cfg.values, spark_conf=spark_conf)
     return EXIT_OK
 
 

@@ -105,9 +105,33 @@ def test_cli_generate_release_and_job_end_to_end(tmp_path):
 @pytest.mark.spark
 @pytest.mark.slow
 def test_demo_command(tmp_path):
+    """The README's first command: a DPGM release of a generated call-detail table, its synthetic
+    table, and the counting-query errors beside the per-tower counts baseline and an empty release."""
     env = _env(tmp_path)
     r = subprocess.run([sys.executable, "-m", "sparkpriv.cli", "demo", "--workdir", str(tmp_path / "d"),
-                        "--rows", "20000"], env=env, capture_output=True, text=True)
+                        "--people", "3000", "--queries", "200"], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout
+    assert "private table: file:" in out and "receipt:" in out and "counting queries" in out
+    for line in ("DPGM synthetic table", "independent Bernoullis", "empty release"):
+        assert line in out
+    empty = float(out.split("empty release")[1].split()[0])
+    assert empty == pytest.approx(1.0, abs=0.01)  # answering 0 to every query: relative error 1
+    assert (tmp_path / "d" / "release" / "_privacy_receipt.json").exists()
+    assert (tmp_path / "d" / "release" / "_dpgm_model.npz").exists()
+    assert (tmp_path / "d" / "synthetic" / "_privacy_receipt.json").exists()
+    import json
+
+    led = json.loads((tmp_path / "d" / "release" / "_privacy_receipt.json").read_text())
+    assert led["mechanism"] == "dpgm" and led["guarantee"]["epsilon"] <= 1.0
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_demo_projection_command(tmp_path):
+    env = _env(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "sparkpriv.cli", "demo", "projection", "--workdir",
+                        str(tmp_path / "d"), "--rows", "20000"], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "private table: file:" in r.stdout and "receipt:" in r.stdout and "RMSE" in r.stdout
     assert (tmp_path / "d" / "release" / "_privacy_receipt.json").exists()

@@ -510,12 +510,39 @@ class _DPGMState:
     sigma: float
 
 
+def dense_rows(block) -> np.ndarray:
+    """A block as a dense float64 matrix: a table block as it is, bounded event records
+    (:class:`~sparkpriv.mechanisms.protocol.SparseRows`, binary) as their 0/1 rows over the
+    vocabulary (a person's DPGM record)."""
+    if isinstance(block, _proto.SparseRows):
+        off = np.asarray(block.offsets, np.int64)
+        n = off.shape[0] - 1
+        X = np.zeros((n, int(block.d)), dtype=np.float64)
+        rows = np.repeat(np.arange(n), np.diff(off))
+        vals = 1.0 if block.values is None else np.asarray(block.values, np.float64)
+        X[rows, np.asarray(block.indices, np.int64)] = vals
+        return X
+    return np.asarray(block, dtype=np.float64)
+
+
+def _dense_features_fn(fmap, counters):
+    """Block -> the linear k-means features (the clipped rows), event records densified first."""
+    from sparkpriv.mechanisms.kmeans import _features_fn
+
+    inner = _features_fn(fmap, counters)
+
+    def features(block):
+        return inner(dense_rows(block))
+
+    return features
+
+
 def _group_fn(centers: np.ndarray, row_bound: float):
     """Block -> (each row's nearest released centre, the rows clipped to the box [0, 1]); internal."""
     centers = np.array(centers, dtype=np.float64, copy=True)
 
     def group(block):
-        X = np.clip(np.asarray(block, dtype=np.float64), 0.0, 1.0)
+        X = np.clip(dense_rows(block), 0.0, 1.0)
         return assign_clusters(X, centers, row_bound), X
 
     return group
@@ -588,10 +615,22 @@ class DPGM(_proto.Mechanism):
     refused_neighbors = dict(_Relations.refused_neighbors,
                              element="it protects whole records (people), not single attributes")
     row_level = False
-    inputs = ("table",)
+    inputs = ("table", "records")
 
     def plan(self, params: DPGMParams, facts: _proto.InputFacts, caller: str) -> _proto.Plan:
         d = facts.d
+        if facts.kind == "records":
+            given = [n for n in ("columns", "row_bound", "fill") if getattr(params, n, None) is not None]
+            if given:
+                raise ParameterError(
+                    f"The {', '.join(repr(g) for g in given)} parameter(s) of {caller} do not apply to "
+                    "bounded event records: the items are the vocabulary (one 0/1 column per item) and the "
+                    "row bound is sqrt(max_items) from the item cap. Remove them.")
+            if float(facts.value_cap) != 1.0:
+                raise ParameterError(
+                    f"{caller} models binary event records (the set of items of a person): bound the "
+                    "events with weights='binary' (no max_events_per_item).")
+            params = dataclasses.replace(params, row_bound=float(facts.l2_bound))
         kplan, sigma = calibrate_dpgm(params, d, caller)
         event = requested_event(params, kplan, sigma)
         eps = epsilon_of(event, params.delta)
@@ -616,7 +655,7 @@ class DPGM(_proto.Mechanism):
 
     def run(self, engine, source, plan: _proto.Plan, progress) -> _proto.Outcome:
         from sparkpriv.errors import InputError
-        from sparkpriv.mechanisms.kmeans import _features_fn, _stats_fn
+        from sparkpriv.mechanisms.kmeans import _stats_fn
 
         st: _DPGMState = plan.state
         params, d, kplan, seed = st.params, st.d, st.kplan, plan.secrets
@@ -624,7 +663,7 @@ class DPGM(_proto.Mechanism):
         fmap = make_feature_map("linear", bounds, caller=progress.caller)
         k, dim = params.k, fmap.dim
         counters = engine.counters(("rows", "rows_box_clipped", "rows_norm_clipped"))
-        cache = engine.cache(source, _features_fn(fmap, counters), dim)
+        cache = engine.cache(source, _dense_features_fn(fmap, counters), dim)
         try:
             n = cache.rows
             if n == 0:

@@ -29,3 +29,88 @@ def test_spark_per_cluster_training_equals_numpy(spark):
     df = spark.createDataFrame(pd.DataFrame(X, columns=cols))  # partitions keep the row order
     got = sdpgm.train_clusters(df, cols, centers, sizes, plan, seed=5, row_bound=row_bound)
     np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
+
+
+def _events(spark, parts):
+    """300 people over 10 items: even people visit items 0-4, odd people items 5-9 (each w.p. 0.7)."""
+    rng = np.random.default_rng(12)
+    rows = []
+    for p in range(300):
+        base = 0 if p % 2 == 0 else 5
+        for it in range(base, base + 5):
+            if rng.random() < 0.7:
+                rows += [(p * 31 + 7, it)] * int(rng.integers(1, 3))
+    return spark.createDataFrame(rows, "person long, item int").repartition(parts)
+
+
+_KW = dict(epsilon=4.0, delta=1e-5, k=2, sampling_rate=0.2, epochs=1, hidden=3, chains=10, kmeans_iterations=2,
+           accountant="rdp")
+
+
+def test_dpgm_on_bounded_event_records(spark):
+    """Event records are the people's 0/1 rows over the vocabulary: the k-means part equals the
+    release of the same rows as a dense table (same seed; sums do not depend on the order), the
+    row bound is sqrt(max_items) from the cap, and the trained models do not depend on how the
+    events are partitioned (records are trained in the keyed person layout)."""
+    from sparkpriv.api import release_dpgm
+    from sparkpriv.privacy.random import insecure_fixed_seed
+    from sparkpriv.spark.events import bound_contributions
+
+    thetas = []
+    for parts in (1, 3):
+        with insecure_fixed_seed(31):
+            rec = bound_contributions(_events(spark, parts), person="person", item="item", max_items=4,
+                                      vocabulary="0..9")
+            rel = release_dpgm(rec, **_KW)
+        thetas.append(np.asarray(rel.model.thetas))
+        assert rel.public["bounds"]["row_bound"] == pytest.approx(2.0)
+    np.testing.assert_array_equal(thetas[0], thetas[1])
+    # the same records as a dense 0/1 table: the same k-means (centres, noisy sizes)
+    items = [r["items"] for r in rec.df.collect()]
+    X = np.zeros((len(items), 10))
+    for i, its in enumerate(items):
+        X[i, its] = 1.0
+    assert X.sum(axis=1).max() <= 4 and 290 <= X.shape[0] <= 300  # people with at least one event
+    cols = [f"c{j}" for j in range(10)]
+    with insecure_fixed_seed(31):
+        bound_contributions(_events(spark, 1), person="person", item="item", max_items=4, vocabulary="0..9")
+        dense = release_dpgm(spark.createDataFrame(pd.DataFrame(X, columns=cols)), columns=cols, row_bound=2.0,
+                             **_KW)
+    np.testing.assert_allclose(rel.model.centers, dense.model.centers, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(rel.model.sizes, dense.model.sizes, rtol=1e-9, atol=1e-9)
+    assert np.isfinite(thetas[0]).all() and np.abs(thetas[0]).sum() > 0
+
+
+def test_dpgm_event_records_refusals(spark):
+    from sparkpriv.api import release_dpgm
+    from sparkpriv.errors import ParameterError
+    from sparkpriv.spark.events import bound_contributions
+
+    rec = bound_contributions(_events(spark, 1), person="person", item="item", max_items=4, vocabulary="0..9")
+    with pytest.raises(ParameterError, match="'row_bound'.*do not apply"):
+        release_dpgm(rec, row_bound=3.0, **_KW)
+    counted = bound_contributions(_events(spark, 1), person="person", item="item", max_items=4,
+                                  vocabulary="0..9", weights="counts", max_events_per_item=3)
+    with pytest.raises(ParameterError, match="binary"):
+        release_dpgm(counted, **_KW)
+
+
+def test_cli_release_dpgm_of_an_event_table(spark, tmp_path, monkeypatch):
+    import json
+
+    from sparkpriv.cli import main
+    from sparkpriv.mechanisms.dpgm import MODEL_FILE, DPGMModel
+
+    path = str(tmp_path / "events.parquet")
+    _events(spark, 2).write.parquet(path)
+    monkeypatch.setenv("SPARKPRIV_LEDGER", f"sqlite:///{tmp_path}/ledger.sqlite")
+    out = tmp_path / "out"
+    rc = main(["release", "dpgm", "--input", path, "--output", str(out), "--events", "--person-col", "person",
+               "--item-col", "item", "--vocabulary", "0..9", "--max-items", "4", "--epsilon", "4", "--delta", "1e-5",
+               "--k", "2", "--sampling-rate", "0.2", "--epochs", "1", "--hidden", "3", "--chains", "10"])
+    assert rc == 0
+    r = json.loads((out / "_privacy_receipt.json").read_text())
+    assert r["mechanism"] == "dpgm" and r["guarantee"]["epsilon"] <= 4.0
+    assert r["mechanism_details"]["bounds"]["row_bound"] == pytest.approx(2.0)
+    model = DPGMModel.load(str(out / MODEL_FILE))
+    assert model.d == 10 and model.thetas.shape[0] == 2
