@@ -268,9 +268,11 @@ class DPGMSynthesizer(BaseEstimator):
     def sample(self, n: int, seed: int | None = None):
         """``n`` synthetic rows from the released model (post-processing: no budget), of the type
         ``fit`` was given: a numpy array (the input's dtype), a pandas DataFrame or a pyarrow Table
-        with the modelled columns. ``seed`` makes it reproducible; by default fresh OS entropy."""
+        with the modelled columns in their source types (integer and boolean columns get the
+        model's 0/1 values; docs/dpgm.md). ``seed`` makes it reproducible; by default fresh OS
+        entropy."""
         from sparkpriv.errors import ParameterError
-        from sparkpriv.mechanisms.dpgm import synthesize
+        from sparkpriv.mechanisms.dpgm import synthesize, synthesize_table
         from sparkpriv.privacy.random import new_secret_seed
 
         check_is_fitted(self, "model_")
@@ -279,13 +281,9 @@ class DPGMSynthesizer(BaseEstimator):
                                  f"Got {n!r} instead.")
         if seed is None:
             seed = new_secret_seed("dpgm-synthesis")  # fresh entropy for the synthesis, never kept
-        S = synthesize(self.model_, int(n), int(seed))
         if self._kind == "numpy":
-            return _cast_numpy(S, self._dtype)
-        import pyarrow as pa
-
-        names = [str(c) for c in self.feature_names_in_]
-        table = pa.table({c: pa.array(np.ascontiguousarray(S[:, j])) for j, c in enumerate(names)})
+            return _cast_numpy(synthesize(self.model_, int(n), int(seed)), self._dtype)
+        table = synthesize_table(self.model_, int(n), int(seed))  # the source's column types
         return table.to_pandas() if self._kind == "pandas" else table
 
 

@@ -134,3 +134,16 @@ def test_unfitted_sample_and_bad_inputs_are_refused():
     for bad in (-1, 2.5, True):
         with pytest.raises(ParameterError, match="'n'"):
             est.sample(bad)
+
+
+def test_sample_keeps_the_source_column_types():
+    """A pandas table of int, boolean and double columns gives synthetic rows of those dtypes."""
+    X = _X()
+    df = pd.DataFrame({"i": X[:, 0].astype(np.int32), "b": X[:, 1] > 0.5, "x": X[:, 2], "l": X[:, 3].astype(np.int64)})
+    est = DPGMSynthesizer(**FAST).fit(df)
+    S = est.sample(200, seed=3)
+    assert list(S.columns) == ["i", "b", "x", "l"]
+    assert [str(t) for t in S.dtypes] == ["int32", "bool", "float64", "int64"]
+    assert set(S["i"].unique()) <= {0, 1} and set(S["l"].unique()) <= {0, 1}
+    t = DPGMSynthesizer(**FAST).fit(pa.Table.from_pandas(df, preserve_index=False)).sample(5, seed=3)
+    assert [str(f.type) for f in t.schema] == ["int32", "bool", "double", "int64"]
