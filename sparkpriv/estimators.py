@@ -1,7 +1,8 @@
 """scikit-learn estimators over the one release path (in-memory data, the local engine).
 
-``DPKMeans``, ``DPLinearRegression`` and ``DPGMSynthesizer`` follow scikit-learn's API (``get_params``/``set_params`` from the
-constructor, ``fit`` returns ``self``, fitted attributes end in ``_``, usable
+``DPKMeans``, ``DPLinearRegression`` and ``DPGMSynthesizer`` follow
+scikit-learn's API (``get_params``/``set_params`` from the constructor,
+``fit`` returns ``self``, fitted attributes end in ``_``, usable
 in a :class:`sklearn.pipeline.Pipeline` and with :func:`sklearn.base.clone`),
 as diffprivlib's estimators do. Each ``fit`` is one release of the mechanism:
 it spends ``(epsilon, delta)`` of the data it is given (and records it in a

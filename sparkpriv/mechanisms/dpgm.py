@@ -55,6 +55,7 @@ from sparkpriv._validation import Interval, Options, check_param
 from sparkpriv.errors import ParameterError
 from sparkpriv.mechanisms import dpsgd
 from sparkpriv.mechanisms import protocol as _proto
+from sparkpriv.mechanisms.column_types import SYNTHETIC_TYPES, synthetic_arrays, synthetic_type
 from sparkpriv.mechanisms.kmeans import (cluster_stats, fit_from_stats, initial_centres,
                                          make_feature_map, plan_kmeans, KMeansPlan)
 from sparkpriv.mechanisms.rbm import RBM
@@ -76,39 +77,6 @@ READ_VERSIONS = (1, 2)
 MODEL_FILE = "_dpgm_model.npz"  # the released model, published with the release's table
 SYNTH_STAGE = 31  # stream(seed, SYNTH_STAGE, j) samples cluster j's synthetic records
 _POS = Interval("real", 0, None, "neither")
-
-# The column types of a synthetic table (Spark's simple strings) and their numpy dtypes: integer
-# and boolean source columns keep their type, float stays float, any other numeric type is double.
-SYNTHETIC_TYPES = {"boolean": np.bool_, "tinyint": np.int8, "smallint": np.int16, "int": np.int32,
-                   "bigint": np.int64, "float": np.float32, "double": np.float64}
-
-
-def synthetic_type(source_type: str) -> str:
-    """The type of a synthetic column for a source column of SQL type ``source_type``
-    (``InputFacts.types``): the same for boolean, integer, float and double; double otherwise."""
-    t = str(source_type).strip().lower()
-    t = {"integer": "int", "long": "bigint", "short": "smallint", "byte": "tinyint", "bool": "boolean"}.get(t, t)
-    return t if t in SYNTHETIC_TYPES else "double"
-
-
-def _cast_column(x: np.ndarray, t: str) -> np.ndarray:
-    """Synthetic values in [0, 1] of one column as type ``t``: boolean ``x >= 0.5``, integers
-    rounded half up (the RBM's values are 0/1 already), floats as they are."""
-    if t == "boolean":
-        return x >= 0.5
-    dtype = SYNTHETIC_TYPES[t]
-    if np.issubdtype(dtype, np.integer):
-        return np.floor(x + 0.5).astype(dtype)
-    return x.astype(dtype, copy=False)
-
-
-def synthetic_arrays(X: np.ndarray, types) -> list:
-    """The columns of synthetic records ``X`` (n, d) as Arrow arrays of the given synthetic types."""
-    import pyarrow as pa
-
-    X = np.asarray(X, dtype=np.float64)
-    return [pa.array(_cast_column(np.ascontiguousarray(X[:, j]), t)) for j, t in enumerate(types)]
-
 
 @dataclass(frozen=True, kw_only=True)
 class DPGMParams(_proto.Params):
