@@ -283,7 +283,8 @@ class DPGMSynthesizer(BaseEstimator):
         if seed is None:
             seed = new_secret_seed("dpgm-synthesis")  # fresh entropy for the synthesis, never kept
         if self._kind == "numpy":
-            return _cast_numpy(synthesize(self.model_, int(n), int(seed)), self._dtype)
+            S = np.clip(synthesize(self.model_, int(n), int(seed)), 0.0, 1.0)  # the declared box, as
+            return _cast_numpy(S, self._dtype)  # synthesize_table and `sparkpriv synthesize` give
         table = synthesize_table(self.model_, int(n), int(seed))  # the source's column types
         return table.to_pandas() if self._kind == "pandas" else table
 
