@@ -1,7 +1,8 @@
 """scikit-learn estimators over the one release path (in-memory data, the local engine).
 
-``DPKMeans`` and ``DPLinearRegression`` follow scikit-learn's API (``get_params``/``set_params`` from the
-constructor, ``fit`` returns ``self``, fitted attributes end in ``_``, usable
+``DPKMeans``, ``DPLinearRegression`` and ``DPGMSynthesizer`` follow
+scikit-learn's API (``get_params``/``set_params`` from the constructor,
+``fit`` returns ``self``, fitted attributes end in ``_``, usable
 in a :class:`sklearn.pipeline.Pipeline` and with :func:`sklearn.base.clone`),
 as diffprivlib's estimators do. Each ``fit`` is one release of the mechanism:
 it spends ``(epsilon, delta)`` of the data it is given (and records it in a
@@ -21,7 +22,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from sparkpriv.api import release_kmeans, release_regression
 
-__all__ = ["DPKMeans", "DPLinearRegression"]
+__all__ = ["DPKMeans", "DPLinearRegression", "DPGMSynthesizer"]
 
 
 class DPKMeans(ClusterMixin, TransformerMixin, BaseEstimator):
@@ -163,3 +164,147 @@ class DPLinearRegression(RegressorMixin, BaseEstimator):
     def predict(self, X):
         check_is_fitted(self, "coef_")
         return np.asarray(X, dtype=np.float64) @ self.coef_
+
+
+class DPGMSynthesizer(BaseEstimator):
+    """A private synthetic-data generator (the DPGM mixture, docs/dpgm.md) as an estimator.
+
+    ``fit(X)`` is one release of the ``dpgm`` mechanism on the local engine
+    (:func:`sparkpriv.api.release_dpgm`): DP k-means, then one generative model
+    per cluster trained with DP-SGD. ``X`` is in-memory data (a numpy array, a
+    pandas DataFrame or a pyarrow Table), one row per person, values in the
+    declared box ``[0, 1]`` (binary for ``model="rbm"``). ``sample(n)`` draws
+    synthetic rows from the released model: post-processing, no budget.
+
+    Parameters are those of :class:`sparkpriv.mechanisms.dpgm.DPGMParams`
+    with the same names and defaults (``k`` clusters, ``model``, the DP-SGD
+    ``clip``, ``sampling_rate``, ``epochs``, ...). ``columns``: the columns of
+    a table to model (default: all of them; a numpy array is modelled whole).
+    ``ledger``/``table_id`` record the spend of each ``fit``. Bad parameters
+    are refused by ``fit`` (a :class:`~sparkpriv.errors.ParameterError`
+    naming the parameter), before any data is read.
+
+    Attributes
+    ----------
+    model_ : DPGMModel
+        The released (public) model.
+    cluster_sizes_ : ndarray of shape (k,)
+        The noisy cluster sizes (clamped at 0).
+    cluster_centers_ : ndarray of shape (k, n_features)
+        The DP k-means centres.
+    epsilon_, delta_ : float
+        What the fit spent (dp_accounting on the recorded events).
+    release_ : Release
+        The whole release (receipt, events; ``release_.write(path)`` publishes
+        it with ``_dpgm_model.npz``, which ``sparkpriv synthesize`` reads).
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+        The modelled columns (only when fitted on a pandas or Arrow table).
+    """
+
+    def __init__(self, *, epsilon: float = 1.0, delta: float = 1e-6, k: int = 10, model: str = "rbm",
+                 kmeans_share: float = 0.3, kmeans_iterations: int = 8, row_bound=None, clip: float = 10.0,
+                 sampling_rate: float = 0.05, epochs: float = 20.0, learning_rate: float = 0.01,
+                 hidden: int = 64, latent: int = 2, chains: int = 100, gibbs_steps: int = 1,
+                 accountant: str = "pld", fill=None, columns=None, ledger=None, table_id=None):
+        self.epsilon = epsilon
+        self.delta = delta
+        self.k = k
+        self.model = model
+        self.kmeans_share = kmeans_share
+        self.kmeans_iterations = kmeans_iterations
+        self.row_bound = row_bound
+        self.clip = clip
+        self.sampling_rate = sampling_rate
+        self.epochs = epochs
+        self.learning_rate = learning_rate
+        self.hidden = hidden
+        self.latent = latent
+        self.chains = chains
+        self.gibbs_steps = gibbs_steps
+        self.accountant = accountant
+        self.fill = fill
+        self.columns = columns
+        self.ledger = ledger
+        self.table_id = table_id
+
+    _RELEASE_PARAMS = ("epsilon", "delta", "k", "model", "kmeans_share", "kmeans_iterations", "row_bound", "clip",
+                       "sampling_rate", "epochs", "learning_rate", "hidden", "latent", "chains", "gibbs_steps",
+                       "accountant", "fill")
+
+    def fit(self, X, y=None):
+        """Release a private generative model of ``X`` (spends epsilon, delta); returns self."""
+        from sparkpriv.api import release_dpgm
+        from sparkpriv.errors import ParameterError
+
+        kind = _input_kind(X)
+        if kind is None:
+            raise ParameterError(f"DPGMSynthesizer.fit takes in-memory data (a numpy array, a pandas DataFrame or "
+                                 f"a pyarrow Table); got {type(X).__name__}. For a Spark DataFrame use "
+                                 "sparkpriv.api.release_dpgm and `sparkpriv synthesize`.")
+        columns, dtype = self.columns, None
+        if kind == "numpy":
+            X = np.asarray(X)
+            if X.ndim != 2:
+                raise ParameterError(f"X must be a 2-D array (n_samples, n_features). Got shape {X.shape}.")
+            dtype = X.dtype
+        elif columns is None:  # every column of the table (its schema: public)
+            columns = [str(c) for c in X.columns] if kind == "pandas" else list(X.column_names)
+        params = {name: getattr(self, name) for name in self._RELEASE_PARAMS}
+        rel = release_dpgm(X, columns=columns, ledger=self.ledger, table_id=self.table_id,
+                           source="DPGMSynthesizer.fit", **params)
+        self._kind, self._dtype = kind, dtype
+        self.release_ = rel
+        self.model_ = rel.model
+        self.cluster_sizes_ = np.asarray(rel.model.sizes, dtype=np.float64)
+        self.cluster_centers_ = np.asarray(rel.model.centers, dtype=np.float64)
+        self.epsilon_, self.delta_ = rel.epsilon, rel.delta
+        self.n_features_in_ = int(rel.model.d)
+        if kind != "numpy":
+            self.feature_names_in_ = np.asarray([str(c) for c in columns], dtype=object)
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
+        return self
+
+    def sample(self, n: int, seed: int | None = None):
+        """``n`` synthetic rows from the released model (post-processing: no budget), of the type
+        ``fit`` was given: a numpy array (the input's dtype), a pandas DataFrame or a pyarrow Table
+        with the modelled columns in their source types (integer and boolean columns get the
+        model's 0/1 values; docs/dpgm.md). ``seed`` makes it reproducible; by default fresh OS
+        entropy."""
+        from sparkpriv.errors import ParameterError
+        from sparkpriv.mechanisms.dpgm import synthesize, synthesize_table
+        from sparkpriv.privacy.random import new_secret_seed
+
+        check_is_fitted(self, "model_")
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise ParameterError(f"The 'n' parameter of DPGMSynthesizer.sample must be an integer >= 0. "
+                                 f"Got {n!r} instead.")
+        if seed is None:
+            seed = new_secret_seed("dpgm-synthesis")  # fresh entropy for the synthesis, never kept
+        if self._kind == "numpy":
+            S = np.clip(synthesize(self.model_, int(n), int(seed)), 0.0, 1.0)  # the declared box, as
+            return _cast_numpy(S, self._dtype)  # synthesize_table and `sparkpriv synthesize` give
+        table = synthesize_table(self.model_, int(n), int(seed))  # the source's column types
+        return table.to_pandas() if self._kind == "pandas" else table
+
+
+def _input_kind(X) -> str | None:
+    if isinstance(X, (np.ndarray, list)):
+        return "numpy"
+    mod = type(X).__module__
+    if mod.startswith("pandas.") and hasattr(X, "columns"):
+        return "pandas"
+    if mod.startswith("pyarrow.") and hasattr(X, "column_names"):
+        return "arrow"
+    return None
+
+
+def _cast_numpy(S: np.ndarray, dtype) -> np.ndarray:
+    """Synthetic values in [0, 1] as the input's dtype: booleans ``>= 0.5``, integers rounded."""
+    dtype = np.dtype(dtype)
+    if dtype == bool:
+        return S >= 0.5
+    if np.issubdtype(dtype, np.integer):
+        return np.floor(S + 0.5).astype(dtype)
+    return S.astype(dtype) if np.issubdtype(dtype, np.floating) else S

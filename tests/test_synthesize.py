@@ -7,6 +7,7 @@ mixture's column means have a closed form, sum_j n_j / n * sigmoid(b_j).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -183,3 +184,105 @@ def test_cli_exit_codes_and_one_log_line_per_step(release, tmp_path):
     assert i == n and int(n) >= 2
     assert all("no budget spent" in ln for ln in lines) and "\r" not in r.stderr
     assert "synthetic table:" in r.stdout and "no budget spent" in r.stdout
+
+
+# ----------------------------------------------------------------------------- the source's column types
+
+TYPED_COLS = ["i", "b", "x", "l", "f"]
+TYPED_ARROW = ["int32", "bool", "double", "int64", "float"]  # pyarrow's names of the Parquet columns read back
+TYPED_PARAMS = dict(epsilon=4.0, delta=1e-5, k=2, sampling_rate=0.2, epochs=1, hidden=3, chains=10,
+                    kmeans_iterations=2, accountant="rdp")
+
+
+def _typed_pandas(n=300, seed=3):
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    hi = np.arange(n) % 2 == 0
+    return pd.DataFrame({"i": (rng.random(n) < np.where(hi, 0.8, 0.1)).astype(np.int32),
+                         "b": rng.random(n) < np.where(hi, 0.7, 0.2),
+                         "x": (rng.random(n) < np.where(hi, 0.9, 0.1)).astype(np.float64),
+                         "l": (rng.random(n) < 0.5).astype(np.int64),
+                         "f": (rng.random(n) < 0.5).astype(np.float32)})
+
+
+def _check_typed_table(path, rows):
+    t = pq.read_table(str(path))
+    assert t.num_rows == rows and t.column_names == TYPED_COLS
+    assert [str(t.schema.field(c).type) for c in TYPED_COLS] == TYPED_ARROW
+    for c in TYPED_COLS:  # every value is one of the model's 0/1 records, in the column's type
+        assert set(np.unique(t.column(c).to_numpy(zero_copy_only=False).astype(np.float64))) <= {0.0, 1.0}
+    assert set(t.column("b").to_pylist()) == {True, False}
+    return json.loads((path / "_privacy_receipt.json").read_text())
+
+
+@pytest.mark.parametrize("engine,writer", [("local", "spark"), ("spark", "auto")])
+def test_a_release_of_int_boolean_and_double_columns_synthesizes_those_types(spark, tmp_path, engine, writer):
+    """The source's column types (its schema) are in the released model; the synthetic Parquet
+    table has them (int, boolean, double, bigint, float), from a release on either engine."""
+    from sparkpriv.api import release_dpgm
+
+    pdf = _typed_pandas()
+    data = pdf if engine == "local" else spark.createDataFrame(pdf)
+    if engine == "spark":
+        assert [f.dataType.simpleString() for f in data.schema] == ["int", "boolean", "double", "bigint", "float"]
+    with insecure_fixed_seed(3):
+        rel = release_dpgm(data, columns=TYPED_COLS, **TYPED_PARAMS)
+        rel.write(str(tmp_path / "rel"))
+    assert rel.model.types == ("int", "boolean", "double", "bigint", "float")
+    res = synthesize_dpgm(str(tmp_path / "rel"), rows=2000, output=str(tmp_path / "s"), partitions=2,
+                          writer=writer, spark=spark)
+    prov = _check_typed_table(tmp_path / "s", 2000)
+    assert res.types == rel.model.types
+    assert prov["output"]["schema"] == [{"name": c, "type": t} for c, t in zip(TYPED_COLS, rel.model.types)]
+    # otherwise the provenance is as for any synthesis
+    assert prov["format"] == "sparkpriv.synthesis/1" and prov["post_processing"] is True
+    assert prov["spent"] == {"epsilon": 0.0, "delta": 0.0}
+    assert prov["synthesis"]["columns"] == TYPED_COLS and prov["synthesis"]["values"] == "in the declared box [0, 1]"
+    # the in-memory synthesis gives the same types
+    t = dpgm.synthesize_table(rel.model, 10, seed=1)
+    assert [str(t.schema.field(c).type) for c in TYPED_COLS] == TYPED_ARROW
+
+
+def test_a_format_1_model_file_still_synthesizes_doubles(spark, tmp_path):
+    """A release written before the column types were recorded (model file format 1) is read
+    and synthesized as before: every column double."""
+    import io
+
+    m = _model()
+    header = {"format": "sparkpriv-dpgm", "format_version": 1, "params": m.params.public_dict(), "d": m.d,
+              "public": {}}
+    buf = io.BytesIO()
+    np.savez(buf, header=np.frombuffer(json.dumps(header).encode(), np.uint8), thetas=m.thetas, sizes=m.sizes,
+             centers=m.centers)
+    rel = _release_dir(tmp_path / "old", m)
+    with open(os.path.join(rel, dpgm.MODEL_FILE), "wb") as f:
+        f.write(buf.getvalue())
+    res = synthesize_dpgm(rel, rows=500, output=str(tmp_path / "s"), partitions=2, spark=spark)
+    t = pq.read_table(str(tmp_path / "s"))
+    assert t.column_names == list(COLS) and all(str(f.type) == "double" for f in t.schema)
+    assert res.types == ("double",) * 3
+    assert set(np.unique(_read(tmp_path / "s"))) <= {0.0, 1.0}
+
+
+def test_column_types_that_differ_from_the_receipt_are_refused(spark, tmp_path):
+    m = dataclasses.replace(_model(), column_types=("int", "boolean", "double"))
+    rel = _release_dir(tmp_path / "typed", m)
+    receipt = json.loads(open(os.path.join(rel, "_privacy_receipt.json")).read())
+    receipt["mechanism_details"]["model"]["column_types"] = ["double", "boolean", "double"]
+    with open(os.path.join(rel, "_privacy_receipt.json"), "w") as f:
+        json.dump(receipt, f)
+    with pytest.raises(InputError, match="column types differ"):
+        synthesize_dpgm(rel, rows=10, output=str(tmp_path / "s"), spark=spark)
+    assert not (tmp_path / "s").exists()
+
+
+def test_boolean_columns_read_as_0_1_on_spark_with_a_fill():
+    """Spark's blocks read a boolean source column as 0/1 (as the local engine does), nulls
+    filled with the public fill."""
+    import pyarrow as pa
+
+    from sparkpriv.spark.batches import batch_matrix
+
+    b = pa.record_batch([pa.array([True, None, False]), pa.array([1, 0, 1], pa.int32())], ["b", "i"])
+    np.testing.assert_array_equal(batch_matrix(b, ["b", "i"], fill=1.0), [[1.0, 1.0], [1.0, 0.0], [0.0, 1.0]])

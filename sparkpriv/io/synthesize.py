@@ -50,6 +50,7 @@ class SynthesisResult:
     model_receipt: str
     epsilon: float
     delta: float
+    types: tuple = ()  # the type of each column (the source's; all double for a model of format 1)
 
 
 def _check_rows(rows) -> int:
@@ -97,6 +98,10 @@ def _check_model(model, receipt: dict, where: str):
     recorded = (receipt.get("mechanism_details", {}).get("model") or {}).get("cluster_sizes")
     if recorded is not None and not np.allclose(np.asarray(recorded, float), sizes, rtol=1e-12, atol=0.0):
         raise InputError(f"The model file of {where} does not match its receipt (cluster sizes differ): "
+                         "the directory was altered.")
+    recorded_types = (receipt.get("mechanism_details", {}).get("model") or {}).get("column_types")
+    if recorded_types is not None and tuple(recorded_types) != tuple(model.types):
+        raise InputError(f"The model file of {where} does not match its receipt (column types differ): "
                          "the directory was altered.")
     dim = model.generator().dim
     if np.shape(model.thetas) != (model.k, dim) or not np.all(np.isfinite(model.thetas)):
@@ -208,7 +213,7 @@ def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = Fal
     _log.info("synthesize: %d rows of the DPGM model of %s (k=%d, %s), %d partition(s); post-processing, "
               "no budget spent", rows, directory, mdl.k, mdl.params.model, partitions)
     df = batch_map.to_df()
-    provenance["output"] = {"path": target, "schema": [{"name": c, "type": "double"} for c in columns]}
+    provenance["output"] = {"path": target, "schema": [{"name": c, "type": t} for c, t in zip(columns, mdl.types)]}
     progress = Progress(_CALLER, _log, on_step, spent="post-processing: no budget spent")
     with TaskProgress(spark, "synthesis", progress.step):
         out = publish(df, output, receipt=provenance, overwrite=overwrite, rows=batch_map, writer=writer)
@@ -216,7 +221,7 @@ def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = Fal
     return SynthesisResult(output=out, receipt_path=f"{out}/{RECEIPT_FILE}", rows=rows, columns=columns,
                            partitions=partitions, model_receipt=f"{directory}/{RECEIPT_FILE}",
                            epsilon=float(guarantee.get("epsilon", math.nan)),
-                           delta=float(guarantee.get("delta", math.nan)))
+                           delta=float(guarantee.get("delta", math.nan)), types=tuple(mdl.types))
 
 
 def _version() -> str:

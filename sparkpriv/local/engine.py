@@ -18,7 +18,7 @@ import numpy as np
 from sparkpriv.errors import InputError, ParameterError, SchemaError
 from sparkpriv.mechanisms.protocol import InputFacts, TableRows
 
-__all__ = ["LocalEngine", "LocalSource", "accepts", "coerce_classes", "label_codes"]
+__all__ = ["LocalEngine", "LocalSource", "accepts", "coerce_classes", "label_codes", "sql_type_name"]
 
 BLOCK_ROWS = 65_536
 
@@ -62,7 +62,14 @@ class LocalSource:
     def facts(self) -> InputFacts:
         names = () if isinstance(self.data, np.ndarray) else tuple(self.data.column_names)
         return InputFacts("table", len(self.columns), self.columns, integer_columns=self.integer_columns,
-                          classes=self.labels[1] if self.labels else (), names=names)
+                          classes=self.labels[1] if self.labels else (), names=names, types=self.types)
+
+    @property
+    def types(self) -> tuple:
+        """The SQL type name of each declared column (``InputFacts.types``): the schema only."""
+        if isinstance(self.data, np.ndarray):
+            return (sql_type_name(self.data.dtype),) * len(self.columns)
+        return tuple(sql_type_name(self.data.schema.field(c).type) for c in self.columns)
 
     @property
     def integer_columns(self) -> tuple:
@@ -167,6 +174,38 @@ def _check_finite(X: np.ndarray, columns) -> None:
         j = int(bad[0])
         raise InputError(f"column {columns[j]!r} (index {j}) has NaN or infinite values; they have no place "
                          "in a bounded domain: remove or replace them")
+
+
+_SQL_INTS = {1: "tinyint", 2: "smallint", 4: "int", 8: "bigint"}
+
+
+def sql_type_name(t) -> str:
+    """Spark's simple string of the type a numpy dtype or an Arrow type reads as (``int``,
+    ``bigint``, ``boolean``, ``double``, ...; unsigned integers: the signed type that holds them,
+    ``bigint`` at most; ``float16``: ``float``), as ``InputFacts.types`` states it."""
+    import pyarrow as pa
+
+    if isinstance(t, pa.DataType):
+        if pa.types.is_boolean(t):
+            return "boolean"
+        if pa.types.is_integer(t):
+            width = t.bit_width // 8
+            return _SQL_INTS[min(8, 2 * width if pa.types.is_unsigned_integer(t) else width)]
+        if pa.types.is_floating(t):
+            return "double" if pa.types.is_float64(t) else "float"
+        if pa.types.is_decimal(t):
+            return f"decimal({t.precision},{t.scale})"
+        return str(t)
+    dt = np.dtype(t)
+    if dt == bool:
+        return "boolean"
+    if np.issubdtype(dt, np.signedinteger):
+        return _SQL_INTS[dt.itemsize]
+    if np.issubdtype(dt, np.unsignedinteger):
+        return _SQL_INTS[min(8, 2 * dt.itemsize)]
+    if np.issubdtype(dt, np.floating):
+        return "double" if dt.itemsize >= 8 else "float"
+    return str(dt)
 
 
 def _type_kind(t) -> str:

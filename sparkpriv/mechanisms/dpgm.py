@@ -11,8 +11,11 @@
    cluster, normalised by the cluster's noisy size (public).
 3. Released: the k models' parameters, the noisy cluster sizes (the k-means
    counts) and the k-means centres, in a versioned ``.npz`` file
-   (:meth:`DPGMModel.save`). :func:`synthesize` samples a cluster by noisy size,
-   then a record from that cluster's model (post-processing: no budget).
+   (:meth:`DPGMModel.save`), with the source's column types (its schema,
+   public). :func:`synthesize` samples a cluster by noisy size, then a record
+   from that cluster's model (post-processing: no budget);
+   :func:`synthesize_table` gives the records as a table in the source's
+   column types.
 
 Privacy (replace-one; ``n`` public)
 -----------------------------------
@@ -52,6 +55,7 @@ from sparkpriv._validation import Interval, Options, check_param
 from sparkpriv.errors import ParameterError
 from sparkpriv.mechanisms import dpsgd
 from sparkpriv.mechanisms import protocol as _proto
+from sparkpriv.mechanisms.column_types import SYNTHETIC_TYPES, synthetic_arrays, synthetic_type
 from sparkpriv.mechanisms.kmeans import (cluster_stats, fit_from_stats, initial_centres,
                                          make_feature_map, plan_kmeans, KMeansPlan)
 from sparkpriv.mechanisms.rbm import RBM
@@ -63,15 +67,16 @@ from sparkpriv.privacy.random import new_secret_seed, stream
 
 __all__ = ["MODELS", "FORMAT_VERSION", "MODEL_FILE", "DPGMParams", "DPGMPlan", "DPGMModel", "calibrate_dpgm",
            "requested_event", "plan_for_rows", "plan_dpgm", "fit_dpgm_array", "assign_clusters",
-           "train_clusters", "synthesize", "synthesize_part", "query_spread", "QuerySpread", "answer_dense",
+           "train_clusters", "synthesize", "synthesize_part", "synthesize_table", "synthetic_type",
+           "synthetic_arrays", "SYNTHETIC_TYPES", "query_spread", "QuerySpread", "answer_dense",
            "DPGM", "DPGM_MECHANISM"]
 
 MODELS = ("rbm", "vae")
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the header holds the source's column types; 1 (read as all double) had none
+READ_VERSIONS = (1, 2)
 MODEL_FILE = "_dpgm_model.npz"  # the released model, published with the release's table
 SYNTH_STAGE = 31  # stream(seed, SYNTH_STAGE, j) samples cluster j's synthetic records
 _POS = Interval("real", 0, None, "neither")
-
 
 @dataclass(frozen=True, kw_only=True)
 class DPGMParams(_proto.Params):
@@ -251,10 +256,23 @@ class DPGMModel:
     sizes: np.ndarray  # (k,) noisy cluster sizes, clamped at 0
     centers: np.ndarray  # (k, d) k-means centres
     plan_public: dict = field(default_factory=dict)
+    # the synthetic type of each column (SYNTHETIC_TYPES; from the source's schema), None: all double
+    column_types: tuple | None = None
 
     @property
     def k(self) -> int:
         return self.thetas.shape[0]
+
+    @property
+    def types(self) -> tuple:
+        """The type of each synthetic column (``double`` for all when none was recorded)."""
+        return tuple(self.column_types) if self.column_types else ("double",) * self.d
+
+    @property
+    def column_names(self) -> tuple:
+        """The released column names (``x0, x1, ...`` for a numpy input)."""
+        return tuple(str(c) for c in self.params.columns) if self.params.columns else \
+            tuple(f"x{j}" for j in range(self.d))
 
     def generator(self):
         return _make_model(self.params, self.d)
@@ -274,7 +292,8 @@ class DPGMModel:
     def to_bytes(self) -> bytes:
         """The ``.npz`` file's bytes (:meth:`save`; a release publishes them as ``MODEL_FILE``)."""
         header = {"format": "sparkpriv-dpgm", "format_version": FORMAT_VERSION,
-                  "params": self.params.public_dict(), "d": self.d, "public": self.plan_public}
+                  "params": self.params.public_dict(), "d": self.d, "public": self.plan_public,
+                  "column_types": list(self.types)}
         buf = io.BytesIO()
         np.savez(buf, header=np.frombuffer(json.dumps(header, default=float).encode(), np.uint8),
                  thetas=self.thetas, sizes=self.sizes, centers=self.centers)
@@ -284,12 +303,20 @@ class DPGMModel:
     def load(cls, path) -> "DPGMModel":
         with np.load(path, allow_pickle=False) as z:
             header = json.loads(bytes(z["header"]).decode())
-            if header.get("format") != "sparkpriv-dpgm" or header.get("format_version") != FORMAT_VERSION:
+            version = header.get("format_version")
+            if header.get("format") != "sparkpriv-dpgm" or version not in READ_VERSIONS:
                 raise ParameterError(
-                    f"{path} is not a sparkpriv DPGM model of format version {FORMAT_VERSION} "
-                    f"(found {header.get('format')!r} version {header.get('format_version')!r}).")
-            return cls(DPGMParams(**header["params"]), int(header["d"]), z["thetas"], z["sizes"],
-                       z["centers"], header.get("public", {}))
+                    f"{path} is not a sparkpriv DPGM model of format version "
+                    f"{' or '.join(map(str, READ_VERSIONS))} (found {header.get('format')!r} version {version!r}).")
+            d = int(header["d"])
+            types = None  # version 1: no types recorded, every synthetic column is double
+            if version >= 2:
+                types = tuple(str(t) for t in header.get("column_types") or ())
+                if len(types) != d or any(t not in SYNTHETIC_TYPES for t in types):
+                    raise ParameterError(f"{path}: the model's column types {list(types)!r} are not {d} of "
+                                         f"{', '.join(SYNTHETIC_TYPES)}: not a released model.")
+            return cls(DPGMParams(**header["params"]), d, z["thetas"], z["sizes"], z["centers"],
+                       header.get("public", {}), types)
 
 
 def _logit_init(centre: np.ndarray) -> np.ndarray:
@@ -372,6 +399,16 @@ def synthesize(model: DPGMModel, n: int, seed: int) -> np.ndarray:
              for j, c in enumerate(counts) if c > 0]
     out = np.concatenate(parts) if parts else np.zeros((0, model.d))
     return out[stream(seed, SYNTH_STAGE, model.k + 1).permutation(out.shape[0])]
+
+
+def synthesize_table(model: DPGMModel, n: int, seed: int):
+    """:func:`synthesize`'s ``n`` records as a pyarrow Table: the released column names and the
+    source's column types (``model.types``: integer and boolean columns get the model's 0/1
+    values, rounded; float columns stay float; all double for a model of format version 1)."""
+    import pyarrow as pa
+
+    X = np.clip(synthesize(model, n, seed), 0.0, 1.0)
+    return pa.Table.from_arrays(synthetic_arrays(X, model.types), names=list(model.column_names))
 
 
 def synthesize_part(model: DPGMModel, n: int, seed: int, *key: int) -> np.ndarray:
@@ -508,6 +545,7 @@ class _DPGMState:
     d: int
     kplan: KMeansPlan
     sigma: float
+    column_types: tuple = ()
 
 
 def dense_rows(block) -> np.ndarray:
@@ -603,6 +641,12 @@ def _training_progress(progress, dplan: DPGMPlan, reserved: float):
     return on_train
 
 
+def _column_types(facts: _proto.InputFacts) -> tuple:
+    """The synthetic type of each declared column, from the input's schema (public)."""
+    types = tuple(getattr(facts, "types", ()) or ())
+    return tuple(synthetic_type(t) for t in types) if len(types) == facts.d else ()
+
+
 class DPGM(_proto.Mechanism):
     """DP mixture of generative models: DP k-means (linear), then DP-SGD per cluster (docs/dpgm.md)."""
 
@@ -650,7 +694,8 @@ class DPGM(_proto.Mechanism):
                           "add/remove step of sensitivity 2C (docs/math.md section 5)",
         }
         return _proto.Plan(events=event, epsilon=eps, delta=float(params.delta), public=public,
-                           neighbors=_proto.REPLACE_ONE, state=_DPGMState(params, d, kplan, sigma),
+                           neighbors=_proto.REPLACE_ONE,
+                           state=_DPGMState(params, d, kplan, sigma, _column_types(facts)),
                            secrets=new_secret_seed("dpgm"))
 
     def run(self, engine, source, plan: _proto.Plan, progress) -> _proto.Outcome:
@@ -691,7 +736,8 @@ class DPGM(_proto.Mechanism):
                                      _train_fn(dplan, sizes, centers, seed), k, gen_dim, d,
                                      on_train=_training_progress(progress, dplan, plan.epsilon),
                                      what="dpgm training")
-        model = DPGMModel(params, d, np.asarray(thetas, float), sizes, centers, dplan.to_public_dict())
+        model = DPGMModel(params, d, np.asarray(thetas, float), sizes, centers, dplan.to_public_dict(),
+                          st.column_types or None)
         rows = [(j, float(sizes[j]), [float(v) for v in centers[j]]) for j in range(k)]
         table = engine.table(rows, [("cluster", "int", False), ("size", "double", False),
                                     ("center", "array<double>", False)])
@@ -703,7 +749,8 @@ class DPGM(_proto.Mechanism):
             table=table, model=model,
             public={"model": {"file": MODEL_FILE, "format_version": FORMAT_VERSION, "n": n,
                               "steps": dplan.steps, "step_noise": dplan.step_noise.to_public_dict(),
-                              "cluster_sizes": [float(v) for v in sizes]}},
+                              "cluster_sizes": [float(v) for v in sizes],
+                              "column_types": list(model.types)}},
             files={MODEL_FILE: model.to_bytes()},
             extras={"history": history, "diagnostics": diagnostics})
 

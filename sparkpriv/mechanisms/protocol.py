@@ -316,6 +316,10 @@ class InputFacts:
     column's type (when ``engine.open`` got ``labels=(column, classes)``).
     ``names``: every column name of a table input (its schema; empty for a
     numpy array), for parameters that name other columns (kept public columns).
+    ``types``: the SQL type of each declared column (a table; Spark's simple
+    strings: ``tinyint``, ``smallint``, ``int``, ``bigint``, ``float``,
+    ``double``, ``boolean``, ``decimal(p,s)``; empty when unknown), for outputs
+    that keep the source's column types (DPGM's synthetic tables).
     """
 
     kind: str
@@ -326,6 +330,7 @@ class InputFacts:
     integer_columns: tuple = ()
     classes: tuple = ()
     names: tuple = ()
+    types: tuple = ()
 
 
 @dataclass(frozen=True)

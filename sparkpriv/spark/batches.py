@@ -75,6 +75,8 @@ def batch_matrix(batch: pa.RecordBatch, columns: Sequence[str], *, fill: float |
                     f"(fill='dp-mean' / --fill-dp-mean, which spends a share of the budget), "
                     f"or remove them before the release"
                 )
+            if pa.types.is_boolean(arr.type):  # a boolean column reads as 0/1; the fill is a number
+                arr = arr.cast(pa.float64())
             arr = arr.fill_null(pa.scalar(fill, type=arr.type) if pa.types.is_floating(arr.type) else fill)
         col = arr.to_numpy(zero_copy_only=False)
         out[:, j] = col

@@ -96,7 +96,8 @@ class TableSource:
 
         ints = tuple(j for j, c in enumerate(self.columns) if isinstance(self.df.schema[c].dataType, IntegralType))
         return InputFacts("table", len(self.columns), self.columns, integer_columns=ints,
-                          classes=self.labels[1] if self.labels else (), names=tuple(self.df.columns))
+                          classes=self.labels[1] if self.labels else (), names=tuple(self.df.columns),
+                          types=tuple(self.df.schema[c].dataType.simpleString() for c in self.columns))
 
     @property
     def read_columns(self) -> list:

@@ -12,8 +12,9 @@ __all__ = ["check_numeric_columns", "check_present_columns", "schema_fingerprint
 
 
 def check_numeric_columns(df, columns: Sequence[str], *, role: str = "feature") -> None:
-    """Every declared column exists and is numeric; otherwise a :class:`SchemaError`."""
-    from pyspark.sql.types import NumericType
+    """Every declared column exists and is numeric or boolean (read as 0/1, as the local engine
+    does); otherwise a :class:`SchemaError`."""
+    from pyspark.sql.types import BooleanType, NumericType
 
     fields = {f.name: f for f in df.schema.fields}
     if not columns:
@@ -28,7 +29,7 @@ def check_numeric_columns(df, columns: Sequence[str], *, role: str = "feature") 
             raise SchemaError(
                 f"Column {c!r} is not in the input. Available columns: {avail}."
             )
-        if not isinstance(fields[c].dataType, NumericType):
+        if not isinstance(fields[c].dataType, (NumericType, BooleanType)):
             raise SchemaError(
                 f"Column {c!r} has type {fields[c].dataType.simpleString()}, but {role} columns "
                 "must be numeric. Cast it or leave it out of the columns."

@@ -16,10 +16,10 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from sparkpriv.mechanisms.dpgm import DPGMModel, synthesize_part
+from sparkpriv.mechanisms.dpgm import DPGMModel, synthesize_part, synthetic_arrays
 from sparkpriv.spark.batches import BatchMap
 
-__all__ = ["synthetic_rows", "default_partitions", "slice_rows", "BATCH_ROWS"]
+__all__ = ["synthetic_rows", "default_partitions", "slice_rows", "spark_type", "BATCH_ROWS"]
 
 BATCH_ROWS = 65_536  # rows generated (and held) at once by a task
 ROWS_PER_PARTITION = 1_000_000  # the default partitioning: at most this many rows per task ...
@@ -38,18 +38,29 @@ def slice_rows(rows: int, partitions: int, pid: int) -> int:
     return base + (1 if int(pid) < extra else 0)
 
 
+def spark_type(t: str):
+    """The Spark SQL type of a synthetic column type (``dpgm.SYNTHETIC_TYPES``)."""
+    from pyspark.sql import types as T
+
+    return {"boolean": T.BooleanType(), "tinyint": T.ByteType(), "smallint": T.ShortType(),
+            "int": T.IntegerType(), "bigint": T.LongType(), "float": T.FloatType(), "double": T.DoubleType()}[t]
+
+
 def synthetic_rows(spark, model: DPGMModel, rows: int, seed: int, columns, *, partitions: int,
                    batch_rows: int = BATCH_ROWS) -> BatchMap:
     """``rows`` synthetic records of ``model`` as a :class:`~sparkpriv.spark.batches.BatchMap`
     over ``partitions`` one-row partitions (the Arrow writer runs it in the Python tasks);
-    one double column per name in ``columns`` (``model.d`` of them), values in ``[0, 1]``."""
-    from pyspark.sql.types import DoubleType, StructField, StructType
+    one column per name in ``columns`` (``model.d`` of them) in the model's column type
+    (``model.types``: the source's integer, boolean, float or double; values from ``[0, 1]``,
+    rounded for integers and booleans)."""
+    from pyspark.sql.types import StructField, StructType
 
     columns = [str(c) for c in columns]
     if len(columns) != model.d:
         raise ValueError(f"{len(columns)} column names for a model of {model.d} columns")
     rows, partitions, batch_rows, seed = int(rows), int(partitions), int(batch_rows), int(seed)
-    schema = StructType([StructField(c, DoubleType(), False) for c in columns])
+    types = list(model.types)
+    schema = StructType([StructField(c, spark_type(t), False) for c, t in zip(columns, types)])
 
     def sparkpriv_synthesize(batches, pid):
         for _ in batches:  # the partition's index row: only its partition id matters
@@ -59,8 +70,7 @@ def synthetic_rows(spark, model: DPGMModel, rows: int, seed: int, columns, *, pa
         while todo > 0:
             m = min(todo, batch_rows)
             X = np.ascontiguousarray(synthesize_part(model, m, seed, pid, b))
-            yield pa.RecordBatch.from_arrays([pa.array(X[:, j], pa.float64()) for j in range(X.shape[1])],
-                                             columns)
+            yield pa.RecordBatch.from_arrays(synthetic_arrays(X, types), columns)
             todo -= m
             b += 1
 

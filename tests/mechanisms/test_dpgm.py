@@ -172,3 +172,97 @@ def test_release_on_the_local_engine_equals_the_numpy_reference(monkeypatch):
     assert rel.epsilon >= plan.epsilon_spent()  # never states less than the realized noise spends
     assert rel.df.column_names == ["cluster", "size", "center"] and rel.df.num_rows == 2
     assert set(rel.files) == {dpgm.MODEL_FILE}
+
+
+# ----------------------------------------------------------------------------- the source's column types
+
+def _typed_table(n=300, seed=3):
+    import pyarrow as pa
+
+    rng = np.random.default_rng(seed)
+    hi = np.arange(n) % 2 == 0
+    return pa.table({"i": pa.array((rng.random(n) < np.where(hi, 0.8, 0.1)).astype(np.int32)),
+                     "b": pa.array(rng.random(n) < np.where(hi, 0.7, 0.2)),
+                     "x": (rng.random(n) < np.where(hi, 0.9, 0.1)).astype(np.float64),
+                     "l": pa.array((rng.random(n) < 0.5).astype(np.int64)),
+                     "f": pa.array((rng.random(n) < 0.5).astype(np.float32)),
+                     "other": pa.array(["s"] * n)})
+
+
+TYPED = dict(epsilon=4.0, delta=1e-5, k=2, sampling_rate=0.2, epochs=1, hidden=3, chains=10, kmeans_iterations=2,
+             accountant="rdp")
+
+
+def test_a_release_records_the_source_types_and_synthesizes_a_table_in_them(tmp_path):
+    import pyarrow as pa
+
+    from sparkpriv.api import release_dpgm
+    from sparkpriv.privacy.random import insecure_fixed_seed
+
+    cols = ["i", "b", "x", "l", "f"]
+    with insecure_fixed_seed(2):
+        rel = release_dpgm(_typed_table(), columns=cols, **TYPED)
+    assert rel.model.types == ("int", "boolean", "double", "bigint", "float")
+    assert rel.receipt()["mechanism_details"]["model"]["column_types"] == list(rel.model.types)
+    assert rel.receipt()["mechanism_details"]["model"]["format_version"] == dpgm.FORMAT_VERSION == 2
+    t = dpgm.synthesize_table(rel.model, 500, seed=1)
+    assert t.column_names == cols
+    assert [t.schema.field(c).type for c in cols] == [pa.int32(), pa.bool_(), pa.float64(), pa.int64(), pa.float32()]
+    # the same records as synthesize(): the 0/1 values cast (the RBM samples binary records)
+    S = dpgm.synthesize(rel.model, 500, seed=1)
+    assert set(np.unique(S)) <= {0.0, 1.0}
+    for j, c in enumerate(cols):
+        np.testing.assert_array_equal(t.column(c).to_numpy(zero_copy_only=False).astype(np.float64), S[:, j])
+    # the model file keeps the types
+    rel.model.save(tmp_path / "m.npz")
+    assert dpgm.DPGMModel.load(tmp_path / "m.npz").types == rel.model.types
+    # a numpy input: its dtype for every column, named x0, x1, ...
+    X = np.column_stack([t.column(c).to_numpy(zero_copy_only=False) for c in ("i", "l")]).astype(np.int16)
+    with insecure_fixed_seed(2):
+        rel_np = release_dpgm(np.vstack([X, X]), **TYPED)
+    tn = dpgm.synthesize_table(rel_np.model, 5, seed=1)
+    assert tn.column_names == ["x0", "x1"] and {f.type for f in tn.schema} == {pa.int16()}
+
+
+def test_casts_round_integers_and_threshold_booleans():
+    """A continuous model (e.g. the Gaussian VAE) gives values in [0, 1]: integer columns get them
+    rounded half up, booleans x >= 0.5, floats unchanged."""
+    X = np.array([[0.49, 0.49, 0.49, 0.49], [0.5, 0.5, 0.5, 0.5], [0.7, 0.2, 1.0, 0.0]])
+    arrays = dpgm.synthetic_arrays(X, ["bigint", "boolean", "double", "tinyint"])
+    assert arrays[0].to_pylist() == [0, 1, 1] and str(arrays[0].type) == "int64"
+    assert arrays[1].to_pylist() == [False, True, False]
+    assert arrays[2].to_pylist() == [0.49, 0.5, 1.0]
+    assert arrays[3].to_pylist() == [0, 1, 0] and str(arrays[3].type) == "int8"
+    assert [dpgm.synthetic_type(t) for t in ("int", "integer", "boolean", "decimal(10,2)", "float", "smallint")] \
+        == ["int", "int", "boolean", "double", "float", "smallint"]
+
+
+def _format1_bytes(m) -> bytes:
+    """A model file of format version 1 (before the column types), as the library wrote it."""
+    import io
+    import json
+
+    header = {"format": "sparkpriv-dpgm", "format_version": 1, "params": m.params.public_dict(), "d": m.d,
+              "public": m.plan_public}
+    buf = io.BytesIO()
+    np.savez(buf, header=np.frombuffer(json.dumps(header, default=float).encode(), np.uint8),
+             thetas=m.thetas, sizes=m.sizes, centers=m.centers)
+    return buf.getvalue()
+
+
+def test_a_format_1_model_still_loads_and_synthesizes_doubles(tmp_path):
+    import pyarrow as pa
+
+    m = _toy_model([5.0, 2.0], [[1.0, -1.0], [0.5, 0.5]])
+    path = tmp_path / "old.npz"
+    path.write_bytes(_format1_bytes(m))
+    back = dpgm.DPGMModel.load(path)
+    assert back.column_types is None and back.types == ("double", "double")
+    assert np.array_equal(back.thetas, m.thetas)
+    t = dpgm.synthesize_table(back, 20, seed=1)
+    assert t.column_names == ["x0", "x1"] and all(f.type == pa.float64() for f in t.schema)
+    # a damaged type list in a format 2 file is refused
+    bad = dpgm.DPGMModel(m.params, m.d, m.thetas, m.sizes, m.centers, column_types=("int", "string"))
+    (tmp_path / "bad.npz").write_bytes(bad.to_bytes())
+    with pytest.raises(ParameterError, match="column types"):
+        dpgm.DPGMModel.load(tmp_path / "bad.npz")
