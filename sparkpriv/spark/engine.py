@@ -291,6 +291,30 @@ def _out_array(batch, name: str, kind: str, values, label):
     return pa.array(values)
 
 
+def _jvm_partition_counts(frame):
+    """Rows per partition of ``frame``, counted in the JVM (no column goes to Python; a Parquet
+    scan reads none), when its plan has no shuffle: its partitions are then its scan's, the
+    same whatever columns are selected. None otherwise (or without a JVM: Spark Connect), and
+    the count runs in the Python tasks over the same frame as the data pass. The data pass
+    checks every partition's count either way."""
+    try:
+        plan = frame._jdf.queryExecution().executedPlan()
+        leaves = plan.collectLeaves()
+        scans = all(leaves.apply(i).getClass().getName().endswith("FileSourceScanExec")
+                    for i in range(leaves.size()))
+        text = plan.toString()
+    except Exception:
+        return None
+    # file scans only: a local relation's projection is evaluated on the driver (every row in
+    # partition 0), and a shuffle's partitions may depend on the columns (adaptive coalescing)
+    if not scans or "Exchange" in text or "ShuffleRead" in text:
+        return None
+    from pyspark.sql import functions as F
+
+    return frame.select(F.spark_partition_id().alias("pid")).groupBy("pid").agg(
+        F.count(F.lit(1)).alias("rows")).collect()
+
+
 class _Indexed:
     """Rows numbered in table order (:meth:`SparkEngine.index`): a count pass gives each partition
     its offset; every task checks it reads as many rows as counted (else the input is not
@@ -311,7 +335,9 @@ class _Indexed:
                                              ["pid", "rows"])
 
         with spark_errors():
-            got = map_batches(self.frame, sparkpriv_count, schema).collect()
+            got = _jvm_partition_counts(self.frame)
+            if got is None:
+                got = map_batches(self.frame, sparkpriv_count, schema).collect()
         counts = np.zeros(max((int(r["pid"]) for r in got), default=-1) + 1, dtype=np.int64)
         for r in got:
             counts[int(r["pid"])] += int(r["rows"])

@@ -154,6 +154,9 @@ def test_every_key_once_and_the_noise_of_the_numpy_core(spark, weights):
     assert np.array_equal(pdf["ci_low"].to_numpy(), expected.ci_low)
     assert np.array_equal(pdf["ci_high"].to_numpy(), expected.ci_high)
     assert np.allclose(pdf["std"], plan.std)
+    diag = rel.diagnostics()  # the bounding pass counts for the owner (it did not before)
+    assert diag["people"] == len({p for p, _t, _h in rows}) and diag["events"] == len(rows)
+    assert diag["events_out_of_vocabulary"] == sum(1 for _, t, _h in rows if index(t, _h) < 0)
     r = rel.receipt()
     assert r["mechanism"] == "counts" and r["guarantee"]["epsilon"] <= 1.0
     assert r["mechanism_details"]["sensitivity"]["l1"] == 12 * (c or 1)

@@ -187,3 +187,28 @@ def test_additive_baseline_on_spark(spark, parts, tmp_path):
     r = json.loads((tmp_path / f"add{parts}" / "_privacy_receipt.json").read_text())
     assert r["mechanism_details"]["scheme"] == "additive" and r["guarantee"]["epsilon"] <= 2.0
     assert rel.diagnostics()["rows"] == N
+
+
+def test_jvm_partition_counts_only_for_file_scans(spark, tmp_path):
+    """The index's count pass runs in the JVM for a file scan (no column sent to Python) and gives
+    the same per-partition counts as the Python count; other plans (a local relation, whose
+    projection the optimizer evaluates on the driver; a shuffle) keep the Python count."""
+    import pandas as pd
+
+    from sparkpriv.spark.engine import SparkEngine, _jvm_partition_counts
+
+    path = str(tmp_path / "t.parquet")
+    _table(spark, 4).write.parquet(path)
+    df = spark.read.parquet(path)
+    got = _jvm_partition_counts(df.select(*FEATURES))
+    assert got is not None
+    jvm = {int(r["pid"]): int(r["rows"]) for r in got}
+    py = dict(enumerate(df.rdd.mapPartitions(lambda it: [sum(1 for _ in it)]).collect()))
+    assert {k: v for k, v in py.items() if v} == jvm and sum(jvm.values()) == N
+    eng = SparkEngine()
+    idx = eng.index(eng.open(df, columns=FEATURES + ["y"], fill=None, caller="test"))
+    assert idx.rows == N
+    local = spark.createDataFrame(pd.DataFrame({"a": [1.0, 2.0, 3.0]}))
+    assert _jvm_partition_counts(local) is None
+    assert _jvm_partition_counts(df.repartition(3)) is None
+    assert _jvm_partition_counts(_table(spark, 2)) is None  # spark.range: not a file scan
