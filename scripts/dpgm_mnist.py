@@ -155,7 +155,7 @@ def dpgm_per_label(Xtr, ytr, *, epsilon, delta, per_label, seed, latent=2, hidde
     from sparkpriv.privacy.random import insecure_fixed_seed, stream
 
     _memoize_calibration()
-    xs, ys, info = [], [], {"releases": []}
+    xs, ys, info = [], [], {"releases": [], "per_cluster": []}
     for lab in range(10):
         Xl = Xtr[ytr == lab]
         with insecure_fixed_seed(seed * 100 + lab):
@@ -177,6 +177,10 @@ def dpgm_per_label(Xtr, ytr, *, epsilon, delta, per_label, seed, latent=2, hidde
         gen = m.generator()
         part = np.concatenate([gen.sample(m.thetas[j], int(c), stream(seed, 91, lab, j), binary=False)
                                for j, c in enumerate(counts) if c > 0])
+        # 8 draws of every cluster's model, whatever its weight (the figure per cluster)
+        info["per_cluster"].append(np.stack([np.clip(gen.sample(m.thetas[j], 8, stream(seed, 93, lab, j),
+                                                                binary=False), 0.0, 1.0) for j in range(m.k)]))
+        part = part[stream(seed, 92, lab).permutation(part.shape[0])]  # clusters mixed, as synthesize() does
         xs.append(np.clip(part, 0.0, 1.0))
         ys.append(np.full(part.shape[0], lab))
     return np.concatenate(xs), np.concatenate(ys), info
@@ -242,6 +246,7 @@ def run(*, small=False, epsilons=(1.0, 4.0, HUGE_EPSILON), latents=(2, 16), delt
                                     "accounted_epsilon_max": max(r["accounted_epsilon"] for r in info["releases"]),
                                     "seconds": time.perf_counter() - t0, "releases": info["releases"]})
                 samples[(lat, eps)] = np.stack([Xs[ys == lab][:8] for lab in range(10)])
+                samples[("clusters", lat, eps)] = np.stack(info.pop("per_cluster"))  # (10, k, 8, 784)
                 log(f"DPGM latent={lat} eps={eps:g}: {res['rows'][-1]['accuracy']:.4f} "
                     f"({time.perf_counter() - t0:.0f} s; total {time.perf_counter() - t_start:.0f} s)")
     res["seconds"] = time.perf_counter() - t_start
