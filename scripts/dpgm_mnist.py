@@ -266,11 +266,13 @@ def main():
     ap.add_argument("--small", action="store_true", help="3,000 training digits, 1 epoch (a test run)")
     ap.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 4.0, HUGE_EPSILON])
     ap.add_argument("--latents", type=int, nargs="+", default=[2, 16])
+    ap.add_argument("--dpgm-epochs", type=float, default=None, help="DP-SGD epochs of every VAE (default 10)")
     ap.add_argument("--delta", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", default="dpgm_mnist.json", help="where to write every number")
     a = ap.parse_args()
-    res, _ = run(small=a.small, epsilons=tuple(a.epsilons), latents=tuple(a.latents), delta=a.delta, seed=a.seed)
+    res, _ = run(small=a.small, epsilons=tuple(a.epsilons), latents=tuple(a.latents), delta=a.delta, seed=a.seed,
+                  dpgm_epochs=a.dpgm_epochs)
     print(table(res))
     with open(a.json, "w") as f:
         json.dump(res, f, indent=1)
