@@ -30,7 +30,7 @@ from scipy import stats
 
 from sparkpriv.privacy.calibration import gdp_mu_for
 
-__all__ = ["adassp"]
+__all__ = ["adassp", "adassp_from_moments"]
 
 
 def adassp(X: np.ndarray, y: np.ndarray, *, epsilon: float, delta: float, bound_x: float, bound_y: float,
@@ -38,13 +38,21 @@ def adassp(X: np.ndarray, y: np.ndarray, *, epsilon: float, delta: float, bound_
     """AdaSSP coefficients for rows already inside the bounds (clip first)."""
     X = np.asarray(X, np.float64)
     y = np.asarray(y, np.float64)
-    d = X.shape[1]
+    return adassp_from_moments(X.T @ X, X.T @ y, epsilon=epsilon, delta=delta, bound_x=bound_x,
+                               bound_y=bound_y, rng=rng, rho=rho)
+
+
+def adassp_from_moments(XX: np.ndarray, Xy: np.ndarray, *, epsilon: float, delta: float, bound_x: float,
+                        bound_y: float, rng: np.random.Generator, rho: float = 0.05) -> np.ndarray:
+    """AdaSSP from the exact moments ``X^T X`` and ``X^T y`` of rows inside the bounds (a table too
+    large for memory: the moments come from one pass)."""
+    XX = np.asarray(XX, np.float64)
+    Xy = np.asarray(Xy, np.float64)
+    d = XX.shape[0]
     mu3 = gdp_mu_for(epsilon, delta) / math.sqrt(3.0)
     s_lam = bound_x**2 / mu3
     s_xx = math.sqrt(2.0) * bound_x**2 / mu3
     s_xy = 2.0 * bound_x * bound_y / mu3
-    XX = X.T @ X
-    Xy = X.T @ y
     lam_min = float(np.linalg.eigvalsh(XX)[0])
     lam_t = max(lam_min + s_lam * rng.standard_normal() - s_lam * float(stats.norm.ppf(1 - rho)), 0.0)
     lam = max(0.0, math.sqrt(d * math.log(2.0 * d * d / rho)) * s_xx - lam_t)

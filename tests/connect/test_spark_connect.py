@@ -39,6 +39,10 @@ MECHANISM_OPTIONS = {
     "projection": {"k": 2, "epsilon": 1.0, "row_bound": 8.0, "keep_columns": ["id"]},
     "dprp": {"epsilon": 2.0, "delta": 1e-5, "lower": [-6.0], "upper": [6.0], "keep_columns": ["id"]},
     "kmeans": {"k": 2, "epsilon": 2.0, "delta": 1e-5, "iterations": 2, "variant": "linear", "row_bound": 8.0},
+    "dpgm": {"epsilon": 4.0, "delta": 1e-5, "k": 2, "sampling_rate": 0.2, "epochs": 1, "hidden": 3, "chains": 10,
+             "kmeans_iterations": 2},
+    "regression": {"columns": ["f0", "f1", "f2"], "target": "f3", "row_bound": 8.0, "epsilon": 1.0,
+                   "delta": 1e-5, "sketch_rows": 20},
 }
 
 
