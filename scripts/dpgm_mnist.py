@@ -29,24 +29,17 @@ Fixed seeds (``insecure_fixed_seed``): these are measurements, not private relea
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import time
 
 import numpy as np
 
+from sparkpriv.bench.regression import read_idx  # the MNIST idx reader
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MNIST_DIR = os.path.normpath(os.path.join(ROOT, "..", "shared", "datasets", "mnist"))
 HUGE_EPSILON = 1e4  # "model only": the noise is negligible
-
-
-def read_idx(path: str) -> np.ndarray:
-    with gzip.open(path) as f:
-        data = f.read()
-    ndim = data[3]
-    shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
-    return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
 
 def load_mnist(directory: str = MNIST_DIR):

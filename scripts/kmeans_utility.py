@@ -22,7 +22,6 @@ its KMeans.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import sys
@@ -32,18 +31,12 @@ import warnings
 
 import numpy as np
 
+from sparkpriv.bench.regression import read_idx  # the MNIST idx reader
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MNIST = os.path.join(ROOT, "..", "shared", "datasets", "mnist")
 EPSILONS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 DELTA = 1e-5
-
-
-def read_idx(path: str) -> np.ndarray:
-    with gzip.open(path) as f:
-        b = f.read()
-    nd = b[3]
-    dims = [int.from_bytes(b[4 + 4 * i: 8 + 4 * i], "big") for i in range(nd)]
-    return np.frombuffer(b, np.uint8, offset=4 + 4 * nd).reshape(dims)
 
 
 def load_mnist():

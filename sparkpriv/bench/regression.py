@@ -149,7 +149,8 @@ def run(*, rows: int, cols: int, sketch_rows: int | None, repeats: int, data_dir
 # ----------------------------------------------------------------------------- utility
 
 
-def _read_idx(path: str) -> np.ndarray:
+def read_idx(path: str) -> np.ndarray:
+    """An MNIST idx file (gzip) as a uint8 array of its declared shape."""
     with gzip.open(path) as f:
         data = f.read()
     ndim = data[3]
@@ -160,8 +161,8 @@ def _read_idx(path: str) -> np.ndarray:
 def load_mnist_49(seed: int = 0):
     """MNIST training digits 4 and 9 (11,791 images), the 300 pixels of most energy, labels +-1;
     an 80/20 split. The pixel choice looks at the data (as the paper does): not private."""
-    X = _read_idx(os.path.join(MNIST_DIR, "train-images.idx3-ubyte.gz")).reshape(-1, 784) / 255.0
-    y = _read_idx(os.path.join(MNIST_DIR, "train-labels.idx1-ubyte.gz"))
+    X = read_idx(os.path.join(MNIST_DIR, "train-images.idx3-ubyte.gz")).reshape(-1, 784) / 255.0
+    y = read_idx(os.path.join(MNIST_DIR, "train-labels.idx1-ubyte.gz"))
     keep = (y == 4) | (y == 9)
     X, y = X[keep], np.where(y[keep] == 4, 1.0, -1.0)
     pix = np.argsort(-(X * X).sum(axis=0))[:300]

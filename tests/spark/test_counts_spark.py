@@ -37,6 +37,21 @@ def _ref_distinct(rows, index):
     return keys
 
 
+def _ref_totals(rows, index, d, c=None):
+    """Per-key totals (numpy, from the raw events): distinct people, or with ``c`` each person's
+    events at a key capped at ``c`` (nobody above the key bound: no truncation)."""
+    if c is None:
+        return np.bincount(_ref_distinct(rows, index), minlength=d)
+    ev = {}
+    for p, t, h in rows:
+        if index(t, h) >= 0:
+            ev[(p, index(t, h))] = ev.get((p, index(t, h)), 0) + 1
+    ref = np.zeros(d, np.int64)
+    for (p, k), n in ev.items():
+        ref[k] += min(n, c)
+    return ref
+
+
 @pytest.mark.parametrize("partitions", [1, 3, 7])
 def test_totals_equal_numpy_reference_without_truncation(spark, partitions):
     rng = np.random.default_rng(partitions)
@@ -137,16 +152,7 @@ def test_every_key_once_and_the_noise_of_the_numpy_core(spark, weights):
     def index(t, h):
         return (t - 100) * 24 + h if 100 <= t < 112 else -1
 
-    if c is None:
-        ref = np.bincount(_ref_distinct(rows, index), minlength=288)
-    else:
-        ev = {}
-        for p, t, h in rows:
-            if index(t, h) >= 0:
-                ev[(p, index(t, h))] = ev.get((p, index(t, h)), 0) + 1
-        ref = np.zeros(288, np.int64)
-        for (p, k), n in ev.items():
-            ref[k] += min(n, c)
+    ref = _ref_totals(rows, index, 288, c)
     assert (ref == 0).any()  # keys no one visited are there too
     plan = plan_counts(CountsParams(epsilon=1.0, max_keys=12, max_events_per_key=c, round=True), 288)
     expected = finalize_counts(ref, plan, stream(seeds["counts-noise"], 0))
@@ -180,16 +186,7 @@ def test_large_domain_path_noises_every_key_once_per_block(spark, weights, monke
     def index(t, h):
         return (t - 100) * 24 + h if 100 <= t < 112 else -1
 
-    if c is None:
-        ref = np.bincount(_ref_distinct(rows, index), minlength=288)
-    else:
-        ev = {}
-        for p, t, h in rows:
-            if index(t, h) >= 0:
-                ev[(p, index(t, h))] = ev.get((p, index(t, h)), 0) + 1
-        ref = np.zeros(288, np.int64)
-        for (p, k), n in ev.items():
-            ref[k] += min(n, c)
+    ref = _ref_totals(rows, index, 288, c)
     plan = plan_counts(CountsParams(epsilon=1.0, max_keys=12, max_events_per_key=c, clamp=True), 288)
     outs = []
     for parts in (1, 5):
