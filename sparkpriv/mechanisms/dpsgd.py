@@ -315,7 +315,8 @@ def dp_step(model, X: np.ndarray, theta: np.ndarray, state, *, clip: float, samp
             noise: _noise.GaussianNoise | None, n_pub: float, seed: int, cluster: int, step: int):
     """One DP-SGD gradient estimate: ``(grad, new_state, batch_size)``.
 
-    ``model`` has ``clipped_sum(Xb, theta, clip, rng) -> (sum, sq_norms)`` and
+    ``X``: the cluster's rows, a dense array or a scipy CSR matrix (event records: only the
+    sampled batch is made dense). ``model`` has ``clipped_sum(Xb, theta, clip, rng) -> (sum, sq_norms)`` and
     ``model_term(theta, state, rng, clip) -> (grad, state)`` (data-independent).
     The batch is a Poisson sample of the rows of ``X`` from ``stream(seed,
     SAMPLE_STAGE, cluster, step)``; the noise is drawn from ``stream(seed,
@@ -327,6 +328,8 @@ def dp_step(model, X: np.ndarray, theta: np.ndarray, state, *, clip: float, samp
 
     mask = poisson_mask(X.shape[0], sampling_rate, stream(seed, SAMPLE_STAGE, cluster, step))
     Xb = X[mask]
+    if hasattr(Xb, "toarray"):  # sparse rows (scipy CSR; event records): only the batch is densified
+        Xb = Xb.toarray()
     mrng = stream(seed, MODEL_STAGE, cluster, step)
     s, _ = model.clipped_sum(Xb, theta, clip, mrng)
     if noise is None:
