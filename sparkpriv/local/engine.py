@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from sparkpriv.errors import InputError, ParameterError, SchemaError
-from sparkpriv.mechanisms.protocol import InputFacts, TableRows
+from sparkpriv.mechanisms.protocol import InputFacts, SparseRows, TableRows
 
 __all__ = ["LocalEngine", "LocalSource", "accepts", "coerce_classes", "label_codes", "sql_type_name"]
 
@@ -323,9 +323,9 @@ def _as_type(v: np.ndarray, t):
 
 
 class _Cache:
-    def __init__(self, blocks: list[np.ndarray]):
-        self.blocks = blocks
-        self.rows = int(sum(b.shape[0] for b in blocks))
+    def __init__(self, blocks: list):
+        self.blocks = blocks  # (rows, dim) float64 matrices, or SparseRows (``cache(..., sparse=True)``)
+        self.rows = int(sum(b.n if isinstance(b, SparseRows) else b.shape[0] for b in blocks))
 
     def aggregate(self, fn: Callable[[np.ndarray], np.ndarray], size: int) -> np.ndarray:
         acc = np.zeros(size, dtype=np.float64)
@@ -400,7 +400,11 @@ class LocalEngine:
         ``.aggregate(fn, size)`` summing ``fn(block, start)``."""
         return _Indexed(source, self.block_rows)
 
-    def cache(self, source: LocalSource, fn, dim: int) -> _Cache:
+    def cache(self, source: LocalSource, fn, dim: int, *, sparse: bool = False) -> _Cache:
+        """``fn(block)`` of every block, kept for every pass: ``(rows, dim)`` float64 matrices, or
+        with ``sparse`` the :class:`SparseRows` blocks ``fn`` returns (event records, as they are)."""
+        if sparse:
+            return _Cache([fn(X) for X in source.blocks(self.block_rows)])
         return _Cache([np.ascontiguousarray(fn(X), dtype=np.float64) for X in source.blocks(self.block_rows)])
 
     def train_groups(self, source: LocalSource, group_fn, train_fn, k: int, dim: int, width: int, *,
@@ -418,12 +422,18 @@ class LocalEngine:
         for block in source.blocks(self.block_rows):
             g, X = group_fn(block)
             groups.append(np.asarray(g, dtype=np.int64))
-            rows.append(np.asarray(X, dtype=np.float64).reshape(-1, width))
+            rows.append(X if isinstance(X, SparseRows) else np.asarray(X, dtype=np.float64).reshape(-1, width))
         g = np.concatenate(groups) if groups else np.zeros(0, np.int64)
-        X = np.concatenate(rows) if rows else np.zeros((0, width))
+        sparse = bool(rows) and isinstance(rows[0], SparseRows)
+        if sparse:  # event records: one CSR matrix; a group trains on its rows of it
+            from sparkpriv.mechanisms.sparse import stack_csr
+
+            X = stack_csr(rows, width)
+        else:
+            X = np.concatenate(rows) if rows else np.zeros((0, width))
         out = np.zeros((int(k), int(dim)))
         for j in range(int(k)):
-            rows_j = np.ascontiguousarray(X[g == j])
+            rows_j = X[g == j] if sparse else np.ascontiguousarray(X[g == j])
             if on_train is None:
                 out[j] = train_fn(j, rows_j)
             else:

@@ -67,7 +67,7 @@ from sparkpriv.privacy.random import new_secret_seed, stream
 
 __all__ = ["MODELS", "FORMAT_VERSION", "MODEL_FILE", "DPGMParams", "DPGMPlan", "DPGMModel", "calibrate_dpgm",
            "requested_event", "plan_for_rows", "plan_dpgm", "fit_dpgm_array", "assign_clusters",
-           "train_clusters", "synthesize", "synthesize_part", "synthesize_table", "synthetic_type",
+           "train_clusters", "assign_sparse", "synthesize", "synthesize_part", "synthesize_table", "synthetic_type",
            "synthetic_arrays", "SYNTHETIC_TYPES", "query_spread", "QuerySpread", "answer_dense",
            "DPGM", "DPGM_MECHANISM"]
 
@@ -564,7 +564,7 @@ def dense_rows(block) -> np.ndarray:
 
 
 def _dense_features_fn(fmap, counters):
-    """Block -> the linear k-means features (the clipped rows), event records densified first."""
+    """Block -> the linear k-means features (the clipped rows) of a table block."""
     from sparkpriv.mechanisms.kmeans import _features_fn
 
     inner = _features_fn(fmap, counters)
@@ -575,11 +575,58 @@ def _dense_features_fn(fmap, counters):
     return features
 
 
+def _records_fn(counters):
+    """Bounded event records -> themselves (sparse; the engine caches them as they are). They
+    already satisfy the k-means bounds: binary, at most ``L`` items, so inside the box and the row
+    bound ``sqrt(L)`` (nothing is clipped); the rows are counted for the owner."""
+
+    def records(block):
+        if counters is not None:
+            counters[0].add(int(block.n))
+        return block
+
+    return records
+
+
+def assign_sparse(block, centers: np.ndarray) -> np.ndarray:
+    """The nearest centre of each sparse record (:class:`~sparkpriv.mechanisms.protocol.SparseRows`
+    within the box and the row bound, as bounded records are): ``argmin_j ||c_j||^2 - 2 x . c_j``,
+    the dense :func:`~sparkpriv.mechanisms.kmeans.assign_nearest` without densifying (``x . c_j``
+    is the sum of ``c_j`` at the record's items); internal, never released."""
+    from sparkpriv.mechanisms.sparse import project_sparse_rows
+
+    if block.n == 0:
+        return np.zeros(0, dtype=np.int64)
+    centers = np.asarray(centers, dtype=np.float64)
+    cn = np.einsum("ij,ij->i", centers, centers)
+    scores = project_sparse_rows(block.offsets, block.indices, block.values, np.ascontiguousarray(centers.T))
+    return np.argmin(cn[None, :] - 2.0 * scores, axis=1)
+
+
+def _records_stats_fn(centers: np.ndarray):
+    """Sparse records -> one Lloyd iteration's counts and sums, in
+    :func:`~sparkpriv.mechanisms.kmeans.cluster_stats`'s layout (the linear features are the rows)."""
+    from sparkpriv.mechanisms.kmeans import cluster_input_sums_sparse
+
+    centers = np.array(centers, dtype=np.float64, copy=True)
+    k = centers.shape[0]
+
+    def stats(block):
+        return cluster_input_sums_sparse(assign_sparse(block, centers), block.offsets, block.indices,
+                                         block.values, k, block.d)
+
+    return stats
+
+
 def _group_fn(centers: np.ndarray, row_bound: float):
-    """Block -> (each row's nearest released centre, the rows clipped to the box [0, 1]); internal."""
+    """Block -> (each row's nearest released centre, the rows clipped to the box [0, 1]); internal.
+    Bounded event records stay sparse (the engine ships them so, and a cluster trains on a CSR
+    matrix whose sampled batches alone are made dense)."""
     centers = np.array(centers, dtype=np.float64, copy=True)
 
     def group(block):
+        if isinstance(block, _proto.SparseRows):
+            return assign_sparse(block, centers), block
         X = np.clip(dense_rows(block), 0.0, 1.0)
         return assign_clusters(X, centers, row_bound), X
 
@@ -708,7 +755,13 @@ class DPGM(_proto.Mechanism):
         fmap = make_feature_map("linear", bounds, caller=progress.caller)
         k, dim = params.k, fmap.dim
         counters = engine.counters(("rows", "rows_box_clipped", "rows_norm_clipped"))
-        cache = engine.cache(source, _dense_features_fn(fmap, counters), dim)
+        records = source.kind == "records"  # kept sparse: d floats per person would not fit at scale
+        if records:
+            cache = engine.cache(source, _records_fn(counters), dim, sparse=True)
+            stats_fn = _records_stats_fn
+        else:
+            cache = engine.cache(source, _dense_features_fn(fmap, counters), dim)
+            stats_fn = _stats_fn
         try:
             n = cache.rows
             if n == 0:
@@ -724,7 +777,7 @@ class DPGM(_proto.Mechanism):
                 progress.step("kmeans iteration", t, kplan.iterations)
 
             kmodel, history = fit_from_stats(kplan, fmap, centres0,
-                                             lambda c: cache.aggregate(_stats_fn(c), k * (dim + 1)),
+                                             lambda c: cache.aggregate(stats_fn(c), k * (dim + 1)),
                                              None, seed, log)
         finally:
             cache.release()

@@ -64,6 +64,11 @@ __all__ = [
     "clip_sparse_rows",
     "project_sparse_rows",
     "densify_rows",
+    "take_rows",
+    "rows_to_bytes",
+    "rows_from_bytes",
+    "rows_count_of_bytes",
+    "stack_csr",
     "plan_sparse_projection",
 ]
 
@@ -457,6 +462,90 @@ def project_sparse_rows(offsets, indices, values, P: np.ndarray, *, kern=_compil
 def densify_rows(offsets, indices, values, d: int) -> np.ndarray:
     """The dense (n_people, d) table of sparse records (small data and tests only)."""
     return _csr(offsets, indices, values, d).toarray()
+
+
+def take_rows(block, rows) -> "SparseRows":
+    """The records of ``block`` (a :class:`~sparkpriv.mechanisms.protocol.SparseRows`) at the
+    positions ``rows`` (int array, in that order), as a new block; vectorised, no loop over rows."""
+    from sparkpriv.mechanisms.protocol import SparseRows
+
+    off = np.asarray(block.offsets, np.int64)
+    rows = np.asarray(rows, np.int64)
+    lengths = off[rows + 1] - off[rows]
+    new_off = np.zeros(rows.size + 1, np.int64)
+    np.cumsum(lengths, out=new_off[1:])
+    pos = np.repeat(off[rows] - new_off[:-1], lengths) + np.arange(int(new_off[-1]), dtype=np.int64)
+    idx = np.asarray(block.indices)[pos]
+    vals = None if block.values is None else np.asarray(block.values, np.float64)[pos]
+    return SparseRows(new_off, idx, vals, int(block.d))
+
+
+_ROWS_MAGIC = 0x53505231  # "SPR1": the byte layout of rows_to_bytes
+
+
+def rows_to_bytes(block) -> bytes:
+    """A block of sparse records as bytes (an engine caches or ships it; :func:`rows_from_bytes`):
+    int64 header ``[magic, rows, stored items, has values, d]``, the ``rows + 1`` int64 offsets
+    (from 0), the int32 item indices, then the float64 values if any."""
+    off = np.asarray(block.offsets, np.int64)
+    off = off - off[0]
+    nnz = int(off[-1])
+    idx = np.asarray(block.indices)[int(block.offsets[0]):int(block.offsets[0]) + nnz]
+    vals = block.values
+    head = np.array([_ROWS_MAGIC, off.size - 1, nnz, 0 if vals is None else 1, int(block.d)], np.int64)
+    parts = [head.tobytes(), off.tobytes(), np.ascontiguousarray(idx, dtype=np.int32).tobytes()]
+    if vals is not None:
+        start = int(block.offsets[0])
+        parts.append(np.ascontiguousarray(np.asarray(vals, np.float64)[start:start + nnz]).tobytes())
+    return b"".join(parts)
+
+
+def _rows_header(buf) -> np.ndarray:
+    head = np.frombuffer(buf, dtype=np.int64, count=5)
+    if int(head[0]) != _ROWS_MAGIC:
+        raise ValueError("not a block of sparse records (rows_to_bytes)")
+    return head
+
+
+def rows_count_of_bytes(buf) -> int:
+    """The number of records in a :func:`rows_to_bytes` buffer (its header only)."""
+    return int(_rows_header(buf)[1])
+
+
+def rows_from_bytes(buf) -> "SparseRows":
+    """The block of :func:`rows_to_bytes` (arrays are views of ``buf``: read-only)."""
+    from sparkpriv.mechanisms.protocol import SparseRows
+
+    _, n, nnz, has_values, d = (int(v) for v in _rows_header(buf))
+    at = 40
+    off = np.frombuffer(buf, dtype=np.int64, count=n + 1, offset=at)
+    at += 8 * (n + 1)
+    idx = np.frombuffer(buf, dtype=np.int32, count=nnz, offset=at)
+    at += 4 * nnz
+    vals = np.frombuffer(buf, dtype=np.float64, count=nnz, offset=at) if has_values else None
+    return SparseRows(off, idx, vals, d)
+
+
+def stack_csr(blocks, d: int):
+    """One scipy CSR matrix ``(rows, d)`` float64 of the blocks' records, in order."""
+    from scipy.sparse import csr_matrix
+
+    blocks = list(blocks)
+    sizes = [int(np.asarray(b.offsets)[-1] - np.asarray(b.offsets)[0]) for b in blocks]
+    n = sum(b.n for b in blocks)
+    off = np.zeros(n + 1, np.int64)
+    idx = np.empty(sum(sizes), np.int32)
+    vals = np.ones(sum(sizes), np.float64)
+    r = at = 0
+    for b, m in zip(blocks, sizes):
+        o = np.asarray(b.offsets, np.int64)
+        off[r + 1:r + b.n + 1] = o[1:] - o[0] + at
+        idx[at:at + m] = np.asarray(b.indices)[o[0]:o[0] + m]
+        if b.values is not None:
+            vals[at:at + m] = np.asarray(b.values, np.float64)[o[0]:o[0] + m]
+        r += b.n
+        at += m
+    return csr_matrix((vals, idx, off), shape=(n, int(d)))
 
 
 # --------------------------------------------------------------------------- calibration

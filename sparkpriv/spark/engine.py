@@ -44,6 +44,7 @@ import pyarrow as pa
 
 from sparkpriv.local.engine import coerce_classes, label_codes
 from sparkpriv.mechanisms.protocol import InputFacts, SparseRows, TableRows
+from sparkpriv.mechanisms.sparse import rows_count_of_bytes, rows_from_bytes, rows_to_bytes, stack_csr, take_rows
 from sparkpriv.spark.batches import (_marked, batch_matrix, has_rdd, map_batches, owner_counters, spark_errors,
                                      sum_partials)
 from sparkpriv.spark.events import BoundedRecords, counters_dict, make_counters
@@ -230,18 +231,29 @@ def _add_vectors(a, b):
     return a + b
 
 
-class _Cache:
-    """Feature blocks cached once for every pass of an iterative mechanism."""
+def _sparse_rows_count(buf) -> int:
+    return rows_count_of_bytes(buf)
 
-    def __init__(self, dim: int, *, rdd=None, df=None):
+
+class _Cache:
+    """Feature blocks cached once for every pass of an iterative mechanism: ``(rows, dim)``
+    float64 matrices as raw bytes, or (``sparse``) blocks of sparse records
+    (:func:`~sparkpriv.mechanisms.sparse.rows_to_bytes`), which ``aggregate`` gives to ``fn`` as
+    :class:`SparseRows`."""
+
+    def __init__(self, dim: int, *, rdd=None, df=None, sparse: bool = False):
         from pyspark import StorageLevel
 
         self.dim = dim
+        self.sparse = sparse
         self.rdd = self.df = None
         if rdd is not None:
             self.rdd = rdd.persist(StorageLevel.MEMORY_AND_DISK)
             with spark_errors():
-                self.rows = int(self.rdd.map(len).sum()) // (8 * dim) if dim else 0
+                if sparse:
+                    self.rows = int(self.rdd.map(_sparse_rows_count).sum())
+                else:
+                    self.rows = int(self.rdd.map(len).sum()) // (8 * dim) if dim else 0
         else:
             self.df = df.persist(StorageLevel.MEMORY_AND_DISK)
             with spark_errors():
@@ -249,11 +261,18 @@ class _Cache:
 
     def aggregate(self, fn, size: int) -> np.ndarray:
         dim = self.dim
+        sparse = self.sparse
+
+        def decode(buf):
+            if sparse:
+                return rows_from_bytes(buf)
+            return np.frombuffer(buf, dtype=np.float64).reshape(-1, dim)
+
         if self.rdd is not None:
             def sparkpriv_cached_pass(blocks):
                 acc = np.zeros(size, dtype=np.float64)
                 for buf in blocks:
-                    acc += fn(np.frombuffer(buf, dtype=np.float64).reshape(-1, dim))
+                    acc += fn(decode(buf))
                 yield acc
 
             with spark_errors():
@@ -264,7 +283,7 @@ class _Cache:
             for b in batches:
                 col = b.column(0)
                 for i in range(b.num_rows):  # one iteration per cached block, not per row
-                    acc += fn(np.frombuffer(col[i].as_buffer(), dtype=np.float64).reshape(-1, dim))
+                    acc += fn(decode(col[i].as_buffer()))
             return acc
 
         with spark_errors():
@@ -439,7 +458,10 @@ class SparkEngine:
             strings = [source.labels[0]] if source.labels else []
             return scan_aggregate(source.input, source.read_columns, sparkpriv_partial, size, strings=strings)
 
-    def cache(self, source, fn, dim: int) -> _Cache:
+    def cache(self, source, fn, dim: int, *, sparse: bool = False) -> _Cache:
+        """``fn(block)`` of every block, cached for every pass: ``(rows, dim)`` float64 matrices, or
+        with ``sparse`` the :class:`SparseRows` blocks ``fn`` returns (bounded event records kept
+        sparse: a person costs their items, not ``dim`` floats)."""
         # cached records of at most CACHE_BLOCK_BYTES: the JVM holds each as one byte array (a
         # 65,536-row batch of 256 kernel features is 134 MB: a 1 GB default heap ran out)
         step = max(1, CACHE_BLOCK_BYTES // (8 * max(dim, 1)))
@@ -449,7 +471,20 @@ class SparkEngine:
                 for i in range(0, max(Z.shape[0], 1), step):
                     yield _block(Z[i:i + step])
 
+        def sparkpriv_sparse_features(batches, pid):
+            for R in blocks(batches):
+                yield pa.RecordBatch.from_arrays([pa.array([rows_to_bytes(R)], pa.binary()),
+                                                  pa.array([R.n], pa.int64())], ["z", "rows"])
+
         blocks = source.batch_fn(fn)
+        if sparse:
+            if source.kind != "records":
+                raise ValueError("cache(sparse=True) is for bounded event records")
+            blocks_df = map_batches(source.records.grouped, sparkpriv_sparse_features, _blocks_schema())
+            with self.watch(BOUNDING):
+                if has_rdd(blocks_df):
+                    return _Cache(dim, rdd=blocks_df.rdd.map(_block_bytes), sparse=True)
+                return _Cache(dim, df=blocks_df, sparse=True)
         if source.kind == "table":
             scan = parquet_scan(source.input, list(source.columns))
             if scan is not None:  # local Parquet from read_table: the workers read the row groups
@@ -499,6 +534,7 @@ class SparkEngine:
         from sparkpriv.spark.events import in_person_hash_order
 
         k, dim, width = int(k), int(dim), int(width)
+        sparse_groups = source.kind == "records"  # group_fn keeps event records as SparseRows
         if source.kind == "records":  # read in the keyed person layout, each task in _pk order
             bound, d = source.records.record_fn(None), source.records.d
             frame = source.records.layout
@@ -522,9 +558,14 @@ class SparkEngine:
             for b, block in enumerate(blocks_of(batches)):
                 g, X = group_fn(block)
                 g = np.asarray(g, dtype=np.int64)
-                X = np.asarray(X, dtype=np.float64).reshape(-1, width)
+                sparse = isinstance(X, SparseRows)
+                if not sparse:
+                    X = np.asarray(X, dtype=np.float64).reshape(-1, width)
                 for j in np.unique(g):
-                    z = np.ascontiguousarray(X[g == j]).tobytes()
+                    if sparse:  # event records travel sparse: a person's items, not width floats
+                        z = rows_to_bytes(take_rows(X, np.flatnonzero(g == j)))
+                    else:
+                        z = np.ascontiguousarray(X[g == j]).tobytes()
                     yield pa.RecordBatch.from_arrays(
                         [pa.array([int(j)], pa.int64()), pa.array([pid], pa.int64()), pa.array([b], pa.int64()),
                          pa.array([z], pa.binary())], ["group", "pid", "block", "z"])
@@ -534,7 +575,10 @@ class SparkEngine:
 
             j = int(pdf["group"].iloc[0])
             pdf = pdf.sort_values(["pid", "block"], kind="stable")
-            X = np.concatenate([np.frombuffer(z, dtype=np.float64).reshape(-1, width) for z in pdf["z"]])
+            if sparse_groups:  # one CSR matrix of the cluster's records; DP-SGD densifies a batch only
+                X = stack_csr([rows_from_bytes(z) for z in pdf["z"]], width)
+            else:
+                X = np.concatenate([np.frombuffer(z, dtype=np.float64).reshape(-1, width) for z in pdf["z"]])
             theta = np.asarray(train_fn(j, X), dtype=np.float64)
             return pd.DataFrame({"group": [j], "theta": [theta.tobytes()]})
 
