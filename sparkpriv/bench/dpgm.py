@@ -12,16 +12,30 @@ units, 2-d latent) and each batch size, on one core (BLAS threads limited to
   the grid (one draw per parameter);
 
 and their ratio (the DP overhead; target <= 1.5x). Records are random sparse
-binary rows (about 11 items of ``--items``) or uniform [0, 1] rows. A
-benchmark, not a test: it asserts nothing. Prints a table and, as its last
-line, one JSON object.
+binary rows (about 11 items of ``--items``) or uniform [0, 1] rows.
+
+With ``--release-people N`` (or ``--events PATH``, a ``sparkpriv generate cdr``
+table), also the wall time of the WHOLE release (bounding, DP k-means, the
+clusters' DP-SGD, the model file) on a Spark standalone cluster started for the
+run (``local-cluster[E, 1, MB]``: E executors of one core each, launched by
+worker JVMs as on a real cluster), for each ``--executors`` count, alternating
+the counts over ``--release-repeats`` rounds, each run in its own process (its
+own JVMs); the ratio of the medians is the speed-up from 1 to 2 executors
+(clusters train in parallel; target >= 1.7x). Each run also reports the
+driver's peak resident memory (the Python driver process, which holds the
+model parameters only: flat in N). A benchmark, not a test: it asserts
+nothing. Prints tables and, as its last line, one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
@@ -36,12 +50,115 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vae-hidden", type=int, default=200, help="VAE hidden units [default: 200]")
     parser.add_argument("--batches", type=str, default="256,1024", help="batch sizes [default: 256,1024]")
     parser.add_argument("--repeats", type=int, default=7, help="timed repeats per case [default: 7]")
+    parser.add_argument("--release-people", type=int, default=0,
+                        help="also time whole DPGM releases of a generated CDR table of this many people "
+                             "[default: 0, off]")
+    parser.add_argument("--events", default=None, help="time releases of this event table (sparkpriv "
+                        "generate cdr output) instead of generating one")
+    parser.add_argument("--executors", default="1,2", help="executor counts of the release runs [default: 1,2]")
+    parser.add_argument("--executor-memory", type=int, default=6144, help="MB per executor [default: 6144]")
+    parser.add_argument("--release-repeats", type=int, default=2, help="rounds of release runs [default: 2]")
+    parser.add_argument("--release-args", default="--sampling-rate 0.002 --epochs 0.8 --max-items 128",
+                        help="release options of the runs (k, sampling rate, epochs, max items) "
+                             "[default: '--sampling-rate 0.002 --epochs 0.8 --max-items 128']")
+    parser.add_argument("--workdir", default=None, help="where a generated table is kept [default: a temp dir]")
+    parser.add_argument("--skip-step", action="store_true", help="only the release runs")
 
 
 def run_from_args(args: argparse.Namespace) -> dict:
     batches = [int(b) for b in str(args.batches).split(",") if b]
-    return run(items=args.items, rbm_hidden=args.rbm_hidden, vae_cols=args.vae_cols,
-               vae_hidden=args.vae_hidden, batches=batches, repeats=args.repeats)
+    out = {}
+    if not args.skip_step:
+        out = run(items=args.items, rbm_hidden=args.rbm_hidden, vae_cols=args.vae_cols,
+                  vae_hidden=args.vae_hidden, batches=batches, repeats=args.repeats, last_line=False)
+    if args.release_people or args.events:
+        out["release"] = run_releases(people=args.release_people, events=args.events,
+                                      executors=[int(e) for e in str(args.executors).split(",") if e],
+                                      executor_mb=args.executor_memory, repeats=args.release_repeats,
+                                      release_args=str(args.release_args).split(), workdir=args.workdir)
+    print(json.dumps(out))
+    return out
+
+
+def _child(argv) -> None:
+    """One timed release in this process (its own Spark application): prints one JSON line."""
+    import resource
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--events", required=True)
+    ap.add_argument("--master", required=True)
+    ap.add_argument("--executor-mb", type=int, required=True)
+    ap.add_argument("--output", required=True)
+    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--sampling-rate", type=float, default=0.002)
+    ap.add_argument("--epochs", type=float, default=0.8)
+    ap.add_argument("--max-items", type=int, default=128)
+    a = ap.parse_args(argv)
+    from sparkpriv.api import release_dpgm
+    from sparkpriv.spark.events import bound_contributions
+    from sparkpriv.spark.generate_events import CDR_MODEL
+    from sparkpriv.spark.session import get_spark
+
+    t0 = time.perf_counter()
+    spark = get_spark({"spark.executor.memory": f"{a.executor_mb}m", "spark.driver.memory": "2g",
+                       "spark.sql.shuffle.partitions": "16"}, master=a.master, app_name="sparkpriv-bench-dpgm")
+    started = time.perf_counter() - t0
+    events = spark.read.parquet(a.events)
+    t = time.perf_counter()
+    records = bound_contributions(events, person="caller_id", item="tower_id", max_items=a.max_items,
+                                  vocabulary=f"0..{CDR_MODEL.items - 1}")
+    rel = release_dpgm(records, epsilon=1.0, delta=1e-7, k=a.k, sampling_rate=a.sampling_rate, epochs=a.epochs,
+                       source=a.events)
+    rel.write(a.output)
+    seconds = time.perf_counter() - t
+    print(json.dumps({"seconds": seconds, "startup_seconds": started, "n": rel.public.get("model", {}).get("n"),
+                      "steps": rel.public.get("steps"),
+                      "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}),
+          flush=True)
+    spark.stop()
+
+
+def run_releases(*, people: int, events: str | None, executors, executor_mb: int, repeats: int,
+                 release_args, workdir: str | None) -> dict:
+    """Whole DPGM releases on ``local-cluster`` masters, alternating executor counts (module docstring)."""
+    work = workdir or tempfile.mkdtemp(prefix="sparkpriv-bench-dpgm-")
+    if events is None:
+        events = os.path.join(work, f"cdr-{people}")
+        if not os.path.exists(os.path.join(events, "_SUCCESS")):
+            from sparkpriv.spark.generate_events import generate_cdr
+            from sparkpriv.spark.session import get_spark
+
+            spark = get_spark({"spark.driver.memory": "4g"})
+            generate_cdr(spark, people=people, seed=0).write.mode("overwrite").parquet(events)
+    env = dict(os.environ, SPARK_LOCAL_IP=os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"))
+    times: dict = {e: [] for e in executors}
+    runs = []
+    for r in range(int(repeats)):
+        for e in executors:
+            out = os.path.join(work, f"release-{e}-{r}")
+            cmd = [sys.executable, "-m", "sparkpriv.bench.dpgm", "--child", "--events", events,
+                   "--master", f"local-cluster[{e},1,{executor_mb}]", "--executor-mb", str(executor_mb),
+                   "--output", out, *release_args]
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+            if p.returncode != 0 or not lines:
+                raise RuntimeError(f"release run with {e} executor(s) failed (exit {p.returncode}):\n"
+                                   f"{p.stderr[-3000:]}")
+            res = dict(json.loads(lines[-1]), executors=e, round=r + 1)
+            runs.append(res)
+            times[e].append(res["seconds"])
+            print(f"round {r + 1}, {e} executor(s): {res['seconds']:.1f} s (driver peak RSS "
+                  f"{res['driver_peak_rss_mb']:.0f} MB)", flush=True)
+    med = {e: statistics.median(v) for e, v in times.items()}
+    print("| executors | runs (s) | median (s) |")
+    print("|---|---|---|")
+    for e in executors:
+        print(f"| {e} | {', '.join(f'{t:.1f}' for t in times[e])} | {med[e]:.1f} |")
+    out = {"events": events, "runs": runs, "median_seconds": {str(e): v for e, v in med.items()}}
+    if len(executors) >= 2:
+        out["speedup"] = med[executors[0]] / med[executors[-1]]
+        print(f"speed-up {executors[0]} -> {executors[-1]} executors: {out['speedup']:.2f}x")
+    return out
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -55,7 +172,7 @@ def _median_time(fn, repeats: int) -> float:
 
 
 def run(*, items: int = 1303, rbm_hidden: int = 32, vae_cols: int = 784, vae_hidden: int = 200,
-        batches=(256, 1024), repeats: int = 7) -> dict:
+        batches=(256, 1024), repeats: int = 7, last_line: bool = True) -> dict:
     from threadpoolctl import threadpool_limits
 
     from sparkpriv.mechanisms import dpsgd
@@ -99,11 +216,15 @@ def run(*, items: int = 1303, rbm_hidden: int = 32, vae_cols: int = 784, vae_hid
         print(f"| {r['model']} | {r['params']} | {r['batch']} | {r['plain_examples_per_s']:.0f} | "
               f"{r['dp_examples_per_s']:.0f} | {r['overhead']:.2f}x | {r['noise_ms']:.1f} |")
     out = {"rows": rows}
-    print(json.dumps(out))
+    if last_line:
+        print(json.dumps(out))
     return out
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--child"]:
+        _child(sys.argv[2:])
+        raise SystemExit(0)
     from sparkpriv.bench import module_main
 
     raise SystemExit(module_main("dpgm"))

@@ -64,3 +64,23 @@ def test_bench_cdr_smoke(spark, tmp_path, capsys):
     ncpu = os.cpu_count()
     for secs, cpu in zip(a + b, res["cpu_seconds_each_repeat"] + res["floor_cpu_seconds_each_repeat"]):
         assert 0 < cpu <= ncpu * secs + 0.2
+
+
+def test_bench_dpgm_release_runs_on_a_local_cluster(spark, tmp_path, capsys):
+    """``bench dpgm --release-people``: a whole release in its own process on a standalone
+    ``local-cluster`` (a worker JVM launching the executor), its JSON line, the model file written."""
+    import argparse
+
+    from sparkpriv.bench import dpgm
+
+    p = argparse.ArgumentParser()
+    dpgm.add_arguments(p)
+    args = p.parse_args(["--skip-step", "--release-people", "1500", "--executors", "1", "--release-repeats", "1",
+                         "--executor-memory", "1024", "--workdir", str(tmp_path),
+                         "--release-args", "--k 3 --sampling-rate 0.05 --epochs 0.2 --max-items 16"])
+    res = dpgm.run_from_args(args)
+    assert _last_json(capsys) == json.loads(json.dumps(res))
+    (run,) = res["release"]["runs"]
+    assert run["executors"] == 1 and run["seconds"] > 0 and run["driver_peak_rss_mb"] > 0
+    assert run["steps"] == 4 and 1000 < run["n"] <= 1500  # people with events; ceil(0.2 / 0.05) steps
+    assert os.path.exists(tmp_path / "release-1-0" / "_dpgm_model.npz")
