@@ -686,7 +686,11 @@ def _train_fn(plan: DPGMPlan, sizes: np.ndarray, centers: np.ndarray, seed: int)
     def train(j, Xj, report=None):
         labels = np.full(Xj.shape[0], int(j))
         on_step = None if report is None else (lambda _j, t, steps: report(t, steps))
-        return train_clusters(Xj, labels, sizes, centers, plan, seed, clusters=[int(j)], on_step=on_step)[int(j)]
+        clips: dict = {}
+        theta = train_clusters(Xj, labels, sizes, centers, plan, seed, clusters=[int(j)], on_step=on_step,
+                               clips=clips)[int(j)]
+        # quantile clipping: the final clip (post-processing of released counts) rides after theta
+        return np.append(theta, clips[int(j)]) if plan.quantile else theta
 
     return train
 
@@ -829,11 +833,15 @@ class DPGM(_proto.Mechanism):
         progress.log("dpgm: training %d %s model(s), %d DP-SGD steps each", k, params.model, dplan.steps)
         gen_dim = _make_model(params, d).dim
         thetas = engine.train_groups(source, _group_fn(centers, bounds.row_bound),
-                                     _train_fn(dplan, sizes, centers, seed), k, gen_dim, d,
+                                     _train_fn(dplan, sizes, centers, seed), k, gen_dim + int(dplan.quantile), d,
                                      on_train=_training_progress(progress, dplan, plan.epsilon),
                                      what="dpgm training")
-        model = DPGMModel(params, d, np.asarray(thetas, float), sizes, centers, dplan.to_public_dict(),
-                          st.column_types or None)
+        thetas = np.asarray(thetas, float)
+        model_public = dplan.to_public_dict()
+        if dplan.quantile:  # each cluster's final clip rides after its theta
+            model_public["final_clips"] = final_clips_public(thetas[:, gen_dim])
+            thetas = np.ascontiguousarray(thetas[:, :gen_dim])
+        model = DPGMModel(params, d, thetas, sizes, centers, model_public, st.column_types or None)
         rows = [(j, float(sizes[j]), [float(v) for v in centers[j]]) for j in range(k)]
         table = engine.table(rows, [("cluster", "int", False), ("size", "double", False),
                                     ("center", "array<double>", False)])

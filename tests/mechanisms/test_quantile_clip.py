@@ -262,3 +262,51 @@ def test_bad_values_name_the_parameter(name, value):
     params = dpgm.DPGMParams(epsilon=1.0, delta=1e-5, **dict({"clip_quantile": 0.5}, **{name: value}))
     with pytest.raises(ParameterError, match=name):
         dpgm.plan_dpgm(params, n=400, d=10)
+
+
+_RELEASE = dict(k=2, epsilon=5.0, delta=1e-5, kmeans_iterations=2, sampling_rate=0.2, epochs=1.0, hidden=3,
+                chains=10, clip_quantile=0.5, clip_lr=0.3)
+
+
+def _arrow_of(X):
+    import pyarrow as pa
+
+    return pa.table({f"c{j}": X[:, j] for j in range(X.shape[1])})
+
+
+def test_release_dpgm_with_quantile_clipping_in_memory():
+    """The release path (local engine): the receipt records the quantile event and the options;
+    the model states each cluster's final clip."""
+    from sparkpriv.api import release
+
+    X = _binary(200, 6, seed=2)
+    rel = release("dpgm", X, **_RELEASE)
+    assert rel.epsilon <= 5.0
+    params = dpgm.DPGMParams(**_RELEASE)
+    kplan, sigma = dpgm.calibrate_dpgm(params, 6)
+    assert rel.events == dpgm.requested_event(params, kplan, sigma)
+    details = rel.receipt()["mechanism_details"]
+    assert details["parameters"]["clip_quantile"] == 0.5 and details["parameters"]["clip_count_share"] == 0.05
+    assert details["quantile_clipping"]["count_noise_std"] == pytest.approx(
+        dpsgd.count_noise_std(sigma, 0.05))
+    clips = rel.model.plan_public["final_clips"]["values"]
+    assert len(clips) == 2 and all(0 < c < 10.0 for c in clips)
+    assert rel.model.thetas.shape == (2, dpgm._make_model(params, 6).dim)
+
+
+def test_release_dpgm_with_quantile_clipping_spark_equals_local(spark):
+    from sparkpriv.api import release
+    from sparkpriv.privacy import random as sprandom
+
+    X = _binary(200, 6, seed=2)
+    cols = [f"c{j}" for j in range(6)]
+    df = spark.createDataFrame(_arrow_of(X).to_pandas()).coalesce(1)
+    with sprandom.insecure_fixed_seed(4243):
+        a = release("dpgm", _arrow_of(X), columns=cols, **_RELEASE)
+    with sprandom.insecure_fixed_seed(4243):
+        b = release("dpgm", df, columns=cols, **_RELEASE)
+    assert (a.engine, b.engine) == ("local", "spark")
+    np.testing.assert_allclose(a.model.thetas, b.model.thetas, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(a.model.plan_public["final_clips"]["values"],
+                               b.model.plan_public["final_clips"]["values"], rtol=1e-9)
+    assert a.events == b.events and a.epsilon == b.epsilon
