@@ -153,8 +153,8 @@ class DPGMPlan:
     # True (the protocol's release): the recorded step event is Gaussian(sigma / 2) at the calibrated
     # sigma, fixed before n is known; the realized noise (grid from n) has a multiplier at least that
     requested_event: bool = False
-    # quantile clipping (params.clip_quantile set): the noise of each step's clipped count; the
-    # gradient noise is rebuilt per step at the public C_t (dpsgd.gradient_noise), multiplier >= sigma
+    # quantile clipping (params.clip_quantile set): the noise of each step's clipped count; step_noise
+    # is then dpsgd.gradient_noise, on the clipped sum over the public C_t (multiplier >= sigma)
     count_noise: _noise.GaussianNoise | None = None
 
     @property
@@ -187,8 +187,8 @@ class DPGMPlan:
         """The quantile-clipping settings of :func:`dpsgd.train` (None: the declared clip)."""
         if not self.quantile:
             return None
-        return dpsgd.QuantileClip(float(self.params.clip_quantile), float(self.params.clip_lr),
-                                  float(self.noise_multiplier), self.count_noise, int(self.n))
+        return dpsgd.QuantileClip(float(self.params.clip_quantile), float(self.params.clip_lr), self.step_noise,
+                                  self.count_noise)
 
     def dp_event(self) -> dp_event.DpEvent:
         return compose([self.kmeans.dp_event(), self.dpsgd_event()])
@@ -213,8 +213,8 @@ class DPGMPlan:
                 "count_noise_std": self.count_std(), "step_multiplier": dpsgd.quantile_step_multiplier(
                     self.noise_multiplier, self.count_std()),
                 "count_noise": None if self.count_noise is None else self.count_noise.to_public_dict(),
-                "step_noise": "rebuilt per step at the clip C_t (std at least noise_multiplier * C_t); "
-                              "step_noise above is the first step's (C_0 = clip)"}
+                "step_noise": "step_noise above is added to the clipped sum divided by the step's clip C_t "
+                              "(sensitivity 1), the result multiplied by C_t: std noise_multiplier * C_t"}
         return out
 
 
@@ -291,8 +291,8 @@ def plan_for_rows(params: DPGMParams, kplan: KMeansPlan, sigma: float, *, n: int
     if params.clip_quantile is None:
         noise = dpsgd.step_noise(clip=params.clip, noise_multiplier=sigma, dim=dim, max_abs=float(n) * params.clip)
         low = noise.dp_event().noise_multiplier < sigma / 2
-    else:  # the first step's gradient noise (C_0 = clip; rebuilt per step at C_t) and the count's
-        noise = dpsgd.gradient_noise(clip=params.clip, noise_multiplier=sigma, dim=dim, max_rows=int(n))
+    else:  # the noise of sum / C_t (std sigma; sigma C_t on the sum) and the count's
+        noise = dpsgd.gradient_noise(noise_multiplier=sigma, dim=dim, max_rows=int(n))
         cstd = dpsgd.count_noise_std(sigma, params.clip_count_share)
         cnoise = dpsgd.count_noise(count_std=cstd, max_rows=int(n))
         low = noise.dp_event().noise_multiplier < sigma or cnoise.dp_event().noise_multiplier < cstd

@@ -66,10 +66,11 @@ chosen privately. Besides the noisy clipped sum, each step releases the noisy
 count of sampled records whose gradient norm is at most ``C_t``,
 ``N_t + N_Z(0, sigma_b^2)`` (noise from ``stream(seed, COUNT_STAGE, cluster,
 step)``), and the next clip is ``C_{t+1} = C_t exp(-eta (b_t - gamma))`` with
-``b_t = noisy count / (q n_pub)`` clamped to ``[0, 1]`` and ``C_t`` to
+``b_t = noisy count / (q n_pub)`` (not clamped: unbiased, as in the paper) and ``C_t`` clamped to
 ``[C_0 / CLIP_RANGE, C_0 CLIP_RANGE]`` (post-processing of released counts;
 ``gamma`` the target quantile, ``eta`` the learning rate). The gradient noise
-is ``sigma C_t``, rebuilt for each step from the public ``C_t``.
+is ``sigma C_t``: one discrete Gaussian of std ``sigma`` on ``sum / C_t``, the
+result multiplied by the public ``C_t``.
 
 One step releases the pair (sum, count); a record contributes ``(g_i
 min(1, C_t / ||g_i||), 1[||g_i|| <= C_t])``. In units of the noise (``sum /
@@ -476,16 +477,17 @@ def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate
 # ----------------------------------------------------------------------------- quantile clipping
 
 
-def gradient_noise(*, clip: float, noise_multiplier: float, dim: int, max_rows: int) -> _noise.GaussianNoise:
-    """The discrete Gaussian noise of a quantile-clipping step at clip ``C_t``: std at least
-    ``noise_multiplier * C_t``, its event normalised to sensitivity ``C_t`` (multiplier at least
-    ``noise_multiplier``: covers a one-sided change ``C_t`` with ``1/sigma`` and a replacement
-    ``2C_t`` with ``2/sigma`` in mu, docs/math.md section 5.1); the grid holds ``max_rows C_t``."""
+def gradient_noise(*, noise_multiplier: float, dim: int, max_rows: int) -> _noise.GaussianNoise:
+    """The discrete Gaussian noise of quantile clipping, applied to the clipped sum divided by the
+    public clip, ``sum / C_t`` (a record moves it by at most 1, a replacement by 2): std at least
+    ``noise_multiplier``, event normalised to sensitivity 1 (multiplier at least
+    ``noise_multiplier``: a one-sided change costs at most ``1/sigma`` in mu and a replacement
+    ``2/sigma``; docs/math.md section 5.1); the grid holds ``max_rows``. One noise (one sampler
+    table) serves every step: the release is ``C_t g (rint(sum / (C_t g)) + N)``."""
     caller = "gradient_noise"
-    check_param("clip", clip, [_POS], caller)
     check_param("max_rows", max_rows, [Interval("integer", 1, None, "left")], caller)
-    return _noise.gaussian_noise_from_multiplier(sensitivity=float(clip), noise_multiplier=float(noise_multiplier),
-                                                 dim=int(dim), max_abs=float(max_rows) * float(clip))
+    return _noise.gaussian_noise_from_multiplier(sensitivity=1.0, noise_multiplier=float(noise_multiplier),
+                                                 dim=int(dim), max_abs=float(max_rows))
 
 
 def count_noise(*, count_std: float, max_rows: int) -> _noise.GaussianNoise:
@@ -509,9 +511,10 @@ def clipped_sum_and_count(model, Xb: np.ndarray, theta: np.ndarray, clip: float,
 def update_clip(clip: float, noisy_count: float, *, sampling_rate: float, n_pub: float, quantile: float,
                 lr: float, clip0: float) -> float:
     """Andrew et al.'s geometric update: ``C exp(-lr (b - quantile))``, ``b = noisy_count / (q n_pub)``
-    clamped to ``[0, 1]``; the result clamped to ``[clip0 / CLIP_RANGE, clip0 CLIP_RANGE]``.
-    Post-processing of a released count (public)."""
-    b = min(max(float(noisy_count) / (float(sampling_rate) * float(n_pub)), 0.0), 1.0)
+    (not clamped to ``[0, 1]``: a clamp biases ``E b`` when the count's noise is large, and a
+    high quantile then drifts to the cap); the result clamped to ``[clip0 / CLIP_RANGE, clip0
+    CLIP_RANGE]``. Post-processing of a released count (public)."""
+    b = float(noisy_count) / (float(sampling_rate) * float(n_pub))
     c = float(clip) * math.exp(-float(lr) * (b - float(quantile)))
     return min(max(c, float(clip0) / CLIP_RANGE), float(clip0) * CLIP_RANGE)
 
@@ -519,14 +522,13 @@ def update_clip(clip: float, noisy_count: float, *, sampling_rate: float, n_pub:
 @dataclass(frozen=True)
 class QuantileClip:
     """Public settings of quantile clipping: the target ``quantile`` (gamma), the update's ``lr``
-    (eta), the gradient ``noise_multiplier`` (sigma, noise ``sigma C_t``), the count's ``noise``
-    and ``max_rows`` (a public bound on the rows of a data set: the grids)."""
+    (eta), the noise of ``sum / C_t`` (:func:`gradient_noise`: std ``sigma``, so ``sigma C_t`` on
+    the sum) and the count's (:func:`count_noise`)."""
 
     quantile: float
     lr: float
-    noise_multiplier: float
+    gradient_noise: _noise.GaussianNoise
     count_noise: _noise.GaussianNoise
-    max_rows: int
 
 
 def dp_step_quantile(model, X, theta: np.ndarray, state, *, clip: float, sampling_rate: float,
@@ -535,7 +537,8 @@ def dp_step_quantile(model, X, theta: np.ndarray, state, *, clip: float, samplin
     ``(grad, new_state, batch_size, noisy_count)``.
 
     The batch, the model's randomness and the gradient noise's stream are those of
-    :func:`dp_step`; the noise is :func:`gradient_noise` at ``C_t``; the count of batch
+    :func:`dp_step`; ``adaptive.gradient_noise`` is added to ``sum / C_t`` and the result
+    multiplied by ``C_t`` (public; post-processing of the noisy integers); the count of batch
     records with norm at most ``C_t`` gets ``adaptive.count_noise`` from
     ``stream(seed, COUNT_STAGE, cluster, step)``. ``noisy_count`` is released (the next clip
     is :func:`update_clip` of it).
@@ -550,9 +553,9 @@ def dp_step_quantile(model, X, theta: np.ndarray, state, *, clip: float, samplin
     mrng = stream(seed, MODEL_STAGE, cluster, step)
     s, cnt = clipped_sum_and_count(model, Xb, theta, clip, mrng)
     s = np.asarray(s, dtype=np.float64).ravel()
-    noise = gradient_noise(clip=clip, noise_multiplier=adaptive.noise_multiplier, dim=s.size,
-                           max_rows=adaptive.max_rows)
-    g = noisy_sum(s, noise, stream(seed, NOISE_STAGE, cluster, step)) / (sampling_rate * float(n_pub))
+    c = float(clip)
+    g = c * noisy_sum(s / c, adaptive.gradient_noise, stream(seed, NOISE_STAGE, cluster, step)) / \
+        (sampling_rate * float(n_pub))
     noisy_count = float(_noise.add_noise(np.array([float(cnt)]), adaptive.count_noise,
                                          stream(seed, COUNT_STAGE, cluster, step))[0])
     t, state = model.model_term(theta, state, mrng, clip)

@@ -61,7 +61,8 @@ class Identity:
 
 
 def _adaptive():
-    return dpsgd.QuantileClip(0.5, 0.2, SIGMA, dpsgd.count_noise(count_std=SIGMA_B, max_rows=100), 100)
+    return dpsgd.QuantileClip(0.5, 0.2, dpsgd.gradient_noise(noise_multiplier=SIGMA, dim=P_DIM, max_rows=100),
+                              dpsgd.count_noise(count_std=SIGMA_B, max_rows=100))
 
 
 def _check_step_matches(ad: dpsgd.QuantileClip, canary: np.ndarray, count: int):
@@ -69,17 +70,18 @@ def _check_step_matches(ad: dpsgd.QuantileClip, canary: np.ndarray, count: int):
     X = np.vstack([REST, canary])
     g, _, b, cnt = dpsgd.dp_step_quantile(Identity(), X, np.zeros(P_DIM), None, clip=C, sampling_rate=1.0,
                                           adaptive=ad, n_pub=6.0, seed=9, cluster=0, step=1)
-    gn = dpsgd.gradient_noise(clip=C, noise_multiplier=SIGMA, dim=P_DIM, max_rows=100)
+    gn = ad.gradient_noise
     s = canary * min(1.0, C / float(np.linalg.norm(canary)))
     assert b == 6
-    assert np.array_equal(g, nz.add_noise(s, gn, stream(9, dpsgd.NOISE_STAGE, 0, 1)) / 6.0)
+    assert np.array_equal(g, C * nz.add_noise(s / C, gn, stream(9, dpsgd.NOISE_STAGE, 0, 1)) / 6.0)
     assert cnt == nz.add_noise(np.array([float(count)]), ad.count_noise, stream(9, dpsgd.COUNT_STAGE, 0, 1))[0]
     return gn
 
 
 def _trials(gn, cn, v, count, seed):
-    """``n`` releases of one side: the integers of the noisy sum (n, p) and of the noisy count (n,)."""
-    I_s = grid_integers(nz.add_noise(trials_of(v, N), gn, stream(seed, dpsgd.NOISE_STAGE)), gn.grid)
+    """``n`` releases of one side: the integers of the noisy sum over C (n, p) and of the noisy
+    count (n,)."""
+    I_s = grid_integers(nz.add_noise(trials_of(v / C, N), gn, stream(seed, dpsgd.NOISE_STAGE)), gn.grid)
     I_c = grid_integers(nz.add_noise(np.full(N, float(count)), cn, stream(seed, dpsgd.COUNT_STAGE)), cn.grid)
     return I_s, I_c
 
@@ -111,7 +113,7 @@ def test_quantile_clip_step_full_batch_replace_one(kind, monkeypatch):
     _check_step_matches(ad, REPLACEMENT, 5)
     cn = ad.count_noise
     v_d, v_dp = CANARY, -CANARY  # the clipped canary and the clipped replacement
-    us, ups = np.rint(v_d / gn.grid), np.rint(v_dp / gn.grid)
+    us, ups = np.rint(v_d / C / gn.grid), np.rint(v_dp / C / gn.grid)
     uc, upc = np.rint(6.0 / cn.grid), np.rint(5.0 / cn.grid)
     I_s, I_c = _trials(gn, cn, v_d, 6, 71)
     J_s, J_c = _trials(gn, cn, v_dp, 5, 72)
