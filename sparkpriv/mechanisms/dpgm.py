@@ -426,15 +426,19 @@ def fit_dpgm_array(X, params: DPGMParams, *, seed: int | None = None, log=None) 
     thetas = train_clusters(X, labels, sizes, centers, plan, seed, log=log, clips=clips)
     public = plan.to_public_dict()
     if plan.quantile:
-        public["final_clips"] = final_clips_public([clips[j] for j in range(params.k)])
+        public["final_clips"] = final_clips_public([clips[j] for j in range(params.k)], plan, sizes)
     return DPGMModel(params, d, thetas, sizes, centers, public), plan
 
 
-def final_clips_public(clips) -> dict:
+def final_clips_public(clips, plan: DPGMPlan, sizes) -> dict:
     """The model's public record of each cluster's last clip under quantile clipping."""
-    return {"values": [float(c) for c in clips],
+    adapted = [dpsgd.clip_adapts(plan.count_noise.std, plan.params.sampling_rate, max(float(s), 1.0))
+               for s in sizes]
+    return {"values": [float(c) for c in clips], "adapted": adapted,
             "note": "each cluster's clip after its last update: a function of the released noisy counts "
-                    "(post-processing, covered by the release's epsilon), not of the data otherwise"}
+                    "(post-processing, covered by the release's epsilon), not of the data otherwise; "
+                    "adapted false: the cluster's expected batch is too small for its count "
+                    "(count noise std / (q noisy size) > %g), its clip stayed at clip" % dpsgd.MAX_FRACTION_NOISE}
 
 
 def assign_clusters(X: np.ndarray, centers: np.ndarray, row_bound: float) -> np.ndarray:
@@ -839,7 +843,7 @@ class DPGM(_proto.Mechanism):
         thetas = np.asarray(thetas, float)
         model_public = dplan.to_public_dict()
         if dplan.quantile:  # each cluster's final clip rides after its theta
-            model_public["final_clips"] = final_clips_public(thetas[:, gen_dim])
+            model_public["final_clips"] = final_clips_public(thetas[:, gen_dim], dplan, sizes)
             thetas = np.ascontiguousarray(thetas[:, :gen_dim])
         model = DPGMModel(params, d, thetas, sizes, centers, model_public, st.column_types or None)
         rows = [(j, float(sizes[j]), [float(v) for v in centers[j]]) for j in range(k)]

@@ -130,6 +130,8 @@ __all__ = [
     "update_clip",
     "QuantileClip",
     "dp_step_quantile",
+    "MAX_FRACTION_NOISE",
+    "clip_adapts",
 ]
 
 NEIGHBORS = ("replace-one", "add-remove")
@@ -139,6 +141,9 @@ NOISE_STAGE = 22  # stream(seed, NOISE_STAGE, cluster, step) draws the step's no
 COUNT_STAGE = 24  # stream(seed, COUNT_STAGE, cluster, step) draws the noise of the step's clipped count
 CLIP_RANGE = 1e6  # quantile clipping keeps C_t in [C_0 / CLIP_RANGE, C_0 CLIP_RANGE] (public)
 MAX_COUNT_SHARE = 1.0 / 3.0  # the count's share of a step's 1/z_eff^2 (docs/math.md section 5.1)
+# a data set's clip adapts only if the noise of its fraction estimate, sigma_b / (q n_pub), is at most
+# this (public: from the noisy size); above it the clip is a random walk and stays at C_0
+MAX_FRACTION_NOISE = 0.25
 _POS = Interval("real", 0, None, "neither")
 _RATE = Interval("real", 0, 1, "right")
 
@@ -439,7 +444,8 @@ def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate
 
     ``on_step(t, steps)`` is called after step ``t`` (progress; public counts only).
     ``adaptive``: quantile clipping (:func:`dp_step_quantile`) starting at ``C_0 = clip``
-    (``noise`` is then not used); ``info`` (a dict), when given, receives ``"clips"``, the
+    (``noise`` is then not used; the clip moves only where :func:`clip_adapts`, else every
+    step runs at ``C_0``); ``info`` (a dict), when given, receives ``"clips"``, the
     clips ``C_1 .. C_T`` used, and ``"clip"``, the clip after the last update: both are
     post-processing of the released counts.
 
@@ -454,6 +460,7 @@ def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate
                                  theta)
     opt = Adam(lr=lr)
     c, clips = float(clip), []
+    adapts = adaptive is not None and clip_adapts(adaptive.count_noise.std, sampling_rate, n_pub)
     for t in range(1, int(steps) + 1):
         if adaptive is None:
             g, state, _ = dp_step(model, X, theta, state, clip=clip, sampling_rate=sampling_rate, noise=noise,
@@ -463,8 +470,9 @@ def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate
             g, state, _, cnt = dp_step_quantile(model, X, theta, state, clip=c, sampling_rate=sampling_rate,
                                                 adaptive=adaptive, n_pub=n_pub, seed=seed, cluster=cluster,
                                                 step=t)
-            c = update_clip(c, cnt, sampling_rate=sampling_rate, n_pub=n_pub, quantile=adaptive.quantile,
-                            lr=adaptive.lr, clip0=clip)
+            if adapts:
+                c = update_clip(c, cnt, sampling_rate=sampling_rate, n_pub=n_pub, quantile=adaptive.quantile,
+                                lr=adaptive.lr, clip0=clip)
         theta = opt.step(theta, g)
         if on_step is not None:
             on_step(t, int(steps))
@@ -513,10 +521,19 @@ def update_clip(clip: float, noisy_count: float, *, sampling_rate: float, n_pub:
     """Andrew et al.'s geometric update: ``C exp(-lr (b - quantile))``, ``b = noisy_count / (q n_pub)``
     (not clamped to ``[0, 1]``: a clamp biases ``E b`` when the count's noise is large, and a
     high quantile then drifts to the cap); the result clamped to ``[clip0 / CLIP_RANGE, clip0
-    CLIP_RANGE]``. Post-processing of a released count (public)."""
+    CLIP_RANGE]``. Post-processing of a released count (public). :func:`train` applies it only
+    where :func:`clip_adapts`."""
     b = float(noisy_count) / (float(sampling_rate) * float(n_pub))
     c = float(clip) * math.exp(-float(lr) * (b - float(quantile)))
     return min(max(c, float(clip0) / CLIP_RANGE), float(clip0) * CLIP_RANGE)
+
+
+def clip_adapts(count_std: float, sampling_rate: float, n_pub: float) -> bool:
+    """Whether quantile clipping moves a data set's clip: the fraction estimate's noise
+    ``sigma_b / (q n_pub)`` is at most :data:`MAX_FRACTION_NOISE` (public facts only). A cluster
+    with a small expected batch keeps ``C_0``: its count would be mostly noise (a 53-row cluster
+    at ``q = 0.05`` and ``sigma_b = 13``: fraction noise 3.7, its clip walked to the cap)."""
+    return float(count_std) / (float(sampling_rate) * max(float(n_pub), 1e-300)) <= MAX_FRACTION_NOISE
 
 
 @dataclass(frozen=True)

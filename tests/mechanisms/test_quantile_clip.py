@@ -4,6 +4,7 @@ against the true quantile of known norms, each record's effect on the released v
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import dp_accounting
@@ -238,16 +239,23 @@ def _binary(n=400, d=10, seed=0):
 
 
 def test_dpgm_with_quantile_clipping_meets_the_request():
-    params = dpgm.DPGMParams(epsilon=2.0, delta=1e-5, k=2, hidden=4, sampling_rate=0.2, epochs=3, clip=10.0,
+    params = dpgm.DPGMParams(epsilon=2.0, delta=1e-5, k=2, hidden=4, sampling_rate=0.5, epochs=3, clip=10.0,
                              clip_quantile=0.5)
     model, plan = dpgm.fit_dpgm_array(_binary(), params, seed=3)
     assert plan.epsilon_spent() <= 2.0
     kplan, sigma = dpgm.calibrate_dpgm(params, 10)
     assert epsilon_of(dpgm.requested_event(params, kplan, sigma), 1e-5) <= 2.0
-    assert plan.dpsgd_event() == dpsgd.quantile_event(0.2, plan.noise_multiplier, plan.count_std(), plan.steps)
+    assert plan.dpsgd_event() == dpsgd.quantile_event(0.5, plan.noise_multiplier, plan.count_std(), plan.steps)
     assert plan.count_std() >= dpsgd.count_noise_std(sigma, params.clip_count_share)
     clips = model.plan_public["final_clips"]["values"]
     assert len(clips) == 2 and all(c < 10.0 for c in clips)  # RBM positive-phase norms are well below 10
+    assert model.plan_public["final_clips"]["adapted"] == [True, True]
+    # at q = 0.2 the expected batches (about 35) are too small for the count's noise: the clip stays
+    small = dataclasses.replace(params, sampling_rate=0.2)
+    m2, p2 = dpgm.fit_dpgm_array(_binary(), small, seed=3)
+    assert not any(dpsgd.clip_adapts(p2.count_noise.std, 0.2, s) for s in m2.sizes)
+    assert m2.plan_public["final_clips"] == dict(model.plan_public["final_clips"], values=[10.0, 10.0],
+                                                 adapted=[False, False])
     assert model.plan_public["quantile_clipping"]["count_noise_std"] == plan.count_std()
     assert np.all(np.isfinite(model.thetas))
     # reproducible from the seed
@@ -329,3 +337,19 @@ def test_high_quantile_with_a_noisy_count_does_not_drift():
     tail = np.log(info["clips"][-400:])
     assert abs(tail.mean() - math.log(truth)) < 0.25
     assert info["clip"] < 3 * truth
+
+
+def test_a_small_expected_batch_keeps_the_declared_clip():
+    """sigma_b / (q n_pub) above MAX_FRACTION_NOISE (public facts): the clip stays at C_0 (the
+    count would be mostly noise: a random walk to the cap); just below it, it adapts."""
+    n, q, cstd = 60, 0.05, 13.0
+    assert not dpsgd.clip_adapts(cstd, q, n)
+    assert dpsgd.clip_adapts(cstd, q, cstd / (q * dpsgd.MAX_FRACTION_NOISE))
+    X = np.zeros((n, 2))
+    X[:, 0] = 1.0
+    ad = dpsgd.QuantileClip(0.5, 0.2, dpsgd.gradient_noise(noise_multiplier=1.0, dim=2, max_rows=n),
+                            dpsgd.count_noise(count_std=cstd, max_rows=n))
+    info: dict = {}
+    dpsgd.train(Identity(2), X, np.zeros(2), clip=10.0, sampling_rate=q, steps=50, noise=None, n_pub=n, seed=1,
+                adaptive=ad, info=info)
+    assert info["clip"] == 10.0 and np.all(info["clips"] == 10.0)
