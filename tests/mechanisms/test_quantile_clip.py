@@ -353,3 +353,13 @@ def test_a_small_expected_batch_keeps_the_declared_clip():
     dpsgd.train(Identity(2), X, np.zeros(2), clip=10.0, sampling_rate=q, steps=50, noise=None, n_pub=n, seed=1,
                 adaptive=ad, info=info)
     assert info["clip"] == 10.0 and np.all(info["clips"] == 10.0)
+
+
+def test_estimator_passes_quantile_clipping():
+    from sparkpriv.estimators import DPGMSynthesizer
+
+    est = DPGMSynthesizer(epsilon=5.0, delta=1e-5, k=2, kmeans_iterations=2, sampling_rate=0.5, epochs=1.0,
+                          hidden=3, chains=10, clip_quantile=0.5, clip_count_share=0.1)
+    est.fit(_binary(200, 6, seed=2))
+    assert est.release_.receipt()["mechanism_details"]["parameters"]["clip_count_share"] == 0.1
+    assert len(est.model_.plan_public["final_clips"]["values"]) == 2
