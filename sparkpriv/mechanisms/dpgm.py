@@ -38,6 +38,12 @@ assignment depends on the data only through the released centres
 
 The noise multiplier ``sigma`` is calibrated on the composition, so the
 accountant's epsilon of the whole release is at most the request.
+
+Quantile clipping (``clip_quantile``; docs/math.md section 5.1): each step also
+releases the noisy count of unclipped gradients and the clip follows the
+target quantile; the step event becomes ``PoissonSampled(q, Gaussian(z))``,
+``z = max(4/sigma^2 + 1/sigma_b^2, 2/sigma^2 + 2/sigma_b^2)^(-1/2)`` (the
+second term: the two records in different clusters), calibrated the same way.
 """
 
 from __future__ import annotations
