@@ -363,3 +363,13 @@ def test_estimator_passes_quantile_clipping():
     est.fit(_binary(200, 6, seed=2))
     assert est.release_.receipt()["mechanism_details"]["parameters"]["clip_count_share"] == 0.1
     assert len(est.model_.plan_public["final_clips"]["values"]) == 2
+
+
+def test_cli_offers_the_options(capsys):
+    from sparkpriv.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["release", "dpgm", "--help"])
+    out = capsys.readouterr().out
+    for opt in ("--clip-quantile", "--clip-lr", "--clip-count-share"):
+        assert opt in out
