@@ -16,6 +16,9 @@ the threshold is fixed from the known ``mu`` before the trials.
 * control (noise x0.7, the claim kept): detected;
 * the count left out of the claim (the gradient's ``Gaussian(sigma / 2)`` alone): detected, so
   the audit sees the count's share of the privacy (20 % of ``mu^2`` here).
+
+At ``q = 0.5`` (the canary alone; one coin samples its gradient and its count) the recorded
+event dominates the true pair with slack, as for the declared clip: the mechanism side only.
 """
 
 from __future__ import annotations
@@ -126,4 +129,42 @@ def test_quantile_clip_step_full_batch_replace_one(kind, monkeypatch):
                       float(eps_claim), eps_lb, DELTA, float(mu_claim), mu_lb, control=kind != "mechanism",
                       extra={"mu_true": mu, "threshold": c},
                       control_kind="noise x0.7" if kind == "control" else "count left out of the claim")
+    check(res)
+
+
+def test_quantile_clip_step_sampled_replace_one_within_claim():
+    """q = 0.5, the canary alone (the same coin samples its gradient and its count): the recorded
+    event (add/remove PoissonSampled(q, Gaussian(z_eff))) dominates the true pair with slack, as for
+    the declared clip, so only the mechanism side is asserted. The statistic is the projection on
+    the difference of the two sampled centres (scaled units: unit noise); its mixtures are known
+    (centres 0 and the projections of the sampled centres, weights 1 - q and q)."""
+    from .test_dpsgd import mixture_game
+
+    q = 0.5
+    ad = _adaptive()
+    gn, cn = ad.gradient_noise, ad.count_noise
+    eps_claim = epsilon_of(dpsgd.quantile_event(q, SIGMA, SIGMA_B, 1), DELTA)
+    # dp_step_quantile on the canary alone is the auditor's computation (sampled or not)
+    for canary, counted in ((CANARY, 1), (REPLACEMENT, 0)):
+        g, _, b, cnt = dpsgd.dp_step_quantile(Identity(), canary[None, :], np.zeros(P_DIM), None, clip=C,
+                                              sampling_rate=q, adaptive=ad, n_pub=1.0, seed=9, cluster=0, step=1)
+        s = canary * min(1.0, C / float(np.linalg.norm(canary))) * b
+        assert np.array_equal(g, C * nz.add_noise(s / C, gn, stream(9, dpsgd.NOISE_STAGE, 0, 1)) / q)
+        assert cnt == nz.add_noise(np.array([float(counted * b)]), cn, stream(9, dpsgd.COUNT_STAGE, 0, 1))[0]
+
+    def side(v, count, seed):
+        sampled = stream(seed, dpsgd.SAMPLE_STAGE).random(N) < q
+        vals = np.where(sampled[:, None], trials_of(v / C, N), 0.0)
+        I_s = grid_integers(nz.add_noise(vals, gn, stream(seed, dpsgd.NOISE_STAGE)), gn.grid)
+        I_c = grid_integers(nz.add_noise(np.where(sampled, float(count), 0.0), cn, stream(seed, dpsgd.COUNT_STAGE)),
+                            cn.grid)
+        return np.column_stack([I_s / gn.sigma, I_c / cn.sigma])  # unit noise per coordinate
+
+    b_d = np.concatenate([CANARY / C / gn.grid / gn.sigma, [1.0 / cn.grid / cn.sigma]])  # sampled centres
+    b_dp = np.concatenate([-CANARY / C / gn.grid / gn.sigma, [0.0]])
+    d = (b_d - b_dp) / np.linalg.norm(b_d - b_dp)
+    T_d, T_dp = side(CANARY, 1, 73) @ d, side(-CANARY, 0, 74) @ d
+    res = mixture_game("DP-SGD quantile-clipping step (sum + count), q = 0.5, replace-one (canary; claim "
+                       "dominates with slack)", T_d, T_dp, ([float(b_d @ d), 0.0], [q, 1 - q]),
+                       ([float(b_dp @ d), 0.0], [q, 1 - q]), 1.0, eps_claim, DELTA, False)
     check(res)
