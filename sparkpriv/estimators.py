@@ -178,8 +178,9 @@ class DPGMSynthesizer(BaseEstimator):
 
     Parameters are those of :class:`sparkpriv.mechanisms.dpgm.DPGMParams`
     with the same names and defaults (``k`` clusters, ``model``, the DP-SGD
-    ``clip`` or quantile clipping ``clip_quantile``, ``sampling_rate``, ``epochs``, ...). ``columns``: the columns of
-    a table to model (default: all of them; a numpy array is modelled whole).
+    ``clip`` or quantile clipping ``clip_quantile``, ``sampling_rate``,
+    ``epochs``, ...). ``columns``: the columns of a table to model (default:
+    all of them; a numpy array is modelled whole).
     ``ledger``/``table_id`` record the spend of each ``fit``. Bad parameters
     are refused by ``fit`` (a :class:`~sparkpriv.errors.ParameterError`
     naming the parameter), before any data is read.
@@ -233,7 +234,8 @@ class DPGMSynthesizer(BaseEstimator):
         self.table_id = table_id
 
     _RELEASE_PARAMS = ("epsilon", "delta", "k", "model", "kmeans_share", "kmeans_iterations", "row_bound", "clip",
-                       "clip_quantile", "clip_lr", "clip_count_share", "sampling_rate", "epochs", "learning_rate", "hidden", "latent", "chains", "gibbs_steps",
+                       "clip_quantile", "clip_lr", "clip_count_share", "sampling_rate", "epochs", "learning_rate",
+                       "hidden", "latent", "chains", "gibbs_steps",
                        "accountant", "fill")
 
     def fit(self, X, y=None):

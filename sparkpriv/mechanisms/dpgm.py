@@ -109,7 +109,8 @@ class DPGMParams(_proto.Params):
         "gradient norms, in (0, 1), from private counts (accounted); unset: the declared clip",
         doc_default="declared clip", constraints=[Interval("real", 0, 1, "neither")])
     clip_lr: float = _proto.option(0.2, help="quantile clipping: learning rate eta of the geometric clip update "
-                                   "C <- C exp(-eta (b - clip_quantile))", constraints=[Interval("real", 0, 10, "right")])
+                                   "C <- C exp(-eta (b - clip_quantile))",
+                                   constraints=[Interval("real", 0, 10, "right")])
     clip_count_share: float = _proto.option(
         0.05, help="quantile clipping: share of each DP-SGD step's privacy (1/z^2) spent on the count of "
         "unclipped gradients, in (0, 1/3]", constraints=[Interval("real", 0, dpsgd.MAX_COUNT_SHARE, "right")])
