@@ -178,8 +178,9 @@ class DPGMSynthesizer(BaseEstimator):
 
     Parameters are those of :class:`sparkpriv.mechanisms.dpgm.DPGMParams`
     with the same names and defaults (``k`` clusters, ``model``, the DP-SGD
-    ``clip``, ``sampling_rate``, ``epochs``, ...). ``columns``: the columns of
-    a table to model (default: all of them; a numpy array is modelled whole).
+    ``clip`` or quantile clipping ``clip_quantile``, ``sampling_rate``,
+    ``epochs``, ...). ``columns``: the columns of a table to model (default:
+    all of them; a numpy array is modelled whole).
     ``ledger``/``table_id`` record the spend of each ``fit``. Bad parameters
     are refused by ``fit`` (a :class:`~sparkpriv.errors.ParameterError`
     naming the parameter), before any data is read.
@@ -204,6 +205,7 @@ class DPGMSynthesizer(BaseEstimator):
 
     def __init__(self, *, epsilon: float = 1.0, delta: float = 1e-6, k: int = 10, model: str = "rbm",
                  kmeans_share: float = 0.3, kmeans_iterations: int = 8, row_bound=None, clip: float = 10.0,
+                 clip_quantile=None, clip_lr: float = 0.2, clip_count_share: float = 0.05,
                  sampling_rate: float = 0.05, epochs: float = 20.0, learning_rate: float = 0.01,
                  hidden: int = 64, latent: int = 2, chains: int = 100, gibbs_steps: int = 1,
                  accountant: str = "pld", fill=None, columns=None, ledger=None, table_id=None):
@@ -215,6 +217,9 @@ class DPGMSynthesizer(BaseEstimator):
         self.kmeans_iterations = kmeans_iterations
         self.row_bound = row_bound
         self.clip = clip
+        self.clip_quantile = clip_quantile
+        self.clip_lr = clip_lr
+        self.clip_count_share = clip_count_share
         self.sampling_rate = sampling_rate
         self.epochs = epochs
         self.learning_rate = learning_rate
@@ -229,7 +234,8 @@ class DPGMSynthesizer(BaseEstimator):
         self.table_id = table_id
 
     _RELEASE_PARAMS = ("epsilon", "delta", "k", "model", "kmeans_share", "kmeans_iterations", "row_bound", "clip",
-                       "sampling_rate", "epochs", "learning_rate", "hidden", "latent", "chains", "gibbs_steps",
+                       "clip_quantile", "clip_lr", "clip_count_share", "sampling_rate", "epochs", "learning_rate",
+                       "hidden", "latent", "chains", "gibbs_steps",
                        "accountant", "fill")
 
     def fit(self, X, y=None):

@@ -38,6 +38,12 @@ assignment depends on the data only through the released centres
 
 The noise multiplier ``sigma`` is calibrated on the composition, so the
 accountant's epsilon of the whole release is at most the request.
+
+Quantile clipping (``clip_quantile``; docs/math.md section 5.1): each step also
+releases the noisy count of unclipped gradients and the clip follows the
+target quantile; the step event becomes ``PoissonSampled(q, Gaussian(z))``,
+``z = max(4/sigma^2 + 1/sigma_b^2, 2/sigma^2 + 2/sigma_b^2)^(-1/2)`` (the
+second term: the two records in different clusters), calibrated the same way.
 """
 
 from __future__ import annotations
@@ -96,7 +102,18 @@ class DPGMParams(_proto.Params):
                                            constraints=[Interval("integer", 1, 1000, "both")])
     row_bound: float | None = _proto.option(None, help="declared L2 bound on a record (binary records with at "
                                             "most L items: sqrt(L))", doc_default="sqrt(d)", constraints=[_POS])
-    clip: float = _proto.option(10.0, help="per-example gradient clip C of DP-SGD", constraints=[_POS])
+    clip: float = _proto.option(10.0, help="per-example gradient clip C of DP-SGD (with clip_quantile: the "
+                                "starting clip C_0)", constraints=[_POS])
+    clip_quantile: float | None = _proto.option(
+        None, help="quantile clipping (Andrew et al. 2021): each cluster's clip follows this quantile of the "
+        "gradient norms, in (0, 1), from private counts (accounted); unset: the declared clip",
+        doc_default="declared clip", constraints=[Interval("real", 0, 1, "neither")])
+    clip_lr: float = _proto.option(0.2, help="quantile clipping: learning rate eta of the geometric clip update "
+                                   "C <- C exp(-eta (b - clip_quantile))",
+                                   constraints=[Interval("real", 0, 10, "right")])
+    clip_count_share: float = _proto.option(
+        0.05, help="quantile clipping: share of each DP-SGD step's privacy (1/z^2) spent on the count of "
+        "unclipped gradients, in (0, 1/3]", constraints=[Interval("real", 0, dpsgd.MAX_COUNT_SHARE, "right")])
     sampling_rate: float = _proto.option(0.05, help="Poisson sampling rate q of DP-SGD (every cluster)",
                                          constraints=[Interval("real", 0, 1, "right")])
     epochs: float = _proto.option(20.0, help="passes over the data: steps T = ceil(epochs / q)",
@@ -143,14 +160,42 @@ class DPGMPlan:
     # True (the protocol's release): the recorded step event is Gaussian(sigma / 2) at the calibrated
     # sigma, fixed before n is known; the realized noise (grid from n) has a multiplier at least that
     requested_event: bool = False
+    # quantile clipping (params.clip_quantile set): the noise of each step's clipped count; step_noise
+    # is then dpsgd.gradient_noise, on the clipped sum over the public C_t (multiplier >= sigma)
+    count_noise: _noise.GaussianNoise | None = None
 
     @property
     def steps(self) -> int:
         return self.params.steps
 
-    def dpsgd_event(self) -> dp_event.DpEvent:
+    @property
+    def quantile(self) -> bool:
+        return self.params.clip_quantile is not None
+
+    def count_std(self) -> float:
+        """The count noise's std in the recorded event: the calibrated ``sigma_b`` (requested) or
+        the realized noise's multiplier (at least that)."""
+        if self.requested_event or self.count_noise is None:
+            return dpsgd.count_noise_std(self.noise_multiplier, self.params.clip_count_share)
+        return float(self.count_noise.dp_event().noise_multiplier)
+
+    def training_event(self, steps: int | None = None) -> dp_event.DpEvent:
+        """The DP-SGD event of ``steps`` (default ``T``) steps of one cluster."""
+        steps = self.steps if steps is None else int(steps)
+        if self.quantile:
+            return dpsgd.quantile_event(self.params.sampling_rate, self.noise_multiplier, self.count_std(), steps)
         step = None if self.requested_event else self.step_noise.dp_event()
-        return dpsgd.dpsgd_event(self.params.sampling_rate, self.noise_multiplier, self.steps, step_event=step)
+        return dpsgd.dpsgd_event(self.params.sampling_rate, self.noise_multiplier, steps, step_event=step)
+
+    def dpsgd_event(self) -> dp_event.DpEvent:
+        return self.training_event()
+
+    def adaptive(self) -> dpsgd.QuantileClip | None:
+        """The quantile-clipping settings of :func:`dpsgd.train` (None: the declared clip)."""
+        if not self.quantile:
+            return None
+        return dpsgd.QuantileClip(float(self.params.clip_quantile), float(self.params.clip_lr), self.step_noise,
+                                  self.count_noise)
 
     def dp_event(self) -> dp_event.DpEvent:
         return compose([self.kmeans.dp_event(), self.dpsgd_event()])
@@ -161,17 +206,36 @@ class DPGMPlan:
         return self.epsilon_accounted
 
     def to_public_dict(self) -> dict:
-        return {
+        out = {
             "mechanism": "dpgm", "neighbors": "replace-one", "n": self.n, "d": self.d,
             "params": self.params.public_dict(), "steps": self.steps,
             "noise_multiplier": self.noise_multiplier,
             "step_noise": self.step_noise.to_public_dict(),
             "kmeans": self.kmeans.to_public_dict(),
             "epsilon_spent": self.epsilon_spent(), "delta": self.params.delta,
-            "accounting": "Composed[k-means, SelfComposed(PoissonSampled(q, Gaussian(sigma/2)), T)]: "
-                          "every cluster trains with the same (q, sigma, T) (parallel composition); "
-                          "replace-one is dominated by an add/remove step of sensitivity 2C",
+            "accounting": accounting_note(self.params),
         }
+        if self.quantile:
+            out["quantile_clipping"] = {
+                "count_noise_std": self.count_std(), "step_multiplier": dpsgd.quantile_step_multiplier(
+                    self.noise_multiplier, self.count_std()),
+                "count_noise": None if self.count_noise is None else self.count_noise.to_public_dict(),
+                "step_noise": "step_noise above is added to the clipped sum divided by the step's clip C_t "
+                              "(sensitivity 1), the result multiplied by C_t: std noise_multiplier * C_t"}
+        return out
+
+
+def accounting_note(params: DPGMParams) -> str:
+    """The receipt's one-line statement of the accounting."""
+    if params.clip_quantile is None:
+        return ("Composed[k-means, SelfComposed(PoissonSampled(q, Gaussian(sigma/2)), T)]: every cluster "
+                "trains with the same (q, sigma, T) (parallel composition); replace-one is dominated by an "
+                "add/remove step of sensitivity 2C")
+    return ("Composed[k-means, SelfComposed(PoissonSampled(q, Gaussian(z)), T)], quantile clipping: each step "
+            "releases the clipped sum (noise sigma C_t) and the count of unclipped gradients (noise sigma_b), "
+            "z = max(4/sigma^2 + 1/sigma_b^2, 2/sigma^2 + 2/sigma_b^2)^(-1/2) (replace-one, records in the "
+            "same or in different clusters); every cluster trains with the same (q, sigma, sigma_b, T) "
+            "(parallel composition); C_t is post-processing of released counts (docs/math.md section 5.1)")
 
 
 class _Relations:
@@ -200,15 +264,22 @@ def calibrate_dpgm(params: DPGMParams, d: int, caller: str = "dpgm") -> tuple[KM
     fmap = make_feature_map("linear", _bounds(params, d, caller), caller=caller)
     kplan = plan_kmeans(fmap, k=params.k, epsilon=params.kmeans_share * params.epsilon, delta=params.delta,
                         iterations=params.kmeans_iterations, caller=caller)
+    share = None if params.clip_quantile is None else params.clip_count_share
     sigma = dpsgd.calibrate_noise_multiplier(
         epsilon=params.epsilon, delta=params.delta, sampling_rate=params.sampling_rate, steps=params.steps,
-        neighbors="replace-one", accountant=params.accountant, base_event=kplan.dp_event(), caller=caller)
+        neighbors="replace-one", accountant=params.accountant, base_event=kplan.dp_event(),
+        count_share=share, caller=caller)
     return kplan, float(sigma)
 
 
 def requested_event(params: DPGMParams, kplan: KMeansPlan, sigma: float) -> dp_event.DpEvent:
     """The event of the release at the calibrated ``sigma``: what the protocol records before any
-    data is read (the realized discrete noise has a multiplier at least ``sigma / 2``)."""
+    data is read (the realized discrete noise has a multiplier at least ``sigma / 2``; with quantile
+    clipping, the step event of :func:`dpsgd.quantile_event` at ``sigma`` and the count's
+    ``sigma_b = count_noise_std(sigma, clip_count_share)``)."""
+    if params.clip_quantile is not None:
+        return compose([kplan.dp_event(), dpsgd.quantile_event(
+            params.sampling_rate, sigma, dpsgd.count_noise_std(sigma, params.clip_count_share), params.steps)])
     return compose([kplan.dp_event(), dpsgd.dpsgd_event(params.sampling_rate, sigma, params.steps)])
 
 
@@ -223,10 +294,19 @@ def plan_for_rows(params: DPGMParams, kplan: KMeansPlan, sigma: float, *, n: int
 
     check_k_for_n(params.k, n, caller)
     dim = _make_model(params, d).dim
-    noise = dpsgd.step_noise(clip=params.clip, noise_multiplier=sigma, dim=dim, max_abs=float(n) * params.clip)
-    if noise.dp_event().noise_multiplier < sigma / 2:  # cannot happen: the discrete noise is rounded up
+    cnoise = None
+    if params.clip_quantile is None:
+        noise = dpsgd.step_noise(clip=params.clip, noise_multiplier=sigma, dim=dim, max_abs=float(n) * params.clip)
+        low = noise.dp_event().noise_multiplier < sigma / 2
+    else:  # the noise of sum / C_t (std sigma; sigma C_t on the sum) and the count's
+        noise = dpsgd.gradient_noise(noise_multiplier=sigma, dim=dim, max_rows=int(n))
+        cstd = dpsgd.count_noise_std(sigma, params.clip_count_share)
+        cnoise = dpsgd.count_noise(count_std=cstd, max_rows=int(n))
+        low = noise.dp_event().noise_multiplier < sigma or cnoise.dp_event().noise_multiplier < cstd
+    if low:  # cannot happen: the discrete noise is rounded up
         raise ParameterError(f"{caller}: the step noise is below the calibrated multiplier.")
-    plan = DPGMPlan(params, int(n), int(d), kplan, float(sigma), noise, requested_event=requested)
+    plan = DPGMPlan(params, int(n), int(d), kplan, float(sigma), noise, requested_event=requested,
+                    count_noise=cnoise)
     eps = plan.epsilon_spent() if accounted is None or not requested else float(accounted)
     plan = dataclasses.replace(plan, epsilon_accounted=eps)
     if plan.epsilon_spent() > params.epsilon:  # the discrete noise's multiplier is >= sigma: cannot happen
@@ -349,8 +429,23 @@ def fit_dpgm_array(X, params: DPGMParams, *, seed: int | None = None, log=None) 
     # 2. internal assignment to the released centres (never released)
     labels = assign_clusters(X, centers, _bounds(params, d, caller).row_bound)
     # 3. one model per cluster, same (q, sigma, T)
-    thetas = train_clusters(X, labels, sizes, centers, plan, seed, log=log)
-    return DPGMModel(params, d, thetas, sizes, centers, plan.to_public_dict()), plan
+    clips: dict = {}
+    thetas = train_clusters(X, labels, sizes, centers, plan, seed, log=log, clips=clips)
+    public = plan.to_public_dict()
+    if plan.quantile:
+        public["final_clips"] = final_clips_public([clips[j] for j in range(params.k)], plan, sizes)
+    return DPGMModel(params, d, thetas, sizes, centers, public), plan
+
+
+def final_clips_public(clips, plan: DPGMPlan, sizes) -> dict:
+    """The model's public record of each cluster's last clip under quantile clipping."""
+    adapted = [dpsgd.clip_adapts(plan.count_noise.std, plan.params.sampling_rate, max(float(s), 1.0))
+               for s in sizes]
+    return {"values": [float(c) for c in clips], "adapted": adapted,
+            "note": "each cluster's clip after its last update: a function of the released noisy counts "
+                    "(post-processing, covered by the release's epsilon), not of the data otherwise; "
+                    "adapted false: the cluster's expected batch is too small for its count "
+                    "(count noise std / (q noisy size) > %g), its clip stayed at clip" % dpsgd.MAX_FRACTION_NOISE}
 
 
 def assign_clusters(X: np.ndarray, centers: np.ndarray, row_bound: float) -> np.ndarray:
@@ -363,11 +458,14 @@ def assign_clusters(X: np.ndarray, centers: np.ndarray, row_bound: float) -> np.
 
 
 def train_clusters(X: np.ndarray, labels: np.ndarray, sizes: np.ndarray, centers: np.ndarray,
-                   plan: DPGMPlan, seed: int, clusters=None, log=None, on_step=None) -> np.ndarray:
+                   plan: DPGMPlan, seed: int, clusters=None, log=None, on_step=None,
+                   clips: dict | None = None) -> np.ndarray:
     """DP-SGD of every cluster's model on its own rows (a Spark task per cluster does the same
     for one ``j``): ``(k, dim)`` parameters. Cluster ``j`` sees only ``X[labels == j]``, the
     public ``sizes[j]``, ``centers[j]`` and its own streams ``(seed, stage, j, step)``.
-    ``on_step(j, t, steps)``: called after DP-SGD step ``t`` of cluster ``j`` (progress)."""
+    ``on_step(j, t, steps)``: called after DP-SGD step ``t`` of cluster ``j`` (progress).
+    ``clips`` (a dict), when given, receives cluster ``j``'s final clip (quantile clipping: a
+    function of released counts; else the declared clip)."""
     params, d = plan.params, plan.d
     gen = _make_model(params, d)
     clusters = range(params.k) if clusters is None else clusters
@@ -377,10 +475,14 @@ def train_clusters(X: np.ndarray, labels: np.ndarray, sizes: np.ndarray, centers
         theta0 = gen.init(stream(seed, 2, j))
         if params.model == "rbm":  # start at the cluster's released centre (independent Bernoullis)
             theta0[d * params.hidden: d * params.hidden + d] = _logit_init(centers[j])
+        info = {}
         thetas[j] = dpsgd.train(gen, Xj, theta0, clip=params.clip, sampling_rate=params.sampling_rate,
                                 steps=plan.steps, noise=plan.step_noise, n_pub=max(float(sizes[j]), 1.0),
                                 seed=seed, cluster=j, lr=params.learning_rate,
-                                on_step=None if on_step is None else (lambda t, T, j=j: on_step(j, t, T)))
+                                on_step=None if on_step is None else (lambda t, T, j=j: on_step(j, t, T)),
+                                adaptive=plan.adaptive(), info=info)
+        if clips is not None:
+            clips[j] = float(info["clip"])
         if log is not None:
             log(j, Xj.shape[0])
     return thetas
@@ -642,7 +744,11 @@ def _train_fn(plan: DPGMPlan, sizes: np.ndarray, centers: np.ndarray, seed: int)
     def train(j, Xj, report=None):
         labels = np.full(Xj.shape[0], int(j))
         on_step = None if report is None else (lambda _j, t, steps: report(t, steps))
-        return train_clusters(Xj, labels, sizes, centers, plan, seed, clusters=[int(j)], on_step=on_step)[int(j)]
+        clips: dict = {}
+        theta = train_clusters(Xj, labels, sizes, centers, plan, seed, clusters=[int(j)], on_step=on_step,
+                               clips=clips)[int(j)]
+        # quantile clipping: the final clip (post-processing of released counts) rides after theta
+        return np.append(theta, clips[int(j)]) if plan.quantile else theta
 
     return train
 
@@ -669,8 +775,7 @@ def _training_progress(progress, dplan: DPGMPlan, reserved: float):
     def spent(t: int) -> float:
         if t >= steps:
             return reserved
-        ev = compose([dplan.kmeans.dp_event(), dpsgd.dpsgd_event(dplan.params.sampling_rate,
-                                                                 dplan.noise_multiplier, t)])
+        ev = compose([dplan.kmeans.dp_event(), dplan.training_event(t)])
         return min(epsilon_of(ev, dplan.params.delta), reserved)
 
     def on_train(j: int, t: int, total: int) -> None:
@@ -740,6 +845,12 @@ class DPGM(_proto.Mechanism):
                           "same (q, sigma, T) (parallel composition); replace-one is dominated by an "
                           "add/remove step of sensitivity 2C (docs/math.md section 5)",
         }
+        if params.clip_quantile is not None:
+            cstd = dpsgd.count_noise_std(sigma, params.clip_count_share)
+            public["accounting"] = accounting_note(params) + ": at the calibrated sigma and sigma_b, fixed " \
+                "before the data is read (the realized noises' multipliers are at least those)"
+            public["quantile_clipping"] = {"count_noise_std": cstd, "step_multiplier":
+                                           dpsgd.quantile_step_multiplier(sigma, cstd)}
         return _proto.Plan(events=event, epsilon=eps, delta=float(params.delta), public=public,
                            neighbors=_proto.REPLACE_ONE,
                            state=_DPGMState(params, d, kplan, sigma, _column_types(facts)),
@@ -786,11 +897,15 @@ class DPGM(_proto.Mechanism):
         progress.log("dpgm: training %d %s model(s), %d DP-SGD steps each", k, params.model, dplan.steps)
         gen_dim = _make_model(params, d).dim
         thetas = engine.train_groups(source, _group_fn(centers, bounds.row_bound),
-                                     _train_fn(dplan, sizes, centers, seed), k, gen_dim, d,
+                                     _train_fn(dplan, sizes, centers, seed), k, gen_dim + int(dplan.quantile), d,
                                      on_train=_training_progress(progress, dplan, plan.epsilon),
                                      what="dpgm training")
-        model = DPGMModel(params, d, np.asarray(thetas, float), sizes, centers, dplan.to_public_dict(),
-                          st.column_types or None)
+        thetas = np.asarray(thetas, float)
+        model_public = dplan.to_public_dict()
+        if dplan.quantile:  # each cluster's final clip rides after its theta
+            model_public["final_clips"] = final_clips_public(thetas[:, gen_dim], dplan, sizes)
+            thetas = np.ascontiguousarray(thetas[:, :gen_dim])
+        model = DPGMModel(params, d, thetas, sizes, centers, model_public, st.column_types or None)
         rows = [(j, float(sizes[j]), [float(v) for v in centers[j]]) for j in range(k)]
         table = engine.table(rows, [("cluster", "int", False), ("size", "double", False),
                                     ("center", "array<double>", False)])

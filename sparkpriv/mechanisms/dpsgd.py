@@ -59,6 +59,32 @@ shift by at most one sensitivity under noise ``z`` times it.
   its ``dp_event()`` (multiplier at least the requested one, the samplers'
   slack included) is what is wrapped in the Poisson-sampled event.
 
+Quantile (adaptive) clipping
+----------------------------
+Andrew, Thakkar, McMahan & Ramaswamy 2021: the clip ``C_t`` of step ``t`` is
+chosen privately. Besides the noisy clipped sum, each step releases the noisy
+count of sampled records whose gradient norm is at most ``C_t``,
+``N_t + N_Z(0, sigma_b^2)`` (noise from ``stream(seed, COUNT_STAGE, cluster,
+step)``), and the next clip is ``C_{t+1} = C_t exp(-eta (b_t - gamma))`` with
+``b_t = noisy count / (q n_pub)`` (not clamped: unbiased, as in the paper) and ``C_t`` clamped to
+``[C_0 / CLIP_RANGE, C_0 CLIP_RANGE]`` (post-processing of released counts;
+``gamma`` the target quantile, ``eta`` the learning rate). The gradient noise
+is ``sigma C_t``: one discrete Gaussian of std ``sigma`` on ``sum / C_t``, the
+result multiplied by the public ``C_t``.
+
+One step releases the pair (sum, count); a record contributes ``(g_i
+min(1, C_t / ||g_i||), 1[||g_i|| <= C_t])``. In units of the noise (``sum /
+(sigma C_t)``, ``count / sigma_b``: unit isotropic noise) a record's vector has
+norm at most ``sqrt(1/sigma^2 + 1/sigma_b^2)``, a replaced record moves it by
+at most ``sqrt(4/sigma^2 + 1/sigma_b^2)`` (sum: ``2C_t``; count: ``|b - b'| <=
+1``, not 2), and when the two records fall in different DPGM clusters the two
+clusters' vectors move by ``sqrt(2/sigma^2 + 2/sigma_b^2)`` together. The
+replace-one argument above, run on the stacked vector with ``D`` the largest
+of these, gives the step event ``PoissonSampled(q, Gaussian(z_eff))`` with
+``z_eff = max(4/sigma^2 + 1/sigma_b^2, 2/sigma^2 + 2/sigma_b^2)^(-1/2)``
+(:func:`quantile_step_multiplier`; docs/math.md section 5.1). ``sigma_b`` is
+set from a public share ``s`` of the step's ``1/z_eff^2`` (:func:`count_noise_std`).
+
 Calibration: :func:`calibrate_noise_multiplier` finds, by bisection, the
 smallest multiplier (to a relative 1e-3, rounded up) whose event's epsilon by
 dp_accounting's PLD accountant (the library's :func:`epsilon_of`) or RDP
@@ -93,12 +119,31 @@ __all__ = [
     "clip_factors",
     "noisy_sum",
     "Adam",
+    "COUNT_STAGE",
+    "CLIP_RANGE",
+    "count_noise_std",
+    "quantile_step_multiplier",
+    "quantile_event",
+    "count_noise",
+    "gradient_noise",
+    "clipped_sum_and_count",
+    "update_clip",
+    "QuantileClip",
+    "dp_step_quantile",
+    "MAX_FRACTION_NOISE",
+    "clip_adapts",
 ]
 
 NEIGHBORS = ("replace-one", "add-remove")
 ACCOUNTANTS = ("pld", "rdp")
 SAMPLE_STAGE = 21  # public label: stream(seed, SAMPLE_STAGE, cluster, step) draws the batch
 NOISE_STAGE = 22  # stream(seed, NOISE_STAGE, cluster, step) draws the step's noise
+COUNT_STAGE = 24  # stream(seed, COUNT_STAGE, cluster, step) draws the noise of the step's clipped count
+CLIP_RANGE = 1e6  # quantile clipping keeps C_t in [C_0 / CLIP_RANGE, C_0 CLIP_RANGE] (public)
+MAX_COUNT_SHARE = 1.0 / 3.0  # the count's share of a step's 1/z_eff^2 (docs/math.md section 5.1)
+# a data set's clip adapts only if the noise of its fraction estimate, sigma_b / (q n_pub), is at most
+# this (public: from the noisy size); above it the clip is a random walk and stays at C_0
+MAX_FRACTION_NOISE = 0.25
 _POS = Interval("real", 0, None, "neither")
 _RATE = Interval("real", 0, 1, "right")
 
@@ -131,6 +176,46 @@ def dpsgd_event(q: float, noise_multiplier: float, steps: int, neighbors: str = 
     return dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(float(q), step_event), int(steps))
 
 
+def count_noise_std(noise_multiplier: float, share: float) -> float:
+    """``sigma_b``, the std of the noise on a step's clipped count, for the count's public
+    ``share`` ``s`` in ``(0, 1/3]`` of the step's ``1/z_eff^2``.
+
+    With ``4/sigma^2 = (1 - s) / z_eff^2`` (the sum) and ``1/sigma_b^2 = s / z_eff^2`` (the
+    count): ``sigma_b = sigma sqrt((1 - s) / s) / 2``. For ``s <= 1/3`` the same-cluster case
+    is the larger one in :func:`quantile_step_multiplier`, so ``z_eff = sigma sqrt(1 - s) / 2``:
+    the gradient noise is ``1 / sqrt(1 - s)`` times what a declared clip needs at the same
+    epsilon (docs/math.md section 5.1).
+    """
+    caller = "count_noise_std"
+    check_param("noise_multiplier", noise_multiplier, [_POS], caller)
+    check_param("count_share", share, [Interval("real", 0, MAX_COUNT_SHARE, "right")], caller)
+    return float(noise_multiplier) * math.sqrt((1.0 - float(share)) / float(share)) / 2.0
+
+
+def quantile_step_multiplier(noise_multiplier: float, count_std: float) -> float:
+    """``z_eff`` of one quantile-clipping step (replace-one, the sum and the count released
+    together): ``max(4/sigma^2 + 1/sigma_b^2, 2/sigma^2 + 2/sigma_b^2)^(-1/2)``.
+
+    ``sigma`` = gradient noise / ``C_t``, ``sigma_b`` = count noise std (the count's
+    sensitivity is 1). The first term: one record replaced in one data set (sum ``2C_t``,
+    count 1); the second: the two records in different DPGM clusters (each cluster's sum
+    ``C_t`` and count 1). The step is an add/remove ``Gaussian(z_eff)`` step
+    (docs/math.md section 5.1).
+    """
+    caller = "quantile_step_multiplier"
+    check_param("noise_multiplier", noise_multiplier, [_POS], caller)
+    check_param("count_std", count_std, [_POS], caller)
+    a, b = 1.0 / float(noise_multiplier) ** 2, 1.0 / float(count_std) ** 2
+    return 1.0 / math.sqrt(max(4.0 * a + b, 2.0 * a + 2.0 * b))
+
+
+def quantile_event(q: float, noise_multiplier: float, count_std: float, steps: int) -> dp_event.DpEvent:
+    """``SelfComposed(PoissonSampled(q, Gaussian(z_eff)), steps)``: ``steps`` quantile-clipping
+    steps (replace-one), ``z_eff`` from :func:`quantile_step_multiplier`."""
+    z = quantile_step_multiplier(noise_multiplier, count_std)
+    return dpsgd_event(q, z, steps, "add-remove", step_event=dp_event.GaussianDpEvent(z))
+
+
 def accounted_epsilon(event: dp_event.DpEvent, delta: float, accountant: str = "pld") -> float:
     """Epsilon of ``event`` at ``delta``: the library's PLD (default) or dp_accounting's RDP."""
     check_param("accountant", accountant, [Options(ACCOUNTANTS)], "accounted_epsilon")
@@ -151,9 +236,13 @@ RDP_ORDERS = [*range(2, 65), 72, 80, 96, 128, 192, 256, 512, 1024]
 def calibrate_noise_multiplier(*, epsilon: float, delta: float, sampling_rate: float, steps: int,
                                neighbors: str = "replace-one", accountant: str = "pld",
                                rtol: float = 1e-3, base_event: dp_event.DpEvent | None = None,
+                               count_share: float | None = None,
                                caller: str = "calibrate_noise_multiplier") -> float:
     """The smallest ``sigma = noise std / C`` (to ``rtol``, rounded up) whose DP-SGD event
     has accounted epsilon at most ``epsilon`` at ``delta``.
+
+    ``count_share`` (quantile clipping, replace-one only): the event is
+    :func:`quantile_event` with the count's noise ``count_noise_std(sigma, count_share)``.
 
     ``base_event`` (e.g. the k-means part of a DPGM release) is composed with
     the DP-SGD event before accounting, so the whole release meets the request.
@@ -166,9 +255,15 @@ def calibrate_noise_multiplier(*, epsilon: float, delta: float, sampling_rate: f
     _check_common(sampling_rate, steps, caller)
     check_param("accountant", accountant, [Options(ACCOUNTANTS)], caller)
     check_param("rtol", rtol, [Interval("real", 1e-9, 0.5, "both")], caller)
+    if count_share is not None:
+        check_param("count_share", count_share, [Interval("real", 0, MAX_COUNT_SHARE, "right")], caller)
+        if neighbors != "replace-one":
+            raise ParameterError(f"{caller}: quantile clipping (count_share) is accounted for replace-one "
+                                 f"only. Got neighbors={neighbors!r}.")
 
     def event(s: float):
-        e = dpsgd_event(sampling_rate, s, steps, neighbors)
+        e = dpsgd_event(sampling_rate, s, steps, neighbors) if count_share is None else \
+            quantile_event(sampling_rate, s, count_noise_std(s, count_share), steps)
         return e if base_event is None else compose([base_event, e])
 
     def eps(s: float) -> float:
@@ -189,7 +284,8 @@ def calibrate_noise_multiplier(*, epsilon: float, delta: float, sampling_rate: f
         try:
             start = calibrate_noise_multiplier(epsilon=epsilon, delta=delta, sampling_rate=sampling_rate,
                                                steps=steps, neighbors=neighbors, accountant="rdp",
-                                               rtol=rtol, base_event=base_event, caller=caller)
+                                               rtol=rtol, base_event=base_event, count_share=count_share,
+                                               caller=caller)
         except ParameterError:  # RDP states more than PLD: search from 1
             start = 1.0
     hi, e_hi = start, eps(start)
@@ -342,10 +438,16 @@ def dp_step(model, X: np.ndarray, theta: np.ndarray, state, *, clip: float, samp
 
 def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate: float, steps: int,
           noise: _noise.GaussianNoise | None, n_pub: float, seed: int, cluster: int = 0,
-          lr: float = 1e-3, state=None, init_rng: np.random.Generator | None = None, on_step=None):
+          lr: float = 1e-3, state=None, init_rng: np.random.Generator | None = None, on_step=None,
+          adaptive: QuantileClip | None = None, info: dict | None = None):
     """``steps`` DP-SGD steps with Adam (post-processing); returns the final ``theta``.
 
     ``on_step(t, steps)`` is called after step ``t`` (progress; public counts only).
+    ``adaptive``: quantile clipping (:func:`dp_step_quantile`) starting at ``C_0 = clip``
+    (``noise`` is then not used; the clip moves only where :func:`clip_adapts`, else every
+    step runs at ``C_0``); ``info`` (a dict), when given, receives ``"clips"``, the
+    clips ``C_1 .. C_T`` used, and ``"clip"``, the clip after the last update: both are
+    post-processing of the released counts.
 
     ``X`` is one cluster's rows (a Spark task's partition); everything random
     is keyed by ``(seed, stage, cluster, step)``, so a retried task reproduces
@@ -357,10 +459,121 @@ def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate
         state = model.init_state(init_rng if init_rng is not None else stream(seed, MODEL_STAGE, cluster, 0),
                                  theta)
     opt = Adam(lr=lr)
+    c, clips = float(clip), []
+    adapts = adaptive is not None and clip_adapts(adaptive.count_noise.std, sampling_rate, n_pub)
     for t in range(1, int(steps) + 1):
-        g, state, _ = dp_step(model, X, theta, state, clip=clip, sampling_rate=sampling_rate, noise=noise,
-                              n_pub=n_pub, seed=seed, cluster=cluster, step=t)
+        if adaptive is None:
+            g, state, _ = dp_step(model, X, theta, state, clip=clip, sampling_rate=sampling_rate, noise=noise,
+                                  n_pub=n_pub, seed=seed, cluster=cluster, step=t)
+        else:
+            clips.append(c)
+            g, state, _, cnt = dp_step_quantile(model, X, theta, state, clip=c, sampling_rate=sampling_rate,
+                                                adaptive=adaptive, n_pub=n_pub, seed=seed, cluster=cluster,
+                                                step=t)
+            if adapts:
+                c = update_clip(c, cnt, sampling_rate=sampling_rate, n_pub=n_pub, quantile=adaptive.quantile,
+                                lr=adaptive.lr, clip0=clip)
         theta = opt.step(theta, g)
         if on_step is not None:
             on_step(t, int(steps))
+    if info is not None:
+        info["clips"] = np.asarray(clips if adaptive is not None else [float(clip)] * int(steps))
+        info["clip"] = c
     return theta
+
+
+# ----------------------------------------------------------------------------- quantile clipping
+
+
+def gradient_noise(*, noise_multiplier: float, dim: int, max_rows: int) -> _noise.GaussianNoise:
+    """The discrete Gaussian noise of quantile clipping, applied to the clipped sum divided by the
+    public clip, ``sum / C_t`` (a record moves it by at most 1, a replacement by 2): std at least
+    ``noise_multiplier``, event normalised to sensitivity 1 (multiplier at least
+    ``noise_multiplier``: a one-sided change costs at most ``1/sigma`` in mu and a replacement
+    ``2/sigma``; docs/math.md section 5.1); the grid holds ``max_rows``. One noise (one sampler
+    table) serves every step: the release is ``C_t g (rint(sum / (C_t g)) + N)``."""
+    caller = "gradient_noise"
+    check_param("max_rows", max_rows, [Interval("integer", 1, None, "left")], caller)
+    return _noise.gaussian_noise_from_multiplier(sensitivity=1.0, noise_multiplier=float(noise_multiplier),
+                                                 dim=int(dim), max_abs=float(max_rows))
+
+
+def count_noise(*, count_std: float, max_rows: int) -> _noise.GaussianNoise:
+    """The discrete Gaussian noise on a step's clipped count (sensitivity 1, one coordinate):
+    std at least ``count_std``, event multiplier at least ``count_std``; the grid holds ``max_rows``."""
+    caller = "count_noise"
+    check_param("count_std", count_std, [_POS], caller)
+    check_param("max_rows", max_rows, [Interval("integer", 1, None, "left")], caller)
+    return _noise.gaussian_noise_from_multiplier(sensitivity=1.0, noise_multiplier=float(count_std), dim=1,
+                                                 max_abs=float(max_rows))
+
+
+def clipped_sum_and_count(model, Xb: np.ndarray, theta: np.ndarray, clip: float, rng=None):
+    """``(clipped sum, count)`` of a batch: the count is the number of records whose gradient norm
+    is at most ``clip`` (exactly those :func:`clip_factors` leaves unscaled)."""
+    s, sq = model.clipped_sum(Xb, theta, clip, rng)
+    norms = np.sqrt(np.maximum(np.asarray(sq, dtype=np.float64), 0.0))
+    return s, int(np.count_nonzero(norms <= clip))
+
+
+def update_clip(clip: float, noisy_count: float, *, sampling_rate: float, n_pub: float, quantile: float,
+                lr: float, clip0: float) -> float:
+    """Andrew et al.'s geometric update: ``C exp(-lr (b - quantile))``, ``b = noisy_count / (q n_pub)``
+    (not clamped to ``[0, 1]``: a clamp biases ``E b`` when the count's noise is large, and a
+    high quantile then drifts to the cap); the result clamped to ``[clip0 / CLIP_RANGE, clip0
+    CLIP_RANGE]``. Post-processing of a released count (public). :func:`train` applies it only
+    where :func:`clip_adapts`."""
+    b = float(noisy_count) / (float(sampling_rate) * float(n_pub))
+    c = float(clip) * math.exp(-float(lr) * (b - float(quantile)))
+    return min(max(c, float(clip0) / CLIP_RANGE), float(clip0) * CLIP_RANGE)
+
+
+def clip_adapts(count_std: float, sampling_rate: float, n_pub: float) -> bool:
+    """Whether quantile clipping moves a data set's clip: the fraction estimate's noise
+    ``sigma_b / (q n_pub)`` is at most :data:`MAX_FRACTION_NOISE` (public facts only). A cluster
+    with a small expected batch keeps ``C_0``: its count would be mostly noise (a 53-row cluster
+    at ``q = 0.05`` and ``sigma_b = 13``: fraction noise 3.7, its clip walked to the cap)."""
+    return float(count_std) / (float(sampling_rate) * max(float(n_pub), 1e-300)) <= MAX_FRACTION_NOISE
+
+
+@dataclass(frozen=True)
+class QuantileClip:
+    """Public settings of quantile clipping: the target ``quantile`` (gamma), the update's ``lr``
+    (eta), the noise of ``sum / C_t`` (:func:`gradient_noise`: std ``sigma``, so ``sigma C_t`` on
+    the sum) and the count's (:func:`count_noise`)."""
+
+    quantile: float
+    lr: float
+    gradient_noise: _noise.GaussianNoise
+    count_noise: _noise.GaussianNoise
+
+
+def dp_step_quantile(model, X, theta: np.ndarray, state, *, clip: float, sampling_rate: float,
+                     adaptive: QuantileClip, n_pub: float, seed: int, cluster: int, step: int):
+    """One quantile-clipping DP-SGD step at the public clip ``C_t = clip``:
+    ``(grad, new_state, batch_size, noisy_count)``.
+
+    The batch, the model's randomness and the gradient noise's stream are those of
+    :func:`dp_step`; ``adaptive.gradient_noise`` is added to ``sum / C_t`` and the result
+    multiplied by ``C_t`` (public; post-processing of the noisy integers); the count of batch
+    records with norm at most ``C_t`` gets ``adaptive.count_noise`` from
+    ``stream(seed, COUNT_STAGE, cluster, step)``. ``noisy_count`` is released (the next clip
+    is :func:`update_clip` of it).
+    """
+    from sparkpriv.privacy.random import stream
+
+    # the same Poisson batch as dp_step (event records: only the batch is made dense)
+    mask = poisson_mask(X.shape[0], sampling_rate, stream(seed, SAMPLE_STAGE, cluster, step))
+    Xb = X[mask]
+    if hasattr(Xb, "toarray"):
+        Xb = Xb.toarray()
+    mrng = stream(seed, MODEL_STAGE, cluster, step)
+    s, cnt = clipped_sum_and_count(model, Xb, theta, clip, mrng)
+    s = np.asarray(s, dtype=np.float64).ravel()
+    c = float(clip)
+    g = c * noisy_sum(s / c, adaptive.gradient_noise, stream(seed, NOISE_STAGE, cluster, step)) / \
+        (sampling_rate * float(n_pub))
+    noisy_count = float(_noise.add_noise(np.array([float(cnt)]), adaptive.count_noise,
+                                         stream(seed, COUNT_STAGE, cluster, step))[0])
+    t, state = model.model_term(theta, state, mrng, clip)
+    return g + t, state, int(Xb.shape[0]), noisy_count

@@ -45,6 +45,8 @@ for _v in ("linear", "kernel"):
     for _rel in ("replace-one", "add-remove"):
         AUDITED[(f"kmeans-{_v}", GAU, _rel, "rows")] = "test_kmeans::test_kmeans_step"
 AUDITED[("dpsgd", GAU, "replace-one", "sampled")] = "test_dpsgd::test_dpsgd_step_sampled_replace_one_within_claim"
+AUDITED[("dpsgd-quantile-clip", GAU, "replace-one", "sampled")] = \
+    "test_dpsgd_quantile_clip::test_quantile_clip_step_full_batch_replace_one"
 for _rel in ("replace-one", "add-remove"):
     AUDITED[("row-bound-quantile", LAP, _rel, "histogram")] = "test_quantile::test_row_bound_histogram"
 for _scheme in ("sketch", "additive"):
@@ -65,8 +67,8 @@ FUNCTIONS = {
     "release_regression_array": ("regression-sketch", "regression-additive"),
     "release_regression": ("regression-sketch", "regression-additive"),
     "release_counts": ("counts",),
-    "release_dpgm_array": ("kmeans-linear", "dpsgd"),
-    "release_dpgm": ("kmeans-linear", "dpsgd"),
+    "release_dpgm_array": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip"),
+    "release_dpgm": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip"),
 }
 CLI_MECHANISMS = {
     "projection": ("projection", "projection-events", "row-bound-quantile"),
@@ -74,7 +76,7 @@ CLI_MECHANISMS = {
     "kmeans": ("kmeans-linear", "kmeans-kernel"),
     "regression": ("regression-sketch", "regression-additive"),
     "counts": ("counts",),
-    "dpgm": ("kmeans-linear", "dpsgd"),
+    "dpgm": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip"),
 }
 SAMPLERS = {"sample_discrete_laplace": "test_samplers::test_sampler_matches_exact_pmf",
             "sample_discrete_gaussian": "test_samplers::test_sampler_matches_exact_pmf"}
@@ -183,6 +185,9 @@ def offered_dpgm() -> set:
         if _accepts(lambda: release_dpgm(Xb, k=2, epsilon=5.0, delta=1e-5, kmeans_iterations=1, sampling_rate=0.5,
                                          epochs=1.0, hidden=2, chains=4, neighbors=rel)):
             out.add(("dpsgd", GAU, rel, "sampled"))
+        if _accepts(lambda: release_dpgm(Xb, k=2, epsilon=5.0, delta=1e-5, kmeans_iterations=1, sampling_rate=0.5,
+                                         epochs=1.0, hidden=2, chains=4, neighbors=rel, clip_quantile=0.5)):
+            out.add(("dpsgd-quantile-clip", GAU, rel, "sampled"))
     return out
 
 
