@@ -471,18 +471,17 @@ def test_explode_and_wide_refusals_leave_nothing(spark, release, event_release, 
     assert not (tmp_path / "s2").exists()
 
 
-def test_cli_explode_on_a_table_model_and_an_event_model(release, event_release, tmp_path):
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
-    env.pop("SPARKPRIV_INSECURE_TEST_SEED", None)
-    cmd = [sys.executable, "-m", "sparkpriv.cli", "synthesize", "--rows", "200", "--partitions", "2"]
-    r = subprocess.run(cmd + ["--model", release, "--output", str(tmp_path / "bad"), "--explode"], env=env,
-                       capture_output=True, text=True)
-    assert r.returncode == 2 and "--explode" in r.stderr and not (tmp_path / "bad").exists()
-    r = subprocess.run(cmd + ["--model", event_release, "--output", str(tmp_path / "ev"), "--explode"], env=env,
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+def test_cli_explode_on_a_table_model_and_an_event_model(spark, release, event_release, tmp_path, capsys):
+    from sparkpriv.cli import main
+
+    cmd = ["synthesize", "--rows", "200", "--partitions", "2"]
+    assert main(cmd + ["--model", release, "--output", str(tmp_path / "bad"), "--explode"]) == 2
+    assert "--explode" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+    assert main(cmd + ["--model", event_release, "--output", str(tmp_path / "ev"), "--explode", "--wide"]) == 2
+    assert "--explode, --wide" in capsys.readouterr().err and not (tmp_path / "ev").exists()
+    assert main(cmd + ["--model", event_release, "--output", str(tmp_path / "ev"), "--explode"]) == 0
     assert pq.read_table(str(tmp_path / "ev")).column_names == ["caller_id", "tower_id"]
-    assert "one row per (person, item)" in r.stdout
+    assert "one row per (person, item)" in capsys.readouterr().out
 
 
 def _source_events(spark, ids=EV_IDS, people=400, seed=2):

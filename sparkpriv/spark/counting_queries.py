@@ -175,6 +175,13 @@ def evaluate_counting_queries(
     """
     from pyspark.sql import functions as F
 
+    if release_events and (release_columns or release_item_ids):
+        raise ParameterError("release_events reads an event table: release_columns and release_item_ids do not "
+                             "apply to it (--release-events with --release-columns / --release-prefix / "
+                             "--release-item-ids).")
+    if not release_events and (release_person or release_item):
+        raise ParameterError("release_person and release_item name the columns of an event-table release: give "
+                             "release_events too (--release-events).")
     truth = bound_contributions(source, person=person, item=item, max_items=1 << 30,
                                 vocabulary=vocabulary).df.persist()
     try:
@@ -186,17 +193,10 @@ def evaluate_counting_queries(
     finally:
         truth.unpersist()
     if release_events:
-        if release_columns or release_item_ids:
-            raise ParameterError("release_events reads an event table: release_columns and release_item_ids "
-                                 "do not apply to it (--release-events with --release-columns / --release-prefix "
-                                 "/ --release-item-ids).")
         release = bound_contributions(release, person=release_person or person, item=release_item or item,
                                       max_items=1 << 30, vocabulary=vocabulary).df
         rel_a, n_rel = answer_release(release, qs.matrix, items_col="items")
     else:
-        if release_person or release_item:
-            raise ParameterError("release_person and release_item name the columns of an event-table release: "
-                                 "give release_events too (--release-events).")
         rel_a, n_rel = answer_release(release, qs.matrix, items_col=release_items_col, columns=release_columns,
                                       threshold=threshold, item_ids=vocabulary if release_item_ids else None)
     err = cq.relative_errors(true_a, rel_a, n, sanity)
