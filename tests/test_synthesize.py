@@ -497,7 +497,7 @@ def test_counting_queries_read_the_synthetic_items_and_events(spark, event_relea
     """evaluate counting-queries answers the synthetic items (ids, --release-item-ids) and the
     exploded events (--release-events) like the 0/1 wide table of the same seed (the dense path);
     the source given as an event-table release answers exactly (error 0)."""
-    from sparkpriv.spark.counting_queries import evaluate_counting_queries
+    from sparkpriv.spark.counting_queries import answer_release, evaluate_counting_queries
 
     for name, kw in (("items", {}), ("events", {"explode": True}), ("wide", {"wide": True})):
         with insecure_fixed_seed(3):
@@ -518,7 +518,9 @@ def test_counting_queries_read_the_synthetic_items_and_events(spark, event_relea
     assert exact["mean_relative_error"] == 0.0
     # the ids read as indices are refused (130 is outside [0, 5)), not silently miscounted
     with pytest.raises(Exception, match="outside"):
-        evaluate_counting_queries(spark, release=read("items"), **common)
+        answer_release(read("items"), np.eye(5))
+    with pytest.raises(Exception, match="outside the vocabulary"):
+        answer_release(read("items"), np.eye(5), item_ids=[130, 110, 120, 140, 106])
     with pytest.raises(ParameterError, match="release_events"):
         evaluate_counting_queries(spark, release=read("events"), release_item="tower_id", **common)
 

@@ -112,13 +112,16 @@ class EventColumns:
         return out
 
     @classmethod
-    def from_records(cls, records) -> "EventColumns":
+    def from_records(cls, records) -> "EventColumns | None":
         """The facts of :class:`~sparkpriv.spark.events.BoundedRecords` (its declared vocabulary and
-        the event table's schema; no value is read)."""
-        table = records.input_info.get("event_table") or {}
+        the event table's schema; no value is read); None when the records do not name their
+        event table's columns."""
+        table = (getattr(records, "input_info", None) or {}).get("event_table") or {}
         person, item = table.get("person_column"), table.get("item_column")
-        item_type = records.events.schema[item].dataType.simpleString()
-        return cls(str(person), str(item), item_type, records.vocabulary)
+        names = getattr(getattr(records, "events", None), "schema", None)
+        if not person or not item or names is None or item not in names.fieldNames():
+            return None
+        return cls(str(person), str(item), names[item].dataType.simpleString(), records.vocabulary)
 
 
 def item_matrix(X: np.ndarray, events: EventColumns) -> tuple[np.ndarray, np.ndarray]:
