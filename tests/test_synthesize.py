@@ -457,6 +457,8 @@ def test_explode_and_wide_refusals_leave_nothing(spark, release, event_release, 
         synthesize_dpgm(event_release, rows=10, output=str(out), explode=True, wide=True, spark=spark)
     with pytest.raises(ParameterError, match="'explode'"):
         synthesize_dpgm(event_release, rows=10, output=str(out), explode="yes", spark=spark)
+    with pytest.raises(ParameterError, match="'wide'"):
+        synthesize_dpgm(event_release, rows=10, output=str(out), wide=1, spark=spark)
     # a table model's output is always wide
     assert synthesize_dpgm(release, rows=10, output=str(out), wide=True, spark=spark).layout == "wide"
     # a receipt that records other event columns: the directory was altered

@@ -190,10 +190,10 @@ def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = Fal
     """
     from sparkpriv.io.writer import RECEIPT_FILE, check_output_path, publish
     from sparkpriv.mechanisms.dpgm import MODEL_FILE, DPGMModel
+    from sparkpriv.mechanisms.event_columns import ITEMS, PERSON, THRESHOLD
     from sparkpriv.mechanisms.protocol import Progress
     from sparkpriv.privacy.random import active_fixed_seed, new_secret_seed
     from sparkpriv.spark.progress import TaskProgress
-    from sparkpriv.mechanisms.event_columns import ITEMS, PERSON, THRESHOLD
     from sparkpriv.spark.synthesize import batch_rows_for, default_partitions, synthetic_events, synthetic_rows
 
     rows = _check_rows(rows)
@@ -201,7 +201,8 @@ def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = Fal
     if writer not in ("auto", "spark", "arrow"):
         raise ParameterError(f"The 'writer' parameter of {_CALLER} must be auto, spark or arrow (--writer). "
                              f"Got {writer!r} instead.")
-    if _check_flag("explode", explode) and _check_flag("wide", wide):
+    explode, wide = _check_flag("explode", explode), _check_flag("wide", wide)
+    if explode and wide:
         raise ParameterError(f"The 'explode' and 'wide' parameters of {_CALLER} (--explode, --wide) exclude "
                              "each other: --explode writes one row per (person, item), --wide one 0/1 column "
                              "per item. Give one of them.")
