@@ -131,8 +131,8 @@ def item_matrix(X: np.ndarray, events: EventColumns) -> tuple[np.ndarray, np.nda
     X = np.asarray(X)
     if X.ndim != 2 or X.shape[1] != events.d:
         raise ValueError(f"synthetic records of shape {X.shape} for a vocabulary of {events.d} items")
-    order = _value_order(events)
-    r, c = np.nonzero(X[:, order] >= THRESHOLD)
+    Y = X if events.vocabulary.is_range else X[:, _value_order(events)]
+    r, c = np.nonzero(Y >= THRESHOLD)
     off = np.zeros(X.shape[0] + 1, np.int64)
     np.cumsum(np.bincount(r, minlength=X.shape[0]), out=off[1:])
     return off, c
@@ -147,19 +147,28 @@ def _value_order(events: EventColumns) -> np.ndarray:
     return np.asarray(pc.sort_indices(events.item_values()).to_numpy(), np.int64)
 
 
+def _sorted_items(X: np.ndarray, events: EventColumns):
+    """``(offsets, the visited items' ids as an Arrow array)``, each row's items sorted by id."""
+    import pyarrow as pa
+
+    off, pos = item_matrix(X, events)
+    values = events.item_values()
+    if not events.vocabulary.is_range:
+        values = values.take(pa.array(_value_order(events)))
+    return off, values.take(pa.array(pos))
+
+
 def item_arrays(X: np.ndarray, events: EventColumns, first_person: int = 0) -> list:
     """One row per synthetic person: ``[person (int64: first_person, first_person + 1, ...),
     items (list of the item ids, sorted)]`` as Arrow arrays."""
     import pyarrow as pa
 
-    off, pos = item_matrix(X, events)
-    values = events.item_values().take(pa.array(_value_order(events)))
+    off, items = _sorted_items(X, events)
     n = off.shape[0] - 1
     person = pa.array(np.arange(int(first_person), int(first_person) + n, dtype=np.int64))
     if off[-1] > np.iinfo(np.int32).max:  # pyarrow's list offsets are int32
         raise ValueError("too many synthetic items in one batch (more than 2^31)")
-    items = pa.ListArray.from_arrays(pa.array(off.astype(np.int32)), values.take(pa.array(pos)))
-    return [person, items]
+    return [person, pa.ListArray.from_arrays(pa.array(off.astype(np.int32)), items)]
 
 
 def exploded_arrays(X: np.ndarray, events: EventColumns, first_person: int = 0) -> list:
@@ -167,11 +176,10 @@ def exploded_arrays(X: np.ndarray, events: EventColumns, first_person: int = 0) 
     person's items sorted; a person without items has no row."""
     import pyarrow as pa
 
-    off, pos = item_matrix(X, events)
-    values = events.item_values().take(pa.array(_value_order(events)))
+    off, items = _sorted_items(X, events)
     n = off.shape[0] - 1
     person = np.repeat(np.arange(int(first_person), int(first_person) + n, dtype=np.int64), np.diff(off))
-    return [pa.array(person), values.take(pa.array(pos))]
+    return [pa.array(person), items]
 
 
 def events_table(X: np.ndarray, events: EventColumns, *, explode: bool = False, first_person: int = 0):
