@@ -63,6 +63,12 @@ EVALUATE_COUNTING_OPTIONS = (
     Option("release_columns", "strs", "dense release: one column per item, in vocabulary order"),
     Option("release_prefix", "str", "dense release: columns PREFIX0..PREFIX{d-1}"),
     Option("release_items_col", "str", "sparse release: array<int> column of item indices", default="items"),
+    Option("release_item_ids", "bool", "sparse release: the array column holds item ids of --vocabulary, not "
+           "indices (sparkpriv synthesize of a model released on --events)", default=False),
+    Option("release_events", "bool", "the release is an event table, one row per (person, item) (sparkpriv "
+           "synthesize --explode)", default=False),
+    Option("release_person_col", "str", "event-table release: its person column [default: --person-col]"),
+    Option("release_item_col", "str", "event-table release: its item column [default: --item-col]"),
     Option("threshold", "float", "dense release: an item is visited when its value >= this", default=0.5),
     Option("queries", "int", "number of random queries", default=1000),
     Option("groups", "int", "query groups of growing length", default=5),
@@ -73,8 +79,12 @@ EVALUATE_COUNTING_OPTIONS = (
 
 SYNTHESIZE_OPTIONS = (
     Option("model", "str", "the output directory of a DPGM release (sparkpriv release dpgm)", required=True),
-    Option("rows", "int", "number of synthetic rows", required=True),
+    Option("rows", "int", "number of synthetic rows (people, for a model released on --events)", required=True),
     Option("output", "str", "output Parquet directory of the synthetic table", required=True),
+    Option("explode", "bool", "a model released on --events: one row per (person, item) under the source's "
+           "person and item column names, instead of one row per person (person, items array)", default=False),
+    Option("wide", "bool", "a model released on --events: one 0/1 column per vocabulary item (x0, x1, ...) "
+           "instead of the events", default=False),
     Option("partitions", "int", "Spark partitions, i.e. output files (default: by size)"),
     Option("writer", "str", "who writes the part files", choices=("auto", "spark", "arrow"), default="auto"),
     Option("overwrite", "bool", "replace an existing output", default=False),
@@ -299,7 +309,8 @@ def _cmd_synthesize(args) -> int:
     finally:
         if bar is not None:
             bar.close()
-    print(f"synthetic table: {res.output} ({res.rows} rows: {', '.join(res.columns)})")
+    what = {"items": "people, one row each", "events": "people, one row per (person, item)"}.get(res.layout, "rows")
+    print(f"synthetic table: {res.output} ({res.rows} {what}: {', '.join(res.columns)})")
     print(f"provenance:      {res.receipt_path} (post-processing of {res.model_receipt}; no budget spent)")
     print(f"guarantee:       epsilon={res.epsilon:.6g} delta={res.delta:.3g} (the model release's)")
     return EXIT_OK
@@ -336,6 +347,8 @@ def _cmd_generate_events(args) -> int:
 def evaluate_tables(spark, *, source: str, release: str, person_col: str, item_col: str, vocabulary: str,
                     source_format: str | None = None, release_format: str | None = None,
                     release_columns=None, release_prefix: str | None = None, release_items_col: str = "items",
+                    release_item_ids: bool = False, release_events: bool = False,
+                    release_person_col: str | None = None, release_item_col: str | None = None,
                     threshold: float = 0.5, queries: int = 1000, groups: int = 5, max_length: int | None = None,
                     seed: int = 0) -> dict:
     """Read ``source`` and ``release`` (paths or table names) and evaluate (the CLI's entry point)."""
@@ -351,8 +364,9 @@ def evaluate_tables(spark, *, source: str, release: str, person_col: str, item_c
         spark, source=read_table(spark, source, source_format, format_option="--source-format"),
         release=read_table(spark, release, release_format, format_option="--release-format"),
         person=person_col, item=item_col, vocabulary=vocabulary, release_columns=release_columns,
-        release_items_col=release_items_col, threshold=threshold, n_queries=queries, groups=groups,
-        max_length=max_length, seed=seed)
+        release_items_col=release_items_col, release_item_ids=release_item_ids, release_events=release_events,
+        release_person=release_person_col, release_item=release_item_col, threshold=threshold, n_queries=queries,
+        groups=groups, max_length=max_length, seed=seed)
 
 
 def _cmd_evaluate_counting(args) -> int:

@@ -116,9 +116,8 @@ def run_demo(*, workdir: str, people: int, epsilon: float, max_items: int = 32, 
         true_a, n = answer_release(truth, qs.matrix, items_col="items")
     finally:
         truth.unpersist()
-    syn_df = spark.read.parquet(syn.output)
-    syn_cols = [c for c in syn_df.columns if c not in ("cluster",)]
-    syn_a, n_syn = answer_release(syn_df, qs.matrix, columns=syn_cols)
+    syn_df = spark.read.parquet(syn.output)  # person, items: the synthetic people's tower ids
+    syn_a, n_syn = answer_release(syn_df, qs.matrix, items_col="items", item_ids=vocabulary)
     counts = spark.read.parquet(counts_out).orderBy("tower_id").select("noisy_count").toPandas()["noisy_count"]
     ind_a = cq.answers_under_independence(counts.to_numpy(), n, qs.matrix)
     errors = {

@@ -45,14 +45,14 @@ def _closed_form_means(sizes=SIZES, biases=BIASES):
     return w @ (1.0 / (1.0 + np.exp(-np.asarray(biases))))
 
 
-def _release_dir(path, model, *, sizes_in_receipt=None, mechanism="dpgm"):
+def _release_dir(path, model, *, sizes_in_receipt=None, mechanism="dpgm", columns=COLS):
     """A DPGM release directory: the model file and a receipt (the fields synthesize reads)."""
     os.makedirs(path)
     with open(os.path.join(path, dpgm.MODEL_FILE), "wb") as f:
         f.write(model.to_bytes())
     sizes = list(model.sizes) if sizes_in_receipt is None else sizes_in_receipt
     receipt = {"format": "sparkpriv.receipt/1", "mechanism": mechanism, "created_at": "2026-01-01T00:00:00+00:00",
-               "guarantee": GUARANTEE, "input": {"columns": list(COLS)}, "ledger": None,
+               "guarantee": GUARANTEE, "input": {"columns": list(columns)} if columns else {}, "ledger": None,
                "mechanism_details": {"model": {"file": dpgm.MODEL_FILE, "cluster_sizes": sizes}}}
     with open(os.path.join(path, "_privacy_receipt.json"), "w") as f:
         json.dump(receipt, f)
@@ -286,3 +286,271 @@ def test_boolean_columns_read_as_0_1_on_spark_with_a_fill():
 
     b = pa.record_batch([pa.array([True, None, False]), pa.array([1, 0, 1], pa.int32())], ["b", "i"])
     np.testing.assert_array_equal(batch_matrix(b, ["b", "i"], fill=1.0), [[1.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
+
+
+# ----------------------------------------------------------------------------- event tables (items array / exploded)
+
+from sparkpriv.mechanisms.event_columns import EventColumns  # noqa: E402
+from sparkpriv.mechanisms.sparse import Vocabulary  # noqa: E402
+
+EV_IDS = (130, 110, 120, 140, 105)  # declared ids, not sorted: the indices are NOT the ids' order
+EV_BIASES = [[2.0, -1.0, 0.0, -3.0, 1.0], [-2.0, 1.5, 3.0, 0.5, -1.0]]
+EV_SIZES = [2000.0, 1000.0]
+
+
+def _event_model(vocabulary=EV_IDS, item_type="int", person="caller_id", item="tower_id"):
+    m = _model(sizes=EV_SIZES, biases=EV_BIASES)
+    params = dataclasses.replace(m.params, columns=None)
+    voc = Vocabulary.parse(vocabulary) if isinstance(vocabulary, str) else Vocabulary.from_ids(vocabulary)
+    return dataclasses.replace(m, params=params, events=EventColumns(person, item, item_type, voc))
+
+
+@pytest.fixture
+def event_release(tmp_path):
+    return _release_dir(tmp_path / "evmodel", _event_model(), columns=None)
+
+
+def _expected_items(X, ids):
+    """The reference: each 0/1 row's visited items (>= 0.5) as the declared ids, sorted."""
+    return [sorted(int(ids[j]) for j in range(X.shape[1]) if X[i, j] >= 0.5) for i in range(X.shape[0])]
+
+
+def _reference_rows(model, rows, seed, partitions, batch_rows):
+    """synthesize_part's records, partition after partition, batch after batch."""
+    out = []
+    for p in range(partitions):
+        todo = rows // partitions + (1 if p < rows % partitions else 0)
+        b = 0
+        while todo > 0:
+            m = min(todo, batch_rows)
+            out.append(dpgm.synthesize_part(model, m, seed, p, b))
+            todo, b = todo - m, b + 1
+    return np.concatenate(out)
+
+
+def _sorted_by_person(path):
+    t = pq.read_table(str(path))
+    return t.take(np.argsort(t.column(t.column_names[0]).to_numpy(), kind="stable"))
+
+
+def test_event_model_header_round_trip_and_older_files(tmp_path):
+    """Format 3 keeps the event columns (ids or a range, string ids); table models have none;
+    a format 2 file (types, no events) still loads as a table model; a vocabulary of the wrong
+    size is refused."""
+    import io
+
+    for m in (_event_model(), _event_model(vocabulary="100..104", item_type="bigint"),
+              _event_model(vocabulary=("b", "a", "c", "e", "d"), item_type="string")):
+        back = dpgm.DPGMModel.load(io.BytesIO(m.to_bytes()))
+        assert back.events == m.events and back.events.vocabulary.ids == m.events.vocabulary.ids
+        np.testing.assert_array_equal(back.thetas, m.thetas)
+    header = json.loads(bytes(np.load(io.BytesIO(_event_model().to_bytes()))["header"]).decode())
+    assert dpgm.FORMAT_VERSION == 3 and header["format_version"] == 3
+    assert header["events"] == {"person_column": "caller_id", "item_column": "tower_id", "item_type": "int",
+                                "vocabulary": {"ids": list(EV_IDS), "source": "declared list"}}
+    assert dpgm.DPGMModel.load(io.BytesIO(_model().to_bytes())).events is None
+    # format 2: written before the event columns
+    m = _event_model()
+    h2 = {"format": "sparkpriv-dpgm", "format_version": 2, "params": m.params.public_dict(), "d": m.d,
+          "public": {}, "column_types": ["double"] * m.d}
+    buf = io.BytesIO()
+    np.savez(buf, header=np.frombuffer(json.dumps(h2).encode(), np.uint8), thetas=m.thetas, sizes=m.sizes,
+             centers=m.centers)
+    old = dpgm.DPGMModel.load(io.BytesIO(buf.getvalue()))
+    assert old.events is None and old.types == ("double",) * 5
+    # a vocabulary that does not match the model's columns
+    bad = dataclasses.replace(m, events=EventColumns("p", "i", "int", Vocabulary.from_range(0, 4)))
+    with pytest.raises(ParameterError, match="4 items for 5 model columns"):
+        dpgm.DPGMModel.load(io.BytesIO(bad.to_bytes()))
+
+
+def test_item_types_follow_the_source_item_column():
+    ev = lambda t, voc: EventColumns("p", "i", t, Vocabulary.parse(voc)).synthetic_item_type  # noqa: E731
+    assert ev("int", "0..9") == "int" and ev("smallint", "0..9") == "smallint" and ev("bigint", "0..9") == "bigint"
+    assert ev("tinyint", "100..300") == "bigint"  # the declared ids do not fit the source's type
+    assert ev("string", "0..9") == "string" and ev("int", ["a", "b"]) == "string"
+
+
+def test_items_are_the_wide_rows_mapped_through_the_vocabulary(spark, event_release, tmp_path):
+    """The default layout of an event model: person 0..N-1 and the sorted item ids of its 0/1
+    record; the reference maps synthesize_part's records of the same seed through the declared
+    ids itself. --wide under the same seed writes those 0/1 records; a fixed seed reproduces the
+    table, another seed does not."""
+    from sparkpriv.privacy.random import new_secret_seed
+    from sparkpriv.spark.synthesize import BATCH_ROWS
+
+    model, rows, parts = _event_model(), 2501, 3
+    with insecure_fixed_seed(5):
+        seed = new_secret_seed("dpgm-synthesis")
+    X = _reference_rows(model, rows, seed, parts, BATCH_ROWS)
+    assert X.shape == (rows, 5) and set(np.unique(X)) == {0.0, 1.0}
+    outs = {}
+    for name, fixed, kw in (("items", 5, {}), ("again", 5, {}), ("other", 6, {}), ("wide", 5, {"wide": True})):
+        with insecure_fixed_seed(fixed):
+            outs[name] = synthesize_dpgm(event_release, rows=rows, output=str(tmp_path / name), partitions=parts,
+                                         spark=spark, **kw)
+    res = outs["items"]
+    assert res.layout == "items" and res.columns == ("person", "items") and res.types == ("bigint", "array<int>")
+    t = _sorted_by_person(tmp_path / "items")
+    assert t.column_names == ["person", "items"] and str(t.schema.field("items").type.value_type) == "int32"
+    assert str(t.schema.field("person").type) == "int64"
+    np.testing.assert_array_equal(t.column("person").to_numpy(), np.arange(rows))
+    assert t.column("items").to_pylist() == _expected_items(X, EV_IDS)
+    assert pq.read_table(str(tmp_path / "again")).equals(pq.read_table(str(tmp_path / "items")))
+    assert not pq.read_table(str(tmp_path / "other")).equals(pq.read_table(str(tmp_path / "items")))
+    np.testing.assert_array_equal(_read(tmp_path / "wide"), X)
+    assert outs["wide"].columns == ("x0", "x1", "x2", "x3", "x4")
+    prov = json.loads((tmp_path / "items" / "_privacy_receipt.json").read_text())
+    assert prov["synthesis"]["layout"] == "items" and prov["synthesis"]["events"]["item_column"] == "tower_id"
+    assert prov["output"]["schema"] == [{"name": "person", "type": "bigint"}, {"name": "items", "type": "array<int>"}]
+    assert "seed" not in json.dumps(prov["synthesis"]["events"])
+
+
+def test_explode_is_the_items_one_row_per_person_and_item(spark, event_release, tmp_path):
+    """--explode: one row per (person, item) under the source's column names, the same records as
+    the array form of the same seed (people without items have no row)."""
+    for name, kw in (("items", {}), ("events", {"explode": True})):
+        with insecure_fixed_seed(9):
+            res = synthesize_dpgm(event_release, rows=1200, output=str(tmp_path / name), partitions=2,
+                                  spark=spark, **kw)
+    assert res.layout == "events" and res.columns == ("caller_id", "tower_id")
+    items = _sorted_by_person(tmp_path / "items")
+    ev = pq.read_table(str(tmp_path / "events"))
+    assert ev.column_names == ["caller_id", "tower_id"] and str(ev.schema.field("tower_id").type) == "int32"
+    got = sorted(zip(ev.column("caller_id").to_pylist(), ev.column("tower_id").to_pylist()))
+    want = [(p, it) for p, its in zip(items.column("person").to_pylist(), items.column("items").to_pylist())
+            for it in its]
+    assert got == want and len(got) > 1200
+
+
+def test_batches_and_partitions_number_the_people(spark):
+    """Several batches per partition: the person ids continue across batches and partitions, each
+    batch from its own keyed streams (the reference computes them itself)."""
+    from sparkpriv.spark.synthesize import synthetic_events
+
+    model = _event_model(vocabulary="100..104", item_type="bigint")
+    bm = synthetic_events(spark, model, 1000, seed=77, partitions=3, batch_rows=150)
+    t = bm.to_df().toPandas().sort_values("person")
+    X = _reference_rows(model, 1000, 77, 3, 150)
+    np.testing.assert_array_equal(t["person"].to_numpy(), np.arange(1000))
+    assert [list(v) for v in t["items"]] == _expected_items(X, range(100, 105))
+
+
+def test_in_memory_events_are_synthesize_mapped():
+    from sparkpriv.mechanisms.event_columns import synthesize_events
+
+    model = _event_model()
+    X = dpgm.synthesize(model, 300, seed=4)
+    t = synthesize_events(model, 300, seed=4)
+    assert t.column("items").to_pylist() == _expected_items(X, EV_IDS)
+    e = synthesize_events(model, 300, seed=4, explode=True)
+    assert e.column_names == ["caller_id", "tower_id"] and e.num_rows == int((X >= 0.5).sum())
+    with pytest.raises(ParameterError, match="released on a table"):
+        synthesize_events(_model(), 10, seed=1)
+
+
+def test_explode_and_wide_refusals_leave_nothing(spark, release, event_release, tmp_path):
+    out = tmp_path / "s"
+    with pytest.raises(ParameterError, match=r"--explode.*released on a table"):
+        synthesize_dpgm(release, rows=10, output=str(out), explode=True, spark=spark)
+    with pytest.raises(ParameterError, match="--explode, --wide"):
+        synthesize_dpgm(event_release, rows=10, output=str(out), explode=True, wide=True, spark=spark)
+    with pytest.raises(ParameterError, match="'explode'"):
+        synthesize_dpgm(event_release, rows=10, output=str(out), explode="yes", spark=spark)
+    with pytest.raises(ParameterError, match="'wide'"):
+        synthesize_dpgm(event_release, rows=10, output=str(out), wide=1, spark=spark)
+    # a table model's output is always wide
+    assert synthesize_dpgm(release, rows=10, output=str(out), wide=True, spark=spark).layout == "wide"
+    # a receipt that records other event columns: the directory was altered
+    altered = _release_dir(tmp_path / "altered", _event_model(), columns=None)
+    rp = os.path.join(altered, "_privacy_receipt.json")
+    receipt = json.loads(open(rp).read())
+    receipt["mechanism_details"]["model"]["events"] = _event_model(vocabulary="0..4").events.to_public_dict()
+    with open(rp, "w") as f:
+        json.dump(receipt, f)
+    with pytest.raises(InputError, match="event columns or vocabulary differ"):
+        synthesize_dpgm(altered, rows=10, output=str(tmp_path / "s2"), spark=spark)
+    assert not (tmp_path / "s2").exists()
+
+
+def test_cli_explode_on_a_table_model_and_an_event_model(spark, release, event_release, tmp_path, capsys):
+    from sparkpriv.cli import main
+
+    cmd = ["synthesize", "--rows", "200", "--partitions", "2"]
+    assert main(cmd + ["--model", release, "--output", str(tmp_path / "bad"), "--explode"]) == 2
+    assert "--explode" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+    assert main(cmd + ["--model", event_release, "--output", str(tmp_path / "ev"), "--explode", "--wide"]) == 2
+    assert "--explode, --wide" in capsys.readouterr().err and not (tmp_path / "ev").exists()
+    assert main(cmd + ["--model", event_release, "--output", str(tmp_path / "ev"), "--explode"]) == 0
+    assert pq.read_table(str(tmp_path / "ev")).column_names == ["caller_id", "tower_id"]
+    assert "one row per (person, item)" in capsys.readouterr().out
+
+
+def _source_events(spark, ids=EV_IDS, people=400, seed=2):
+    """A small private event table over the declared ids (repeated events, some outside them)."""
+    rng = np.random.default_rng(seed)
+    rows = [(int(p), int(ids[j])) for p in range(people) for j in range(len(ids)) if rng.random() < 0.4
+            for _ in range(int(rng.integers(1, 3)))]
+    rows += [(0, 999), (1, 999)]
+    return spark.createDataFrame(rows, "caller_id long, tower_id int")
+
+
+def test_counting_queries_read_the_synthetic_items_and_events(spark, event_release, tmp_path):
+    """evaluate counting-queries answers the synthetic items (ids, --release-item-ids) and the
+    exploded events (--release-events) like the 0/1 wide table of the same seed (the dense path);
+    the source given as an event-table release answers exactly (error 0)."""
+    from sparkpriv.spark.counting_queries import answer_release, evaluate_counting_queries
+
+    for name, kw in (("items", {}), ("events", {"explode": True}), ("wide", {"wide": True})):
+        with insecure_fixed_seed(3):
+            synthesize_dpgm(event_release, rows=500, output=str(tmp_path / name), partitions=2, spark=spark, **kw)
+    src = _source_events(spark)
+    voc = list(EV_IDS)
+    common = dict(source=src, person="caller_id", item="tower_id", vocabulary=voc, n_queries=60, groups=3, seed=1)
+    read = lambda n: spark.read.parquet(str(tmp_path / n))  # noqa: E731
+    wide = evaluate_counting_queries(spark, release=read("wide"), release_columns=[f"x{j}" for j in range(5)],
+                                     **common)
+    items = evaluate_counting_queries(spark, release=read("items"), release_item_ids=True, **common)
+    events = evaluate_counting_queries(spark, release=read("events"), release_events=True, **common)
+    assert items["groups"] == wide["groups"] and events["groups"] == wide["groups"]
+    assert items["release_rows"] == wide["release_rows"] == 500 and events["release_rows"] <= 500
+    assert wide["mean_relative_error"] > 0
+    exact = evaluate_counting_queries(spark, release=src.withColumnRenamed("tower_id", "t"), release_events=True,
+                                      release_item="t", **common)
+    assert exact["mean_relative_error"] == 0.0
+    # the ids read as indices are refused (130 is outside [0, 5)), not silently miscounted
+    with pytest.raises(Exception, match="outside"):
+        answer_release(read("items"), np.eye(5))
+    with pytest.raises(Exception, match="outside the vocabulary"):
+        answer_release(read("items"), np.eye(5), item_ids=[130, 110, 120, 140, 106])
+    with pytest.raises(ParameterError, match="release_events"):
+        evaluate_counting_queries(spark, release=read("events"), release_item="tower_id", **common)
+
+
+def test_a_release_on_event_records_synthesizes_its_events(spark, tmp_path):
+    """End to end: bounded event records -> release_dpgm -> written model (format 3, the declared
+    vocabulary and the source's column names and item type) -> the synthetic people's items."""
+    from sparkpriv.api import release_dpgm
+    from sparkpriv.spark.events import bound_contributions
+
+    rng = np.random.default_rng(4)
+    rows = [(f"p{p}", 200 + it) for p in range(240) for it in range(6)
+            if rng.random() < (0.8 if (it < 3) == (p % 2 == 0) else 0.1)]
+    events = spark.createDataFrame(rows, "who string, cell smallint")
+    with insecure_fixed_seed(4):
+        rec = bound_contributions(events, person="who", item="cell", max_items=3, vocabulary="200..205")
+        rel = release_dpgm(rec, epsilon=4.0, delta=1e-5, k=2, sampling_rate=0.2, epochs=1, hidden=3, chains=10,
+                           kmeans_iterations=2, accountant="rdp")
+        rel.write(str(tmp_path / "rel"))
+    ev = rel.model.events
+    assert (ev.person, ev.item, ev.item_type, ev.vocabulary.start, ev.vocabulary.stop) == \
+        ("who", "cell", "smallint", 200, 206)
+    assert rel.receipt()["mechanism_details"]["model"]["events"] == ev.to_public_dict()
+    back = dpgm.DPGMModel.load(str(tmp_path / "rel" / dpgm.MODEL_FILE))
+    assert back.events == ev
+    res = synthesize_dpgm(str(tmp_path / "rel"), rows=300, output=str(tmp_path / "s"), spark=spark)
+    t = pq.read_table(str(tmp_path / "s"))
+    assert res.types == ("bigint", "array<smallint>") and str(t.schema.field("items").type.value_type) == "int16"
+    items = t.column("items").to_pylist()
+    assert all(its == sorted(set(its)) and set(its) <= set(range(200, 206)) for its in items)
+    assert sum(map(len, items)) > 0

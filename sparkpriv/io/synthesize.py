@@ -7,6 +7,14 @@ parallel on Spark (:mod:`sparkpriv.spark.synthesize`: each partition its slice,
 from keyed streams of a fresh secret seed that is never written anywhere) and
 publishes them atomically like a release (:func:`sparkpriv.io.writer.publish`).
 
+Layouts: a model released on a table gives one column per declared column (in the
+source's types). A model released on event records (``sparkpriv release dpgm
+--events``; its file holds the public vocabulary and the event table's column
+names and item type) gives by default one row per synthetic person, ``person``
+(bigint, ``0 .. rows-1``) and ``items`` (the item ids, sorted); ``explode`` one row
+per (person, item) under the source's person and item column names; ``wide`` the
+0/1 table of one column per vocabulary item.
+
 Post-processing: the generation reads no data, only the released model, so it
 spends no budget and makes no ledger entry. The output's receipt
 (``_privacy_receipt.json``, also in ``_common_metadata`` and the part files'
@@ -51,6 +59,7 @@ class SynthesisResult:
     epsilon: float
     delta: float
     types: tuple = ()  # the type of each column (the source's; all double for a model of format 1)
+    layout: str = "wide"  # "wide" (one column per model column), "items" (person, items) or "events"
 
 
 def _check_rows(rows) -> int:
@@ -99,6 +108,11 @@ def _check_model(model, receipt: dict, where: str):
     if recorded is not None and not np.allclose(np.asarray(recorded, float), sizes, rtol=1e-12, atol=0.0):
         raise InputError(f"The model file of {where} does not match its receipt (cluster sizes differ): "
                          "the directory was altered.")
+    recorded_model = receipt.get("mechanism_details", {}).get("model") or {}
+    if "events" in recorded_model and recorded_model["events"] != (
+            None if model.events is None else model.events.to_public_dict()):
+        raise InputError(f"The model file of {where} does not match its receipt (event columns or vocabulary "
+                         "differ): the directory was altered.")
     recorded_types = (receipt.get("mechanism_details", {}).get("model") or {}).get("column_types")
     if recorded_types is not None and tuple(recorded_types) != tuple(model.types):
         raise InputError(f"The model file of {where} does not match its receipt (column types differ): "
@@ -115,9 +129,28 @@ def _check_model(model, receipt: dict, where: str):
     return columns
 
 
+def _check_flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ParameterError(f"The '{name}' parameter of {_CALLER} must be True or False (--{name}). "
+                             f"Got {value!r} instead.")
+    return value
+
+
+def _layout(mdl, explode: bool, wide: bool, where: str) -> str:
+    """The output layout of ``mdl`` for the flags (checked against the model)."""
+    if mdl.events is None:
+        if explode:
+            raise ParameterError(
+                f"The 'explode' parameter of {_CALLER} (--explode) applies to a model released on event "
+                f"records (sparkpriv release dpgm --events); the model of {where} was released on a table, "
+                "whose synthetic table has one column per declared column. Remove --explode.")
+        return "wide"
+    return "wide" if wide else "events" if explode else "items"
+
+
 def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = False,
-                    partitions: int | None = None, writer: str = "auto", spark=None, spark_conf=None,
-                    on_step=None) -> SynthesisResult:
+                    partitions: int | None = None, writer: str = "auto", explode: bool = False,
+                    wide: bool = False, spark=None, spark_conf=None, on_step=None) -> SynthesisResult:
     """Write ``rows`` synthetic records of the DPGM release ``model`` to ``output``.
 
     Parameters
@@ -134,6 +167,13 @@ def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = Fal
         Public number of Spark partitions (output files); default from ``rows``.
     writer : {"auto", "spark", "arrow"}
         Who writes the part files (:func:`sparkpriv.io.writer.publish`).
+    explode : bool
+        A model released on event records: one row per (synthetic person, item), under the
+        source's person and item column names, instead of one row per person (``person``,
+        ``items``). Refused for a model released on a table.
+    wide : bool
+        A model released on event records: the 0/1 table of one column per vocabulary item
+        (``x0, x1, ...``) instead of the events. A table model's output is always wide.
     spark : SparkSession, optional
         Default: :func:`sparkpriv.spark.session.get_spark` with ``spark_conf``, started after
         the parameters are checked.
@@ -150,16 +190,22 @@ def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = Fal
     """
     from sparkpriv.io.writer import RECEIPT_FILE, check_output_path, publish
     from sparkpriv.mechanisms.dpgm import MODEL_FILE, DPGMModel
+    from sparkpriv.mechanisms.event_columns import ITEMS, PERSON, THRESHOLD
     from sparkpriv.mechanisms.protocol import Progress
     from sparkpriv.privacy.random import active_fixed_seed, new_secret_seed
     from sparkpriv.spark.progress import TaskProgress
-    from sparkpriv.spark.synthesize import default_partitions, synthetic_rows
+    from sparkpriv.spark.synthesize import batch_rows_for, default_partitions, synthetic_events, synthetic_rows
 
     rows = _check_rows(rows)
     partitions = _check_partitions(partitions, rows)
     if writer not in ("auto", "spark", "arrow"):
         raise ParameterError(f"The 'writer' parameter of {_CALLER} must be auto, spark or arrow (--writer). "
                              f"Got {writer!r} instead.")
+    explode, wide = _check_flag("explode", explode), _check_flag("wide", wide)
+    if explode and wide:
+        raise ParameterError(f"The 'explode' and 'wide' parameters of {_CALLER} (--explode, --wide) exclude "
+                             "each other: --explode writes one row per (person, item), --wide one 0/1 column "
+                             "per item. Give one of them.")
     if spark is None:
         from sparkpriv.spark.session import get_spark
 
@@ -174,12 +220,28 @@ def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = Fal
         raise InputError(f"The DPGM release {directory} cannot be read ({type(exc).__name__}): its model file "
                          "or receipt is damaged (--model).") from None
     columns = _check_model(mdl, receipt, directory)
+    layout = _layout(mdl, explode, wide, directory)
     target = check_output_path(spark, output, overwrite)  # refused before anything is generated
     if partitions is None:
         partitions = default_partitions(rows, spark.sparkContext.defaultParallelism
                                         if hasattr(spark, "_jsc") else 2)
     seed = new_secret_seed("dpgm-synthesis")
-    batch_map = synthetic_rows(spark, mdl, rows, seed, columns, partitions=partitions)
+    batch_rows = batch_rows_for(mdl)
+    if layout == "wide":
+        batch_map = synthetic_rows(spark, mdl, rows, seed, columns, partitions=partitions, batch_rows=batch_rows)
+        out_columns, out_types = columns, tuple(mdl.types)
+        values = "in the declared box [0, 1]"
+    else:
+        ev = mdl.events
+        batch_map = synthetic_events(spark, mdl, rows, seed, partitions=partitions, explode=layout == "events",
+                                     batch_rows=batch_rows)
+        t = ev.synthetic_item_type
+        out_columns, out_types = ((ev.person, ev.item), ("bigint", t)) if layout == "events" else \
+            ((PERSON, ITEMS), ("bigint", f"array<{t}>"))
+        values = (f"synthetic person ids 0..{rows - 1} (not the source's keys); a person holds the items "
+                  f"whose model value is >= {THRESHOLD}, as item ids of the declared vocabulary, sorted" +
+                  ("; one row per (person, item), a person without items has no row" if layout == "events"
+                   else ""))
     guarantee = dict(receipt.get("guarantee") or {})
     test_seed = active_fixed_seed() is not None
     if test_seed:
@@ -205,23 +267,26 @@ def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = Fal
         "spent": {"epsilon": 0.0, "delta": 0.0},
         "library": {"name": "sparkpriv", "version": _version(), "python": platform.python_version()},
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "synthesis": {"rows": rows, "columns": list(columns), "partitions": partitions,
-                      "cluster_sizes": [float(v) for v in mdl.sizes], "values": "in the declared box [0, 1]",
+        "synthesis": {"rows": rows, "columns": list(out_columns), "partitions": partitions,
+                      "cluster_sizes": [float(v) for v in mdl.sizes], "values": values, "layout": layout,
                       "seed": "fresh OS entropy for this run; not recorded"},
         "insecure_test_seed": test_seed,
     }
-    _log.info("synthesize: %d rows of the DPGM model of %s (k=%d, %s), %d partition(s); post-processing, "
-              "no budget spent", rows, directory, mdl.k, mdl.params.model, partitions)
+    if mdl.events is not None:
+        provenance["synthesis"]["events"] = mdl.events.to_public_dict()
+    _log.info("synthesize: %d %s of the DPGM model of %s (k=%d, %s), %d partition(s), layout %s; "
+              "post-processing, no budget spent", rows, "rows" if mdl.events is None else "people", directory,
+              mdl.k, mdl.params.model, partitions, layout)
     df = batch_map.to_df()
-    provenance["output"] = {"path": target, "schema": [{"name": c, "type": t} for c, t in zip(columns, mdl.types)]}
+    provenance["output"] = {"path": target, "schema": [{"name": c, "type": t} for c, t in zip(out_columns, out_types)]}
     progress = Progress(_CALLER, _log, on_step, spent="post-processing: no budget spent")
     with TaskProgress(spark, "synthesis", progress.step):
         out = publish(df, output, receipt=provenance, overwrite=overwrite, rows=batch_map, writer=writer)
     del seed
-    return SynthesisResult(output=out, receipt_path=f"{out}/{RECEIPT_FILE}", rows=rows, columns=columns,
+    return SynthesisResult(output=out, receipt_path=f"{out}/{RECEIPT_FILE}", rows=rows, columns=tuple(out_columns),
                            partitions=partitions, model_receipt=f"{directory}/{RECEIPT_FILE}",
                            epsilon=float(guarantee.get("epsilon", math.nan)),
-                           delta=float(guarantee.get("delta", math.nan)), types=tuple(mdl.types))
+                           delta=float(guarantee.get("delta", math.nan)), types=tuple(out_types), layout=layout)
 
 
 def _version() -> str:

@@ -62,6 +62,7 @@ from sparkpriv.errors import ParameterError
 from sparkpriv.mechanisms import dpsgd
 from sparkpriv.mechanisms import protocol as _proto
 from sparkpriv.mechanisms.column_types import SYNTHETIC_TYPES, synthetic_arrays, synthetic_type
+from sparkpriv.mechanisms.event_columns import EventColumns
 from sparkpriv.mechanisms.kmeans import (cluster_stats, fit_from_stats, initial_centres,
                                          make_feature_map, plan_kmeans, KMeansPlan)
 from sparkpriv.mechanisms.rbm import RBM
@@ -78,8 +79,10 @@ __all__ = ["MODELS", "FORMAT_VERSION", "MODEL_FILE", "DPGMParams", "DPGMPlan", "
            "DPGM", "DPGM_MECHANISM"]
 
 MODELS = ("rbm", "vae")
-FORMAT_VERSION = 2  # 2: the header holds the source's column types; 1 (read as all double) had none
-READ_VERSIONS = (1, 2)
+# 3: the header holds the event columns of a release on event records (None for a table); 2: the
+# source's column types; 1 (read as all double) had none
+FORMAT_VERSION = 3
+READ_VERSIONS = (1, 2, 3)
 MODEL_FILE = "_dpgm_model.npz"  # the released model, published with the release's table
 SYNTH_STAGE = 31  # stream(seed, SYNTH_STAGE, j) samples cluster j's synthetic records
 _POS = Interval("real", 0, None, "neither")
@@ -338,6 +341,9 @@ class DPGMModel:
     plan_public: dict = field(default_factory=dict)
     # the synthetic type of each column (SYNTHETIC_TYPES; from the source's schema), None: all double
     column_types: tuple | None = None
+    # released on event records: the public EventColumns (person and item columns, item type, the
+    # declared vocabulary: column j is item vocabulary[j]); None for a table
+    events: "EventColumns | None" = None
 
     @property
     def k(self) -> int:
@@ -373,7 +379,8 @@ class DPGMModel:
         """The ``.npz`` file's bytes (:meth:`save`; a release publishes them as ``MODEL_FILE``)."""
         header = {"format": "sparkpriv-dpgm", "format_version": FORMAT_VERSION,
                   "params": self.params.public_dict(), "d": self.d, "public": self.plan_public,
-                  "column_types": list(self.types)}
+                  "column_types": list(self.types),
+                  "events": None if self.events is None else self.events.to_header()}
         buf = io.BytesIO()
         np.savez(buf, header=np.frombuffer(json.dumps(header, default=float).encode(), np.uint8),
                  thetas=self.thetas, sizes=self.sizes, centers=self.centers)
@@ -395,8 +402,11 @@ class DPGMModel:
                 if len(types) != d or any(t not in SYNTHETIC_TYPES for t in types):
                     raise ParameterError(f"{path}: the model's column types {list(types)!r} are not {d} of "
                                          f"{', '.join(SYNTHETIC_TYPES)}: not a released model.")
+            events = None  # versions 1 and 2: tables only (event records were read as tables)
+            if version >= 3 and header.get("events") is not None:
+                events = EventColumns.from_header(header["events"], d, str(path))
             return cls(DPGMParams(**header["params"]), d, z["thetas"], z["sizes"], z["centers"],
-                       header.get("public", {}), types)
+                       header.get("public", {}), types, events)
 
 
 def _logit_init(centre: np.ndarray) -> np.ndarray:
@@ -648,6 +658,7 @@ class _DPGMState:
     kplan: KMeansPlan
     sigma: float
     column_types: tuple = ()
+    events: "EventColumns | None" = None  # event records: the public EventColumns (the synthetic event tables)
 
 
 def dense_rows(block) -> np.ndarray:
@@ -853,7 +864,8 @@ class DPGM(_proto.Mechanism):
                                            dpsgd.quantile_step_multiplier(sigma, cstd)}
         return _proto.Plan(events=event, epsilon=eps, delta=float(params.delta), public=public,
                            neighbors=_proto.REPLACE_ONE,
-                           state=_DPGMState(params, d, kplan, sigma, _column_types(facts)),
+                           state=_DPGMState(params, d, kplan, sigma, _column_types(facts),
+                                            getattr(facts, "events", None) if facts.kind == "records" else None),
                            secrets=new_secret_seed("dpgm"))
 
     def run(self, engine, source, plan: _proto.Plan, progress) -> _proto.Outcome:
@@ -905,7 +917,7 @@ class DPGM(_proto.Mechanism):
         if dplan.quantile:  # each cluster's final clip rides after its theta
             model_public["final_clips"] = final_clips_public(thetas[:, gen_dim], dplan, sizes)
             thetas = np.ascontiguousarray(thetas[:, :gen_dim])
-        model = DPGMModel(params, d, thetas, sizes, centers, model_public, st.column_types or None)
+        model = DPGMModel(params, d, thetas, sizes, centers, model_public, st.column_types or None, st.events)
         rows = [(j, float(sizes[j]), [float(v) for v in centers[j]]) for j in range(k)]
         table = engine.table(rows, [("cluster", "int", False), ("size", "double", False),
                                     ("center", "array<double>", False)])
@@ -918,7 +930,8 @@ class DPGM(_proto.Mechanism):
             public={"model": {"file": MODEL_FILE, "format_version": FORMAT_VERSION, "n": n,
                               "steps": dplan.steps, "step_noise": dplan.step_noise.to_public_dict(),
                               "cluster_sizes": [float(v) for v in sizes],
-                              "column_types": list(model.types)}},
+                              "column_types": list(model.types),
+                              "events": None if st.events is None else st.events.to_public_dict()}},
             files={MODEL_FILE: model.to_bytes()},
             extras={"history": history, "diagnostics": diagnostics})
 

@@ -320,6 +320,10 @@ class InputFacts:
     strings: ``tinyint``, ``smallint``, ``int``, ``bigint``, ``float``,
     ``double``, ``boolean``, ``decimal(p,s)``; empty when unknown), for outputs
     that keep the source's column types (DPGM's synthetic tables).
+    ``events``: bounded event records, the event table's public
+    :class:`~sparkpriv.mechanisms.event_columns.EventColumns` (person and item
+    column names, the item column's type, the declared vocabulary), for outputs
+    that give events back (DPGM's synthetic event tables); None when unknown.
     """
 
     kind: str
@@ -331,6 +335,7 @@ class InputFacts:
     classes: tuple = ()
     names: tuple = ()
     types: tuple = ()
+    events: Any = None
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,12 @@ distinct in-vocabulary items, no cap); ``q(D')`` from a release table, which is
 either
 
 * sparse: an ``array<int>`` column of vocabulary indices per row (``items``,
-  the format of :attr:`BoundedRecords.df`, and of synthetic tables to come), or
+  the format of :attr:`BoundedRecords.df`), or of item ids of the vocabulary
+  (``item_ids``: the ``items`` of ``sparkpriv synthesize`` on a model released on
+  event records), or
+* an event table (``release_events``): one row per (person, item), e.g.
+  ``sparkpriv synthesize --explode``; each person's distinct in-vocabulary items
+  are its row, as for the source, or
 * dense: one numeric column per vocabulary item, in vocabulary order (e.g. a
   reconstructed DPRP table); a row visited item ``j`` when its value is at
   least ``threshold`` (0.5 by default: thresholding to binary).
@@ -33,13 +38,34 @@ __all__ = ["evaluate_counting_queries", "answer_release"]
 _log = logging.getLogger(__name__)
 
 
-def _answers_sparse(df, col: str, Q: np.ndarray) -> np.ndarray:
+def _item_ids_to_indices(arr, vocabulary: Vocabulary, col: str):
+    """``(offsets from 0, int32 vocabulary indices)`` of a list column of item ids (nulls = empty)."""
+    import pyarrow as pa
+
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if arr.null_count:
+        arr = arr.fill_null(pa.scalar([], arr.type))
+    offs = arr.offsets.to_numpy().astype(np.int64)
+    vals = arr.values.slice(int(offs[0]), int(offs[-1] - offs[0]))
+    if vals.null_count:
+        raise ValueError(f"release column {col!r} holds a null item id")
+    idx = vocabulary.index(vals.to_numpy(zero_copy_only=False))
+    if idx.size and idx.min() < 0:
+        raise ValueError(f"release column {col!r} holds an item id outside the vocabulary")
+    return offs - offs[0], idx
+
+
+def _answers_sparse(df, col: str, Q: np.ndarray, vocabulary: Vocabulary | None = None) -> np.ndarray:
     nq = Q.shape[1]
 
     def sparkpriv_counting_queries(batches, pid):
         acc = np.zeros(nq + 1)
         for b in batches:
-            off, idx = read_item_lists(b.column(col))
+            if vocabulary is not None:
+                off, idx = _item_ids_to_indices(b.column(col), vocabulary, col)
+            else:
+                off, idx = read_item_lists(b.column(col))
             if idx.size and (idx.min() < 0 or idx.max() >= Q.shape[0]):
                 raise ValueError(f"release item index outside [0, {Q.shape[0]})")
             acc[:nq] += cq.answer_queries(off, idx, Q)
@@ -68,9 +94,11 @@ def _answers_dense(df, columns: Sequence[str], threshold: float, Q: np.ndarray) 
 
 
 def answer_release(df, Q: np.ndarray, *, items_col: str = "items", columns: Sequence[str] | None = None,
-                   threshold: float = 0.5) -> tuple[np.ndarray, int]:
-    """``(answers (n_queries,), rows)`` of a sparse or dense release table."""
-    from pyspark.sql.types import ArrayType, IntegralType
+                   threshold: float = 0.5, item_ids=None) -> tuple[np.ndarray, int]:
+    """``(answers (n_queries,), rows)`` of a sparse or dense release table. ``item_ids``: the
+    vocabulary (a :class:`~sparkpriv.mechanisms.sparse.Vocabulary` or its spec) when the sparse
+    column holds item ids (``sparkpriv synthesize`` of an event model), not indices."""
+    from pyspark.sql.types import ArrayType, IntegralType, StringType
 
     if columns:
         if len(columns) != Q.shape[0]:
@@ -79,6 +107,16 @@ def answer_release(df, Q: np.ndarray, *, items_col: str = "items", columns: Sequ
         a = _answers_dense(df, list(columns), threshold, Q)
         return a[:-1], int(a[-1])
     f = {x.name: x for x in df.schema.fields}.get(items_col)
+    if item_ids is not None:
+        voc = Vocabulary.parse(item_ids)
+        if voc.size != Q.shape[0]:
+            raise ParameterError(f"The vocabulary has {voc.size} items; the queries are over {Q.shape[0]}.")
+        if f is None or not (isinstance(f.dataType, ArrayType) and
+                             isinstance(f.dataType.elementType, (IntegralType, StringType))):
+            raise SchemaError(f"The release has no array column {items_col!r} of item ids (array<int> or "
+                              "array<string>; release_items_col).")
+        a = _answers_sparse(df, items_col, Q, voc)
+        return a[:-1], int(a[-1])
     if f is None or not (isinstance(f.dataType, ArrayType) and isinstance(f.dataType.elementType, IntegralType)):
         raise SchemaError(f"The release has no array<int> column {items_col!r} of item indices; for a dense "
                           "release (one column per item) give its columns (release_columns).")
@@ -96,6 +134,10 @@ def evaluate_counting_queries(
     vocabulary,
     release_columns: Sequence[str] | None = None,
     release_items_col: str = "items",
+    release_item_ids: bool = False,
+    release_events: bool = False,
+    release_person: str | None = None,
+    release_item: str | None = None,
     threshold: float = 0.5,
     n_queries: int = 1000,
     groups: int = 5,
@@ -111,6 +153,14 @@ def evaluate_counting_queries(
         The private event table (owner side).
     release : DataFrame
         The released table (sparse ``release_items_col`` or dense ``release_columns``).
+    release_item_ids : bool
+        The sparse column holds item ids of ``vocabulary`` (``sparkpriv synthesize`` of a model
+        released on event records), not vocabulary indices.
+    release_events : bool
+        The release is an event table, one row per (person, item) (``sparkpriv synthesize
+        --explode``): columns ``release_person`` and ``release_item`` (default ``person`` and
+        ``item``); each person's distinct in-vocabulary items are its row, as for the source.
+        A person without items has no row there, so ``release_rows`` counts people with items.
     person, item, vocabulary
         As for :func:`~sparkpriv.spark.events.bound_contributions`.
     max_length : int, optional
@@ -125,6 +175,13 @@ def evaluate_counting_queries(
     """
     from pyspark.sql import functions as F
 
+    if release_events and (release_columns or release_item_ids):
+        raise ParameterError("release_events reads an event table: release_columns and release_item_ids do not "
+                             "apply to it (--release-events with --release-columns / --release-prefix / "
+                             "--release-item-ids).")
+    if not release_events and (release_person or release_item):
+        raise ParameterError("release_person and release_item name the columns of an event-table release: give "
+                             "release_events too (--release-events).")
     truth = bound_contributions(source, person=person, item=item, max_items=1 << 30,
                                 vocabulary=vocabulary).df.persist()
     try:
@@ -135,8 +192,13 @@ def evaluate_counting_queries(
         true_a, n = answer_release(truth, qs.matrix, items_col="items")
     finally:
         truth.unpersist()
-    rel_a, n_rel = answer_release(release, qs.matrix, items_col=release_items_col, columns=release_columns,
-                                  threshold=threshold)
+    if release_events:
+        release = bound_contributions(release, person=release_person or person, item=release_item or item,
+                                      max_items=1 << 30, vocabulary=vocabulary).df
+        rel_a, n_rel = answer_release(release, qs.matrix, items_col="items")
+    else:
+        rel_a, n_rel = answer_release(release, qs.matrix, items_col=release_items_col, columns=release_columns,
+                                      threshold=threshold, item_ids=vocabulary if release_item_ids else None)
     err = cq.relative_errors(true_a, rel_a, n, sanity)
     return {"people": n, "release_rows": n_rel, "vocabulary_size": d, "max_length": max_length,
             "queries": qs.size, "sanity_bound": sanity * n, "seed": seed,

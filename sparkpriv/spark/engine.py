@@ -172,8 +172,11 @@ class RecordsSource:
 
     @property
     def facts(self) -> InputFacts:
+        from sparkpriv.mechanisms.event_columns import EventColumns
+
         cap = self.records.cap
-        return InputFacts("records", self.records.d, (), cap.value_cap, cap.l2_bound)
+        return InputFacts("records", self.records.d, (), cap.value_cap, cap.l2_bound,
+                          events=EventColumns.from_records(self.records))
 
     @property
     def spark(self):
