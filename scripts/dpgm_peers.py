@@ -199,6 +199,9 @@ def run_aim(X, eps, delta, seed, n_out, pairs, rounds, time_limit, log=print):
     np.random.seed(seed)
     data, cols = _binary_dataset(X)
     d = len(cols)
+    if rounds is not None and rounds <= 0.9 * d:
+        raise ValueError(f"--aim-rounds must exceed 0.9 d = {0.9 * d:g}: AIM's 1-way measurements alone "
+                         "spend 0.9 d / rounds of its budget")
     rng = np.random.default_rng(seed)
     all_pairs = list(itertools.combinations(cols, 2))
     chosen = rng.choice(len(all_pairs), size=min(pairs, len(all_pairs)), replace=False)
