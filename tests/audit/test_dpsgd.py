@@ -35,6 +35,7 @@ from sparkpriv.mechanisms import dpsgd
 from sparkpriv.privacy import noise as nz
 from sparkpriv.privacy.accounting import epsilon_of
 from sparkpriv.privacy.random import stream
+from tests.dpsgd_models import Identity as _Identity
 
 from ._audit import (N_GAUSS, AuditResult, check, eps_lower_bound, gaussian_game, gaussian_step_claim,
                      grid_integers, trials_of, weaken_noise)
@@ -47,21 +48,9 @@ P_DIM = 3
 N = N_GAUSS
 
 
-class Identity:
-    """Loss ``-<theta, x>`` up to sign: the per-example gradient is the record itself."""
-
-    dim = P_DIM
-
-    def clipped_sum(self, X, theta, clip, rng=None):
-        sq = np.einsum("ij,ij->i", X, X)
-        f = dpsgd.clip_factors(sq, clip)
-        return f @ X, sq
-
-    def init_state(self, rng, theta=None):
-        return None
-
-    def model_term(self, theta, state, rng, clip=None):
-        return 0.0, state
+def Identity():
+    """The per-example gradient is the record itself (``P_DIM`` columns)."""
+    return _Identity(P_DIM)
 
 
 CANARY = np.array([3.0 * C, 0.0, 0.0])

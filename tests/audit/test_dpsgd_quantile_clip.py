@@ -33,6 +33,7 @@ from sparkpriv.privacy import noise as nz
 from sparkpriv.privacy.accounting import epsilon_of
 from sparkpriv.privacy.calibration import gdp_epsilon_delta
 from sparkpriv.privacy.random import stream
+from tests.dpsgd_models import Identity as _Identity
 
 from ._audit import (N_GAUSS, AuditResult, best_gaussian_threshold, check, eps_lower_bound, grid_integers,
                      mu_lower_bound, trials_of, weaken_noise)
@@ -52,15 +53,9 @@ CANARY = np.array([C, 0.0, 0.0])  # norm exactly C: unclipped, counted
 REPLACEMENT = np.array([-3.0 * C, 0.0, 0.0])  # clipped to -C e1, not counted
 
 
-class Identity:
-    dim = P_DIM
-
-    def clipped_sum(self, X, theta, clip, rng=None):
-        sq = np.einsum("ij,ij->i", X, X)
-        return dpsgd.clip_factors(sq, clip) @ X, sq
-
-    def model_term(self, theta, state, rng, clip=None):
-        return 0.0, state
+def Identity():
+    """The per-example gradient is the record itself (``P_DIM`` columns)."""
+    return _Identity(P_DIM)
 
 
 def _adaptive():

@@ -19,24 +19,7 @@ from sparkpriv.privacy import noise as nz
 from sparkpriv.privacy.accounting import epsilon_of
 from sparkpriv.privacy.calibration import gdp_epsilon_delta, gdp_mu_for
 from sparkpriv.privacy.random import stream
-
-
-class Identity:
-    """The per-example gradient of a record is the record (the auditor controls the norms)."""
-
-    def __init__(self, dim):
-        self.dim = dim
-
-    def clipped_sum(self, X, theta, clip, rng=None):
-        sq = np.einsum("ij,ij->i", X, X)
-        f = dpsgd.clip_factors(sq, clip)
-        return f @ X, sq
-
-    def init_state(self, rng, theta=None):
-        return None
-
-    def model_term(self, theta, state, rng, clip=None):
-        return 0.0, state
+from tests.dpsgd_models import Identity
 
 
 def _dp_accounting_eps(event, delta):
