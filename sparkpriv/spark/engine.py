@@ -234,10 +234,6 @@ def _add_vectors(a, b):
     return a + b
 
 
-def _sparse_rows_count(buf) -> int:
-    return rows_count_of_bytes(buf)
-
-
 class _Cache:
     """Feature blocks cached once for every pass of an iterative mechanism: ``(rows, dim)``
     float64 matrices as raw bytes, or (``sparse``) blocks of sparse records
@@ -254,7 +250,7 @@ class _Cache:
             self.rdd = rdd.persist(StorageLevel.MEMORY_AND_DISK)
             with spark_errors():
                 if sparse:
-                    self.rows = int(self.rdd.map(_sparse_rows_count).sum())
+                    self.rows = int(self.rdd.map(rows_count_of_bytes).sum())
                 else:
                     self.rows = int(self.rdd.map(len).sum()) // (8 * dim) if dim else 0
         else:
@@ -530,7 +526,8 @@ class SparkEngine:
         reported as ``what`` steps to the release's progress (:class:`~sparkpriv.spark.progress.TaskProgress`).
         Event records are read in the keyed person layout (``BoundedRecords.layout``, each task in
         ``_pk`` order, as ``map_rows`` does), so their source order is a function of the
-        secret-keyed layout and the same on a retry.
+        secret-keyed layout and the same on a retry; their ``group_fn`` returns the rows as the
+        :class:`SparseRows` it got (they travel sparse) and ``train_fn`` gets a scipy CSR matrix.
         """
         from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
