@@ -137,7 +137,7 @@ def run_demo(*, workdir: str, people: int, epsilon: float, max_items: int = 32, 
     print(f"model:         {out} (DPGM, {k} clusters, epsilon {spent['epsilon']:.4g}, delta {spent['delta']:g})")
     print(f"tower counts:  {counts_out} (DP distinct people per tower, epsilon {crel.epsilon:g})")
     print(f"ledger:        {url} (table demo.cdr, budget epsilon 10, delta {DELTA:g}; two releases)")
-    print(f"utility:       {qs.size} counting queries (how many people used all towers of a random set; "
+    print(f"utility:       {qs.size} counting queries (how many people used at least one tower of a random set; "
           "5 length groups), mean relative error against the real table:")
     for name, v in summary.items():
         print(f"                 {name:46s} {v['mean']:.3f}   (by length: "
