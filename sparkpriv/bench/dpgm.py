@@ -99,6 +99,20 @@ def _child(argv) -> None:
     from sparkpriv.spark.generate_events import CDR_MODEL
     from sparkpriv.spark.session import get_spark
 
+    import logging
+
+    marks: dict = {}
+
+    class _Phases(logging.Handler):  # the release's own progress messages mark its phases
+        def emit(self, record):
+            msg = record.getMessage()
+            for key, prefix in (("kmeans", "dpgm: k-means"), ("training", "dpgm: training")):
+                if msg.startswith(prefix) and key not in marks:
+                    marks[key] = time.perf_counter()
+
+    lg = logging.getLogger("sparkpriv.dpgm")
+    lg.addHandler(_Phases(logging.INFO))
+    lg.setLevel(logging.INFO)
     t0 = time.perf_counter()
     spark = get_spark({"spark.executor.memory": f"{a.executor_mb}m", "spark.driver.memory": "2g",
                        "spark.sql.shuffle.partitions": "16"}, master=a.master, app_name="sparkpriv-bench-dpgm")
@@ -110,8 +124,13 @@ def _child(argv) -> None:
     rel = release_dpgm(records, epsilon=1.0, delta=1e-7, k=a.k, sampling_rate=a.sampling_rate, epochs=a.epochs,
                        source=a.events)
     rel.write(a.output)
-    seconds = time.perf_counter() - t
-    print(json.dumps({"seconds": seconds, "startup_seconds": started, "n": rel.public.get("model", {}).get("n"),
+    end = time.perf_counter()
+    seconds = end - t
+    phases = {}
+    if "kmeans" in marks and "training" in marks:
+        phases = {"bounding": marks["kmeans"] - t, "kmeans": marks["training"] - marks["kmeans"],
+                  "training": end - marks["training"]}
+    print(json.dumps({"seconds": seconds, "startup_seconds": started, "phase_seconds": phases, "n": rel.public.get("model", {}).get("n"),
                       "steps": rel.public.get("steps"),
                       "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}),
           flush=True)
@@ -139,26 +158,72 @@ def run_releases(*, people: int, events: str | None, executors, executor_mb: int
             cmd = [sys.executable, "-m", "sparkpriv.bench.dpgm", "--child", "--events", events,
                    "--master", f"local-cluster[{e},1,{executor_mb}]", "--executor-mb", str(executor_mb),
                    "--output", out, *release_args]
+            cpu0, w0 = _busy_cpu_seconds(), time.perf_counter()
             p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            cpu1, w1 = _busy_cpu_seconds(), time.perf_counter()
             lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
             if p.returncode != 0 or not lines:
                 raise RuntimeError(f"release run with {e} executor(s) failed (exit {p.returncode}):\n"
                                    f"{p.stderr[-3000:]}")
             res = dict(json.loads(lines[-1]), executors=e, round=r + 1)
+            # the whole machine's busy cores over the child's run (every JVM and Python worker of
+            # the application; the machine is assumed otherwise quiet); None where /proc/stat is absent
+            res["busy_cores"] = None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) / (w1 - w0)
             runs.append(res)
             times[e].append(res["seconds"])
-            print(f"round {r + 1}, {e} executor(s): {res['seconds']:.1f} s (driver peak RSS "
+            ph = res.get("phase_seconds") or {}
+            phase_txt = ", ".join(f"{k} {v:.1f} s" for k, v in ph.items())
+            busy = "" if res["busy_cores"] is None else f"{res['busy_cores']:.2f} cores busy, "
+            print(f"round {r + 1}, {e} executor(s): {res['seconds']:.1f} s ({phase_txt}; {busy}driver peak RSS "
                   f"{res['driver_peak_rss_mb']:.0f} MB)", flush=True)
     med = {e: statistics.median(v) for e, v in times.items()}
-    print("| executors | runs (s) | median (s) |")
-    print("|---|---|---|")
+    med_busy = {e: _median_or_none([r["busy_cores"] for r in runs if r["executors"] == e]) for e in executors}
+    med_phase = {e: {k: statistics.median([r["phase_seconds"][k] for r in runs
+                                           if r["executors"] == e and r.get("phase_seconds")])
+                     for k in ("bounding", "kmeans", "training")
+                     if any(r.get("phase_seconds") for r in runs if r["executors"] == e)}
+                 for e in executors}
+    print("| executors | runs (s) | median (s) | bounding (s) | k-means (s) | training (s) | busy cores |")
+    print("|---|---|---|---|---|---|---|")
     for e in executors:
-        print(f"| {e} | {', '.join(f'{t:.1f}' for t in times[e])} | {med[e]:.1f} |")
-    out = {"events": events, "runs": runs, "median_seconds": {str(e): v for e, v in med.items()}}
+        ph = med_phase[e]
+        cells = [f"{ph[k]:.1f}" if k in ph else "" for k in ("bounding", "kmeans", "training")]
+        busy = "" if med_busy[e] is None else f"{med_busy[e]:.2f}"
+        print(f"| {e} | {', '.join(f'{t:.1f}' for t in times[e])} | {med[e]:.1f} | {' | '.join(cells)} | {busy} |")
+    out = {"events": events, "runs": runs, "median_seconds": {str(e): v for e, v in med.items()},
+           "median_phase_seconds": {str(e): v for e, v in med_phase.items()},
+           "median_busy_cores": {str(e): v for e, v in med_busy.items()}, "machine_cores": os.cpu_count()}
     if len(executors) >= 2:
-        out["speedup"] = med[executors[0]] / med[executors[-1]]
-        print(f"speed-up {executors[0]} -> {executors[-1]} executors: {out['speedup']:.2f}x")
+        lo, hi = executors[0], executors[-1]
+        out["speedup"] = med[lo] / med[hi]
+        print(f"speed-up {lo} -> {hi} executors: {out['speedup']:.2f}x")
+        if med_busy[lo]:
+            # the runs with `lo` executors already keep med_busy[lo] cores busy (driver, JVMs, workers):
+            # on a machine of os.cpu_count() cores no executor count can do better than this ratio
+            out["speedup_ceiling"] = (os.cpu_count() or 1) / med_busy[lo]
+            print(f"this machine's ceiling: {os.cpu_count()} cores / {med_busy[lo]:.2f} busy with {lo} executor(s) "
+                  f"= {out['speedup_ceiling']:.2f}x")
     return out
+
+
+def _busy_cpu_seconds() -> float | None:
+    """CPU seconds the whole machine has spent busy (not idle, not waiting on I/O) since boot,
+    from ``/proc/stat``; None where it is not readable (not Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    v = [int(x) for x in fields[1:]]
+    busy = sum(v) - v[3] - (v[4] if len(v) > 4 else 0)  # minus idle and iowait
+    return busy / float(os.sysconf("SC_CLK_TCK"))
+
+
+def _median_or_none(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
 
 
 def _median_time(fn, repeats: int) -> float:

@@ -6,6 +6,7 @@ docs come from real runs); nothing here looks at timings.
 
 import json
 import os
+import time
 
 import pytest
 
@@ -84,3 +85,21 @@ def test_bench_dpgm_release_runs_on_a_local_cluster(spark, tmp_path, capsys):
     assert run["executors"] == 1 and run["seconds"] > 0 and run["driver_peak_rss_mb"] > 0
     assert run["steps"] == 4 and 1000 < run["n"] <= 1500  # people with events; ceil(0.2 / 0.05) steps
     assert os.path.exists(tmp_path / "release-1-0" / "_dpgm_model.npz")
+    ph = run["phase_seconds"]  # the release's phases, from its own progress messages, add up to its time
+    assert set(ph) == {"bounding", "kmeans", "training"} and all(v > 0 for v in ph.values())
+    assert sum(ph.values()) == pytest.approx(run["seconds"], rel=1e-6)
+    if os.path.exists("/proc/stat"):
+        assert 0 < run["busy_cores"] <= os.cpu_count() + 0.5  # whole-machine busy cores over the run
+
+
+def test_busy_cpu_seconds_counts_this_process_work():
+    """The machine's busy CPU seconds grow by at least this process's own CPU time over a busy loop."""
+    from sparkpriv.bench.dpgm import _busy_cpu_seconds
+
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("no /proc/stat")
+    b0, c0 = _busy_cpu_seconds(), time.process_time()
+    while time.process_time() - c0 < 0.3:
+        pass
+    own = time.process_time() - c0
+    assert _busy_cpu_seconds() - b0 >= 0.8 * own
