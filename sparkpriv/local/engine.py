@@ -408,8 +408,10 @@ class LocalEngine:
         return _Cache([np.ascontiguousarray(fn(X), dtype=np.float64) for X in source.blocks(self.block_rows)])
 
     def train_groups(self, source: LocalSource, group_fn, train_fn, k: int, dim: int, width: int, *,
-                     on_train=None, what: str = "training") -> np.ndarray:
+                     on_train=None, what: str = "training", order=None) -> np.ndarray:
         """``(k, dim)``: row ``j`` is ``train_fn(j, rows of group j)`` (the Spark engine's ``train_groups``).
+        ``order`` (the Spark engine's task order) changes nothing here: each group's result
+        depends on its own rows and streams only.
 
         ``group_fn(block) -> (groups, rows)`` gives each row's group in ``[0, k)`` and the
         ``(n, width)`` rows to train on; group ``j`` gets its rows in source order (an empty

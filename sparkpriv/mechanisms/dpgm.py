@@ -447,6 +447,14 @@ def fit_dpgm_array(X, params: DPGMParams, *, seed: int | None = None, log=None) 
     return DPGMModel(params, d, thetas, sizes, centers, public), plan
 
 
+def training_order(sizes) -> list:
+    """The clusters' training order on an engine that trains them in parallel: largest noisy
+    size first (a larger cluster draws larger batches over the same steps, so it trains
+    longest; starting it first shortens the slowest executor's queue). Public: a function of
+    the released noisy sizes only."""
+    return [int(j) for j in np.argsort(-np.asarray(sizes, dtype=np.float64), kind="stable")]
+
+
 def final_clips_public(clips, plan: DPGMPlan, sizes) -> dict:
     """The model's public record of each cluster's last clip under quantile clipping."""
     adapted = [dpsgd.clip_adapts(plan.count_noise.std, plan.params.sampling_rate, max(float(s), 1.0))
@@ -911,7 +919,7 @@ class DPGM(_proto.Mechanism):
         thetas = engine.train_groups(source, _group_fn(centers, bounds.row_bound),
                                      _train_fn(dplan, sizes, centers, seed), k, gen_dim + int(dplan.quantile), d,
                                      on_train=_training_progress(progress, dplan, plan.epsilon),
-                                     what="dpgm training")
+                                     what="dpgm training", order=training_order(sizes))
         thetas = np.asarray(thetas, float)
         model_public = dplan.to_public_dict()
         if dplan.quantile:  # each cluster's final clip rides after its theta

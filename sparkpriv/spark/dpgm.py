@@ -44,4 +44,4 @@ def train_clusters(df, columns: Sequence[str], centers: np.ndarray, sizes: np.nd
     dim = _dpgm._make_model(plan.params, d).dim
     return engine.train_groups(source, _dpgm._group_fn(centres, row_bound),
                                _dpgm._train_fn(plan, np.asarray(sizes, dtype=np.float64), centres, seed),
-                               k, dim, d)
+                               k, dim, d, order=_dpgm.training_order(sizes))

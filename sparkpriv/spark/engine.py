@@ -512,14 +512,18 @@ class SparkEngine:
         return _Indexed(source)
 
     def train_groups(self, source, group_fn, train_fn, k: int, dim: int, width: int, *,
-                     on_train=None, what: str = "training") -> np.ndarray:
+                     on_train=None, what: str = "training", order=None) -> np.ndarray:
         """``(k, dim)``: row ``j`` is ``train_fn(j, rows of group j)``, one Spark task per group.
 
         ``group_fn(block) -> (groups, rows)`` runs per Arrow batch in the Python workers (each
         row's group in ``[0, k)``, the ``(n, width)`` float64 rows); the rows of group ``j`` go
-        to one call of ``train_fn`` (``groupBy("group").applyInPandas``: groups in parallel),
-        in source order (partition id, batch number, row), so a retried task sees the same
-        rows in the same order. A group without rows gets ``train_fn(j, (0, width) matrix)`` on
+        to one call of ``train_fn``, in source order (partition id, batch number, row), so a
+        retried task sees the same rows in the same order. Each group is its own partition of
+        exactly ``k`` (an RDD ``partitionBy`` with the identity on slots: no hash collisions, no
+        adaptive coalescing, which put several groups in one task and trained them one after
+        another), and the slots follow ``order`` (a public permutation of ``range(k)``, e.g.
+        largest noisy size first: tasks start in slot order, so the longest start first; default
+        ``0 .. k-1``). A group without rows gets ``train_fn(j, (0, width) matrix)`` on
         the driver. Only the ``k`` vectors reach the driver; the grouping is never written.
         Progress: the groups train in Spark tasks, so ``on_train`` (per
         DP-SGD step, in-process engines) is not called; the job's completed / total tasks are
@@ -552,7 +556,6 @@ class SparkEngine:
                         yield make_block(b)
         split_schema = StructType([StructField("group", LongType(), False), StructField("pid", LongType(), False),
                                    StructField("block", LongType(), False), StructField("z", BinaryType(), False)])
-        out_schema = StructType([StructField("group", LongType(), False), StructField("theta", BinaryType(), False)])
 
         def sparkpriv_groups(batches, pid):
             for b, block in enumerate(blocks_of(batches)):
@@ -570,26 +573,37 @@ class SparkEngine:
                         [pa.array([int(j)], pa.int64()), pa.array([pid], pa.int64()), pa.array([b], pa.int64()),
                          pa.array([z], pa.binary())], ["group", "pid", "block", "z"])
 
-        def sparkpriv_train_group(pdf):
-            import pandas as pd
+        order = list(range(k)) if order is None else [int(j) for j in order]
+        if sorted(order) != list(range(k)):
+            raise ValueError(f"train_groups: order must be a permutation of 0..{k - 1}")
+        slot_of = [0] * k
+        for p, j in enumerate(order):
+            slot_of[j] = p
 
-            j = int(pdf["group"].iloc[0])
-            pdf = pdf.sort_values(["pid", "block"], kind="stable")
+        def sparkpriv_train_group(items):
+            items = list(items)  # (group, (pid, block, bytes)): one group per partition
+            if not items:
+                return
+            j = int(items[0][0])
+            items.sort(key=lambda kv: (kv[1][0], kv[1][1]))  # source order: partition id, block
+            zs = [kv[1][2] for kv in items]
             if sparse_groups:  # one CSR matrix of the cluster's records; DP-SGD densifies a batch only
-                X = stack_csr([rows_from_bytes(z) for z in pdf["z"]], width)
+                X = stack_csr([rows_from_bytes(z) for z in zs], width)
             else:
-                X = np.concatenate([np.frombuffer(z, dtype=np.float64).reshape(-1, width) for z in pdf["z"]])
+                X = np.concatenate([np.frombuffer(z, dtype=np.float64).reshape(-1, width) for z in zs])
+            del items, zs
             theta = np.asarray(train_fn(j, X), dtype=np.float64)
-            return pd.DataFrame({"group": [j], "theta": [theta.tobytes()]})
+            yield j, theta.tobytes()
 
         parts = map_batches(frame, sparkpriv_groups, split_schema)
+        pairs = parts.rdd.map(lambda r: (int(r[0]), (int(r[1]), int(r[2]), bytes(r[3]))))
         with spark_errors(), self.watch(what):
-            out = parts.groupBy("group").applyInPandas(sparkpriv_train_group, out_schema).collect()
+            out = pairs.partitionBy(k, lambda g: slot_of[g]).mapPartitions(sparkpriv_train_group).collect()
         thetas = np.zeros((k, dim))
         seen = set()
-        for row in out:
-            seen.add(int(row["group"]))
-            thetas[int(row["group"])] = np.frombuffer(row["theta"], dtype=np.float64)
+        for j, theta in out:
+            seen.add(int(j))
+            thetas[int(j)] = np.frombuffer(theta, dtype=np.float64)
         for j in range(k):
             if j not in seen:  # no rows: the same call on an empty matrix, as the local engine makes
                 thetas[j] = train_fn(j, np.zeros((0, width)))

@@ -161,3 +161,40 @@ def test_a_row_level_release_reports_its_bounding_when_written(spark, tmp_path):
     mine = [s for s in steps if s[0] == "event bounding and write"]
     assert mine and mine[-1][1] == mine[-1][2] > 0
     assert _progress_threads() == []
+
+
+def _train_where(j, rows):
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()  # None on the driver (a group without rows)
+    where = (-1.0, -1.0) if ctx is None else (float(ctx.partitionId()), float(ctx.stageId()))
+    return np.array([float(j), float(rows.shape[0]), *where])
+
+
+def test_spark_training_runs_each_group_in_its_own_task_in_the_given_order(spark):
+    """Each group trains in its own partition (no hash collisions, no adaptive coalescing, even
+    with one shuffle partition configured), and partition p holds group ``order[p]``."""
+    from sparkpriv.spark.engine import SparkEngine
+
+    rows = [(float(i % 5) / 5 + 0.01, float(i)) for i in range(100)]
+    df = spark.createDataFrame(rows, ["a", "b"]).repartition(3)
+    eng = SparkEngine()
+    src = eng.open(df, columns=["a", "b"], fill=None, caller="test")
+
+    def groups(block):
+        X = np.asarray(block, dtype=np.float64)
+        return np.floor(X[:, 0] * 5).astype(np.int64), X
+
+    prev = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "1")
+    try:
+        out = eng.train_groups(src, groups, _train_where, 6, 4, 2, order=[3, 1, 0, 2, 4, 5])
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", prev)
+    np.testing.assert_array_equal(out[:, 0], [0, 1, 2, 3, 4, 5])
+    np.testing.assert_array_equal(out[5], [5, 0, -1, -1])  # group 5 has no rows: trained on the driver
+    np.testing.assert_array_equal(out[:5, 1], [20] * 5)
+    np.testing.assert_array_equal(out[:5, 2], [2, 1, 3, 0, 4])  # slot of each group
+    assert len(set(out[:5, 3])) == 1  # one stage: the groups trained side by side
+    with pytest.raises(ValueError, match="permutation"):
+        eng.train_groups(src, groups, _train_where, 6, 4, 2, order=[0, 0, 1, 2, 3, 4])
