@@ -388,6 +388,29 @@ class _Indexed:
             return sum_partials(self.frame, sparkpriv_indexed_partial, size)
 
 
+_SLOT_KEYS: dict = {}
+
+
+def slot_keys(spark, k: int) -> list:
+    """``k`` bigint keys, key ``p`` sent to partition ``p`` by ``repartition(k, key)`` (Spark's
+    hash partitioning, ``pmod(hash(key), k)``, computed by Spark itself on candidate keys 0, 1,
+    ...: public, data-independent, cached per ``k``)."""
+    from pyspark.sql import functions as F
+
+    k = int(k)
+    if k not in _SLOT_KEYS:
+        keys: dict = {}
+        start = 0
+        while len(keys) < k:
+            rows = (spark.range(start, start + 64 * k)
+                    .select("id", F.expr(f"pmod(hash(id), {k})").alias("p")).collect())
+            for r in rows:
+                keys.setdefault(int(r["p"]), int(r["id"]))
+            start += 64 * k
+        _SLOT_KEYS[k] = [keys[p] for p in range(k)]
+    return list(_SLOT_KEYS[k])
+
+
 class SparkEngine:
     """The engine interface (docs/architecture.md) over Spark DataFrames."""
 
@@ -519,11 +542,13 @@ class SparkEngine:
         row's group in ``[0, k)``, the ``(n, width)`` float64 rows); the rows of group ``j`` go
         to one call of ``train_fn``, in source order (partition id, batch number, row), so a
         retried task sees the same rows in the same order. Each group is its own partition of
-        exactly ``k`` (an RDD ``partitionBy`` with the identity on slots: no hash collisions, no
-        adaptive coalescing, which put several groups in one task and trained them one after
-        another), and the slots follow ``order`` (a public permutation of ``range(k)``, e.g.
-        largest noisy size first: tasks start in slot order, so the longest start first; default
-        ``0 .. k-1``). A group without rows gets ``train_fn(j, (0, width) matrix)`` on
+        ``repartition(k, key)`` (a ``groupBy`` hashes groups into the configured shuffle
+        partitions, where they collide, and adaptive execution coalesces them: several groups in
+        one task, trained one after another): group ``j`` gets the key that Spark's hash
+        partitioning sends to partition ``slot(j)`` (:func:`slot_keys`), and the slots follow
+        ``order`` (a public permutation of ``range(k)``, e.g. largest noisy size first: tasks
+        start in slot order, so the longest start first; default ``0 .. k-1``). A partition that
+        still holds several groups trains each of them. A group without rows gets ``train_fn(j, (0, width) matrix)`` on
         the driver. Only the ``k`` vectors reach the driver; the grouping is never written.
         Progress: the groups train in Spark tasks, so ``on_train`` (per
         DP-SGD step, in-process engines) is not called; the job's completed / total tasks are
@@ -556,6 +581,7 @@ class SparkEngine:
                         yield make_block(b)
         split_schema = StructType([StructField("group", LongType(), False), StructField("pid", LongType(), False),
                                    StructField("block", LongType(), False), StructField("z", BinaryType(), False)])
+        out_schema = StructType([StructField("group", LongType(), False), StructField("theta", BinaryType(), False)])
 
         def sparkpriv_groups(batches, pid):
             for b, block in enumerate(blocks_of(batches)):
@@ -576,29 +602,39 @@ class SparkEngine:
         order = list(range(k)) if order is None else [int(j) for j in order]
         if sorted(order) != list(range(k)):
             raise ValueError(f"train_groups: order must be a permutation of 0..{k - 1}")
-        slot_of = [0] * k
+        keys = slot_keys(frame.sparkSession, k)  # key of slot p: Spark's hash partitioning sends it to partition p
+        key_of = np.zeros(k, dtype=np.int64)
         for p, j in enumerate(order):
-            slot_of[j] = p
+            key_of[j] = keys[p]
 
-        def sparkpriv_train_group(items):
-            items = list(items)  # (group, (pid, block, bytes)): one group per partition
-            if not items:
-                return
-            j = int(items[0][0])
-            items.sort(key=lambda kv: (kv[1][0], kv[1][1]))  # source order: partition id, block
-            zs = [kv[1][2] for kv in items]
-            if sparse_groups:  # one CSR matrix of the cluster's records; DP-SGD densifies a batch only
-                X = stack_csr([rows_from_bytes(z) for z in zs], width)
-            else:
-                X = np.concatenate([np.frombuffer(z, dtype=np.float64).reshape(-1, width) for z in zs])
-            del items, zs
-            theta = np.asarray(train_fn(j, X), dtype=np.float64)
-            yield j, theta.tobytes()
+        def sparkpriv_groups_keyed(batches, pid):
+            for rb in sparkpriv_groups(batches, pid):
+                g = rb.column(0).to_numpy()
+                yield pa.RecordBatch.from_arrays([pa.array(key_of[g], pa.int64()), *rb.columns],
+                                                 ["key", "group", "pid", "block", "z"])
 
-        parts = map_batches(frame, sparkpriv_groups, split_schema)
-        pairs = parts.rdd.map(lambda r: (int(r[0]), (int(r[1]), int(r[2]), bytes(r[3]))))
+        def sparkpriv_train_slot(batches, pid):
+            got: dict = {}
+            for rb in batches:  # normally one group per partition; any group found trains here
+                for g, p_, b_, z in zip(*(rb.column(i).to_pylist() for i in range(1, 5))):
+                    got.setdefault(int(g), []).append((p_, b_, z))
+            for j, items in sorted(got.items()):
+                items.sort(key=lambda t: (t[0], t[1]))  # source order: partition id, block
+                zs = [t[2] for t in items]
+                del items
+                if sparse_groups:  # one CSR matrix of the cluster's records; DP-SGD densifies a batch only
+                    X = stack_csr([rows_from_bytes(z) for z in zs], width)
+                else:
+                    X = np.concatenate([np.frombuffer(z, dtype=np.float64).reshape(-1, width) for z in zs])
+                del zs
+                theta = np.asarray(train_fn(j, X), dtype=np.float64)
+                yield pa.RecordBatch.from_arrays([pa.array([j], pa.int64()), pa.array([theta.tobytes()], pa.binary())],
+                                                 ["group", "theta"])
+
+        keyed_schema = StructType([StructField("key", LongType(), False), *split_schema.fields])
+        parts = map_batches(frame, sparkpriv_groups_keyed, keyed_schema).repartition(k, "key")
         with spark_errors(), self.watch(what):
-            out = pairs.partitionBy(k, lambda g: slot_of[g]).mapPartitions(sparkpriv_train_group).collect()
+            out = [(int(r["group"]), r["theta"]) for r in map_batches(parts, sparkpriv_train_slot, out_schema).collect()]
         thetas = np.zeros((k, dim))
         seen = set()
         for j, theta in out:
