@@ -88,8 +88,9 @@ r = np.random.default_rng(9)
 print("kmeans bernoulli:", err_of(mixture_sample([lambda c, j=j: (r.random((c, D)) < np.clip(centers[j], 0, 1)).astype(float) for j in range(K)], S)), flush=True)
 
 def train_variant(name, *, clip=10.0, lr=0.01, steps=400, q=None, hidden=64, chains=100, gibbs=1, ema=None,
-                  noise=None, burn=50, clusters=range(K)):
+                  noise=None, burn=50, clusters=range(K), tseed=None):
     t0 = time.time()
+    ts = seed if tseed is None else int(tseed)  # the training's streams (batches, noise, chains)
     if isinstance(noise, (int, float)):  # an epsilon: the plan's step noise for this q and steps
         pp = dpgm.DPGMParams(epsilon=float(noise), delta=1.0 / n, k=K, sampling_rate=q, epochs=steps * q,
                              hidden=hidden, row_bound=math.sqrt(L), clip=clip)
@@ -102,14 +103,14 @@ def train_variant(name, *, clip=10.0, lr=0.01, steps=400, q=None, hidden=64, cha
         Xj = X[labels == j]
         nj = Xj.shape[0]
         qj = q if q is not None else min(1.0, 900 / max(nj, 1))
-        theta = gen.init(stream(seed, 2, j))
+        theta = gen.init(stream(ts, 2, j))
         theta[D * hidden: D * hidden + D] = dpgm._logit_init(centers[j])
-        state = gen.init_state(stream(seed, 23, j, 0), theta)
+        state = gen.init_state(stream(ts, 23, j, 0), theta)
         opt = dpsgd.Adam(lr=lr)
         avg = theta.copy()
         for s in range(1, steps + 1):
             g, state, _ = dpsgd.dp_step(gen, Xj, theta, state, clip=clip, sampling_rate=qj, noise=noise,
-                                        n_pub=nj, seed=seed, cluster=j, step=s)
+                                        n_pub=max(nj, 1), seed=ts, cluster=j, step=s)
             theta = opt.step(theta, g)
             if ema:
                 avg = ema * avg + (1 - ema) * theta
