@@ -206,7 +206,7 @@ class DPGMSynthesizer(BaseEstimator):
     def __init__(self, *, epsilon: float = 1.0, delta: float = 1e-6, k: int = 10, model: str = "rbm",
                  kmeans_share: float = 0.3, kmeans_iterations: int = 8, row_bound=None, clip: float = 10.0,
                  clip_quantile=None, clip_lr: float = 0.2, clip_count_share: float = 0.05,
-                 sampling_rate: float = 0.05, epochs: float = 20.0, learning_rate: float = 0.01,
+                 sampling_rate: float = 0.05, epochs: float = 20.0, learning_rate=None,
                  hidden: int = 64, latent: int = 2, chains: int = 100, gibbs_steps: int = 1,
                  accountant: str = "pld", fill=None, columns=None, ledger=None, table_id=None):
         self.epsilon = epsilon

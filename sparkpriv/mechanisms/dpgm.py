@@ -86,6 +86,8 @@ READ_VERSIONS = (1, 2, 3)
 MODEL_FILE = "_dpgm_model.npz"  # the released model, published with the release's table
 SYNTH_STAGE = 31  # stream(seed, SYNTH_STAGE, j) samples cluster j's synthetic records
 _POS = Interval("real", 0, None, "neither")
+DEFAULT_LEARNING_RATE = {"rbm": 0.002, "vae": 0.01}  # docs/dpgm.md, "Training: a first study"
+
 
 @dataclass(frozen=True, kw_only=True)
 class DPGMParams(_proto.Params):
@@ -121,7 +123,9 @@ class DPGMParams(_proto.Params):
                                          constraints=[Interval("real", 0, 1, "right")])
     epochs: float = _proto.option(20.0, help="passes over the data: steps T = ceil(epochs / q)",
                                   constraints=[_POS])
-    learning_rate: float = _proto.option(0.01, help="Adam learning rate", constraints=[_POS])
+    learning_rate: float | None = _proto.option(
+        None, help="Adam learning rate; unset: 0.002 for rbm (persistent chains diverge at 0.01: docs/dpgm.md, "
+        "'Training: a first study'), 0.01 for vae", doc_default="0.002 (rbm), 0.01 (vae)", constraints=[_POS])
     hidden: int = _proto.option(64, help="hidden units (rbm) or hidden layer width (vae; the paper: 200)",
                                 constraints=[Interval("integer", 1, 100_000, "both")])
     latent: int = _proto.option(2, help="vae latent dimension", constraints=[Interval("integer", 1, 1000, "both")])
@@ -141,6 +145,11 @@ class DPGMParams(_proto.Params):
     @property
     def steps(self) -> int:
         return int(math.ceil(self.epochs / self.sampling_rate))
+
+    @property
+    def lr(self) -> float:
+        """The Adam learning rate used: ``learning_rate``, or the model's default when unset."""
+        return float(self.learning_rate) if self.learning_rate is not None else DEFAULT_LEARNING_RATE[self.model]
 
 
 def _make_model(params: DPGMParams, d: int):
@@ -211,7 +220,7 @@ class DPGMPlan:
     def to_public_dict(self) -> dict:
         out = {
             "mechanism": "dpgm", "neighbors": "replace-one", "n": self.n, "d": self.d,
-            "params": self.params.public_dict(), "steps": self.steps,
+            "params": self.params.public_dict(), "steps": self.steps, "learning_rate": self.params.lr,
             "noise_multiplier": self.noise_multiplier,
             "step_noise": self.step_noise.to_public_dict(),
             "kmeans": self.kmeans.to_public_dict(),
@@ -496,7 +505,7 @@ def train_clusters(X: np.ndarray, labels: np.ndarray, sizes: np.ndarray, centers
         info = {}
         thetas[j] = dpsgd.train(gen, Xj, theta0, clip=params.clip, sampling_rate=params.sampling_rate,
                                 steps=plan.steps, noise=plan.step_noise, n_pub=max(float(sizes[j]), 1.0),
-                                seed=seed, cluster=j, lr=params.learning_rate,
+                                seed=seed, cluster=j, lr=params.lr,
                                 on_step=None if on_step is None else (lambda t, T, j=j: on_step(j, t, T)),
                                 adaptive=plan.adaptive(), info=info)
         if clips is not None:
