@@ -57,7 +57,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--sampling-rate", type=float, default=0.002)
     ap.add_argument("--epochs", type=float, default=0.8)
-    ap.add_argument("--learning-rate", type=float, default=0.01)
+    ap.add_argument("--learning-rate", type=float, default=None,
+                    help="Adam rate of every cluster (default: the library's, by cluster)")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--clip", type=float, default=10.0)
     ap.add_argument("--queries", type=int, default=1000)

@@ -98,7 +98,7 @@ def main(argv=None):
     ap.add_argument("--sampling-rate", type=float, default=0.05)
     ap.add_argument("--epochs", type=float, default=20.0)
     ap.add_argument("--clip", type=float, default=10.0)
-    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--lr", type=float, default=None, help="Adam rate (default: the library's, by cluster)")
     ap.add_argument("--kmeans-share", type=float, default=0.3)
     ap.add_argument("--baseline-k", type=int, default=20)
     ap.add_argument("--queries", type=int, default=1000)

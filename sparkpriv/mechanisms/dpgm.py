@@ -87,6 +87,10 @@ MODEL_FILE = "_dpgm_model.npz"  # the released model, published with the release
 SYNTH_STAGE = 31  # stream(seed, SYNTH_STAGE, j) samples cluster j's synthetic records
 _POS = Interval("real", 0, None, "neither")
 DEFAULT_LEARNING_RATE = {"rbm": 0.002, "vae": 0.01}  # docs/dpgm.md, "Training: a first study"
+# the rbm's default rate grows with the noise of a cluster's averaged gradient, tau = sigma C / (q n_j),
+# from LR_NOISE_REF up, by at most LR_MAX_FACTOR (docs/dpgm.md, "Training: a first study")
+LR_NOISE_REF = 0.03
+LR_MAX_FACTOR = 5.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,8 +128,9 @@ class DPGMParams(_proto.Params):
     epochs: float = _proto.option(20.0, help="passes over the data: steps T = ceil(epochs / q)",
                                   constraints=[_POS])
     learning_rate: float | None = _proto.option(
-        None, help="Adam learning rate; unset: 0.002 for rbm (persistent chains diverge at 0.01: docs/dpgm.md, "
-        "'Training: a first study'), 0.01 for vae", doc_default="0.002 (rbm), 0.01 (vae)", constraints=[_POS])
+        None, help="Adam learning rate, every cluster; unset: for rbm 0.002, raised up to 0.01 for a noisy "
+        "(small) cluster (docs/dpgm.md, 'Training: a first study'); for vae 0.01",
+        doc_default="rbm: 0.002 .. 0.01 by cluster; vae: 0.01", constraints=[_POS])
     hidden: int = _proto.option(64, help="hidden units (rbm) or hidden layer width (vae; the paper: 200)",
                                 constraints=[Interval("integer", 1, 100_000, "both")])
     latent: int = _proto.option(2, help="vae latent dimension", constraints=[Interval("integer", 1, 1000, "both")])
@@ -211,6 +216,21 @@ class DPGMPlan:
 
     def dp_event(self) -> dp_event.DpEvent:
         return compose([self.kmeans.dp_event(), self.dpsgd_event()])
+
+    def learning_rate_for(self, n_pub: float) -> float:
+        """Adam's rate for a cluster of public (noisy) size ``n_pub``: the declared
+        ``learning_rate`` when set (every cluster), else the model's default; for the rbm the
+        default grows with the per-coordinate noise of the averaged gradient ``tau = sigma C /
+        (q max(n_pub, 1))``: ``0.002 min(max(tau / LR_NOISE_REF, 1), LR_MAX_FACTOR)``. Adam
+        divides each coordinate's step by its gradient's root mean square, so where noise
+        dominates, the signal's step is about ``lr signal / tau``: a fixed rate that suits a
+        large cluster (0.002; 0.01 makes the persistent chains diverge) barely moves a small,
+        noisy one. Public: a function of released sizes and declared parameters."""
+        p = self.params
+        if p.learning_rate is not None or p.model != "rbm":
+            return p.lr
+        tau = self.noise_multiplier * p.clip / (p.sampling_rate * max(float(n_pub), 1.0))
+        return p.lr * min(max(tau / LR_NOISE_REF, 1.0), LR_MAX_FACTOR)
 
     def epsilon_spent(self) -> float:
         if math.isnan(self.epsilon_accounted):
@@ -451,6 +471,7 @@ def fit_dpgm_array(X, params: DPGMParams, *, seed: int | None = None, log=None) 
     clips: dict = {}
     thetas = train_clusters(X, labels, sizes, centers, plan, seed, log=log, clips=clips)
     public = plan.to_public_dict()
+    public["learning_rates"] = [plan.learning_rate_for(max(float(s), 1.0)) for s in sizes]
     if plan.quantile:
         public["final_clips"] = final_clips_public([clips[j] for j in range(params.k)], plan, sizes)
     return DPGMModel(params, d, thetas, sizes, centers, public), plan
@@ -505,7 +526,7 @@ def train_clusters(X: np.ndarray, labels: np.ndarray, sizes: np.ndarray, centers
         info = {}
         thetas[j] = dpsgd.train(gen, Xj, theta0, clip=params.clip, sampling_rate=params.sampling_rate,
                                 steps=plan.steps, noise=plan.step_noise, n_pub=max(float(sizes[j]), 1.0),
-                                seed=seed, cluster=j, lr=params.lr,
+                                seed=seed, cluster=j, lr=plan.learning_rate_for(max(float(sizes[j]), 1.0)),
                                 on_step=None if on_step is None else (lambda t, T, j=j: on_step(j, t, T)),
                                 adaptive=plan.adaptive(), info=info)
         if clips is not None:
@@ -931,6 +952,7 @@ class DPGM(_proto.Mechanism):
                                      what="dpgm training", order=training_order(sizes))
         thetas = np.asarray(thetas, float)
         model_public = dplan.to_public_dict()
+        model_public["learning_rates"] = [dplan.learning_rate_for(max(float(s), 1.0)) for s in sizes]
         if dplan.quantile:  # each cluster's final clip rides after its theta
             model_public["final_clips"] = final_clips_public(thetas[:, gen_dim], dplan, sizes)
             thetas = np.ascontiguousarray(thetas[:, :gen_dim])

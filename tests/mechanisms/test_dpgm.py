@@ -266,3 +266,29 @@ def test_a_format_1_model_still_loads_and_synthesizes_doubles(tmp_path):
     (tmp_path / "bad.npz").write_bytes(bad.to_bytes())
     with pytest.raises(ParameterError, match="column types"):
         dpgm.DPGMModel.load(tmp_path / "bad.npz")
+
+
+def test_learning_rate_by_cluster_follows_the_noise_of_the_averaged_gradient(plan):
+    """Unset learning_rate, rbm: 0.002 min(max(tau / 0.03, 1), 5) with tau = sigma C / (q n)
+    (closed form, from the plan's public sigma); a declared rate or the vae: the same rate
+    for every cluster."""
+    sigma, C, q = plan.noise_multiplier, P.clip, P.sampling_rate
+    for n in (1.0, 10.0, 1e3, 1e5, 1e9):
+        tau = sigma * C / (q * n)
+        want = 0.002 * min(max(tau / 0.03, 1.0), 5.0)
+        assert plan.learning_rate_for(n) == pytest.approx(want, rel=1e-12)
+    assert plan.learning_rate_for(1e9) == 0.002 and plan.learning_rate_for(1.0) == pytest.approx(0.01)
+    assert plan.learning_rate_for(0.0) == plan.learning_rate_for(1.0)  # an empty cluster trains as n = 1
+    fixed = dpgm.plan_dpgm(dpgm.DPGMParams(**dict(P.public_dict(), learning_rate=0.005)), n=400, d=10)
+    assert {fixed.learning_rate_for(n) for n in (1.0, 1e3, 1e9)} == {0.005}
+    vae = dpgm.plan_dpgm(dpgm.DPGMParams(**dict(P.public_dict(), model="vae")), n=400, d=10)
+    assert {vae.learning_rate_for(n) for n in (1.0, 1e3, 1e9)} == {0.01}
+
+
+def test_a_release_records_each_clusters_learning_rate():
+    rng = np.random.default_rng(3)
+    X = (rng.random((600, 10)) < 0.2).astype(float)
+    model, plan = dpgm.fit_dpgm_array(X, P, seed=5)
+    want = [plan.learning_rate_for(max(float(s), 1.0)) for s in model.sizes]
+    assert model.plan_public["learning_rates"] == pytest.approx(want)
+    assert all(0.002 <= r <= 0.01 for r in want)
