@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -99,8 +100,6 @@ def _child(argv) -> None:
     from sparkpriv.spark.generate_events import CDR_MODEL
     from sparkpriv.spark.session import get_spark
 
-    import logging
-
     marks: dict = {}
 
     class _Phases(logging.Handler):  # the release's own progress messages mark its phases
@@ -130,7 +129,8 @@ def _child(argv) -> None:
     if "kmeans" in marks and "training" in marks:
         phases = {"bounding": marks["kmeans"] - t, "kmeans": marks["training"] - marks["kmeans"],
                   "training": end - marks["training"]}
-    print(json.dumps({"seconds": seconds, "startup_seconds": started, "phase_seconds": phases, "n": rel.public.get("model", {}).get("n"),
+    print(json.dumps({"seconds": seconds, "startup_seconds": started, "phase_seconds": phases,
+                      "n": rel.public.get("model", {}).get("n"),
                       "steps": rel.public.get("steps"),
                       "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}),
           flush=True)

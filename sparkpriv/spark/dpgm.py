@@ -5,8 +5,9 @@ The release (``sparkpriv.api.release_dpgm``) runs the mechanism of
 training is the Spark engine's ``train_groups`` call
 (:meth:`sparkpriv.spark.engine.SparkEngine.train_groups`): the executors assign
 each row of the declared columns to its nearest released centre (internal,
-never written), the rows of cluster ``j`` are grouped (``groupBy`` +
-``applyInPandas``: one call per cluster, clusters in parallel) in source order
+never written), the rows of cluster ``j`` go to their own partition
+(``repartition(k, key)``, one task per cluster, largest noisy size first,
+clusters in parallel) in source order
 (partition id, block number, row: a retried task samples the same batches),
 and the numpy DP-SGD of that cluster runs alone (its keyed streams ``(seed,
 stage, j, step)``). Only the ``k`` parameter vectors reach the driver.

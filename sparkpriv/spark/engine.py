@@ -602,7 +602,7 @@ class SparkEngine:
         order = list(range(k)) if order is None else [int(j) for j in order]
         if sorted(order) != list(range(k)):
             raise ValueError(f"train_groups: order must be a permutation of 0..{k - 1}")
-        keys = slot_keys(frame.sparkSession, k)  # key of slot p: Spark's hash partitioning sends it to partition p
+        keys = slot_keys(frame.sparkSession, k)  # Spark's hash partitioning sends keys[p] to partition p
         key_of = np.zeros(k, dtype=np.int64)
         for p, j in enumerate(order):
             key_of[j] = keys[p]
@@ -628,13 +628,14 @@ class SparkEngine:
                     X = np.concatenate([np.frombuffer(z, dtype=np.float64).reshape(-1, width) for z in zs])
                 del zs
                 theta = np.asarray(train_fn(j, X), dtype=np.float64)
-                yield pa.RecordBatch.from_arrays([pa.array([j], pa.int64()), pa.array([theta.tobytes()], pa.binary())],
-                                                 ["group", "theta"])
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array([j], pa.int64()), pa.array([theta.tobytes()], pa.binary())], ["group", "theta"])
 
         keyed_schema = StructType([StructField("key", LongType(), False), *split_schema.fields])
         parts = map_batches(frame, sparkpriv_groups_keyed, keyed_schema).repartition(k, "key")
         with spark_errors(), self.watch(what):
-            out = [(int(r["group"]), r["theta"]) for r in map_batches(parts, sparkpriv_train_slot, out_schema).collect()]
+            rows = map_batches(parts, sparkpriv_train_slot, out_schema).collect()
+        out = [(int(r["group"]), r["theta"]) for r in rows]
         thetas = np.zeros((k, dim))
         seen = set()
         for j, theta in out:
