@@ -198,3 +198,28 @@ def test_spark_training_runs_each_group_in_its_own_task_in_the_given_order(spark
     assert len(set(out[:5, 3])) == 1  # one stage: the groups trained side by side
     with pytest.raises(ValueError, match="permutation"):
         eng.train_groups(src, groups, _train_where, 6, 4, 2, order=[0, 0, 1, 2, 3, 4])
+
+
+def test_spark_training_still_trains_every_group_when_groups_share_a_partition(spark, monkeypatch):
+    """If Spark's hashing ever put two groups in one partition (every key the same here), the
+    task trains each group it finds, on its own rows: the same result as one group per task."""
+    from sparkpriv.spark import engine as spark_engine
+
+    rows = [(float(i % 4) / 4 + 0.01, float(i)) for i in range(80)]
+    df = spark.createDataFrame(rows, ["a", "b"]).repartition(3)
+    eng = spark_engine.SparkEngine()
+    src = eng.open(df, columns=["a", "b"], fill=None, caller="test")
+
+    def groups(block):
+        X = np.asarray(block, dtype=np.float64)
+        return np.floor(X[:, 0] * 4).astype(np.int64), X
+
+    def train(j, rows):  # the group's id, its row count and the sum of its rows' second column
+        return np.array([float(j), float(rows.shape[0]), float(np.asarray(rows)[:, 1].sum())])
+
+    want = eng.train_groups(src, groups, train, 4, 3, 2)
+    monkeypatch.setattr(spark_engine, "slot_keys", lambda _spark, k: [7] * k)
+    got = eng.train_groups(src, groups, train, 4, 3, 2)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(want[:, 1], [20] * 4)
+    np.testing.assert_array_equal(want[:, 2], [sum(float(i) for i in range(80) if i % 4 == j) for j in range(4)])
