@@ -395,15 +395,12 @@ def slot_keys(spark, k: int) -> list:
     """``k`` bigint keys, key ``p`` sent to partition ``p`` by ``repartition(k, key)`` (Spark's
     hash partitioning, ``pmod(hash(key), k)``, computed by Spark itself on candidate keys 0, 1,
     ...: public, data-independent, cached per ``k``)."""
-    from pyspark.sql import functions as F
-
     k = int(k)
     if k not in _SLOT_KEYS:
         keys: dict = {}
         start = 0
-        while len(keys) < k:
-            rows = (spark.range(start, start + 64 * k)
-                    .select("id", F.expr(f"pmod(hash(id), {k})").alias("p")).collect())
+        while len(keys) < k:  # SQL strings: the same call on a classic and a Connect session
+            rows = spark.range(start, start + 64 * k).selectExpr("id", f"pmod(hash(id), {k}) AS p").collect()
             for r in rows:
                 keys.setdefault(int(r["p"]), int(r["id"]))
             start += 64 * k
