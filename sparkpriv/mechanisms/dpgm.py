@@ -232,6 +232,10 @@ class DPGMPlan:
         tau = self.noise_multiplier * p.clip / (p.sampling_rate * max(float(n_pub), 1.0))
         return p.lr * min(max(tau / LR_NOISE_REF, 1.0), LR_MAX_FACTOR)
 
+    def learning_rates(self, sizes) -> list:
+        """Each cluster's rate (:meth:`learning_rate_for` of its noisy size): the model's record."""
+        return [self.learning_rate_for(max(float(s), 1.0)) for s in sizes]
+
     def epsilon_spent(self) -> float:
         if math.isnan(self.epsilon_accounted):
             return epsilon_of(self.dp_event(), self.params.delta)
@@ -240,7 +244,10 @@ class DPGMPlan:
     def to_public_dict(self) -> dict:
         out = {
             "mechanism": "dpgm", "neighbors": "replace-one", "n": self.n, "d": self.d,
-            "params": self.params.public_dict(), "steps": self.steps, "learning_rate": self.params.lr,
+            "params": self.params.public_dict(), "steps": self.steps,
+            "learning_rate": (self.params.lr if self.params.learning_rate is not None or self.params.model != "rbm"
+                              else f"by cluster: {self.params.lr} min(max(sigma C / (q n_j) / {LR_NOISE_REF}, 1), "
+                                   f"{LR_MAX_FACTOR:g}), n_j the noisy size (the model's learning_rates)"),
             "noise_multiplier": self.noise_multiplier,
             "step_noise": self.step_noise.to_public_dict(),
             "kmeans": self.kmeans.to_public_dict(),
@@ -471,7 +478,7 @@ def fit_dpgm_array(X, params: DPGMParams, *, seed: int | None = None, log=None) 
     clips: dict = {}
     thetas = train_clusters(X, labels, sizes, centers, plan, seed, log=log, clips=clips)
     public = plan.to_public_dict()
-    public["learning_rates"] = [plan.learning_rate_for(max(float(s), 1.0)) for s in sizes]
+    public["learning_rates"] = plan.learning_rates(sizes)
     if plan.quantile:
         public["final_clips"] = final_clips_public([clips[j] for j in range(params.k)], plan, sizes)
     return DPGMModel(params, d, thetas, sizes, centers, public), plan
@@ -952,7 +959,7 @@ class DPGM(_proto.Mechanism):
                                      what="dpgm training", order=training_order(sizes))
         thetas = np.asarray(thetas, float)
         model_public = dplan.to_public_dict()
-        model_public["learning_rates"] = [dplan.learning_rate_for(max(float(s), 1.0)) for s in sizes]
+        model_public["learning_rates"] = dplan.learning_rates(sizes)
         if dplan.quantile:  # each cluster's final clip rides after its theta
             model_public["final_clips"] = final_clips_public(thetas[:, gen_dim], dplan, sizes)
             thetas = np.ascontiguousarray(thetas[:, :gen_dim])

@@ -545,10 +545,10 @@ class SparkEngine:
         partitioning sends to partition ``slot(j)`` (:func:`slot_keys`), and the slots follow
         ``order`` (a public permutation of ``range(k)``, e.g. largest noisy size first: tasks
         start in slot order, so the longest start first; default ``0 .. k-1``). A partition that
-        still holds several groups trains each of them. A group without rows gets ``train_fn(j, (0, width) matrix)`` on
-        the driver. Only the ``k`` vectors reach the driver; the grouping is never written.
-        Progress: the groups train in Spark tasks, so ``on_train`` (per
-        DP-SGD step, in-process engines) is not called; the job's completed / total tasks are
+        still holds several groups trains each of them. A group without rows gets
+        ``train_fn(j, (0, width) matrix)`` on the driver. Only the ``k`` vectors reach the driver;
+        the grouping is never written. Progress: the groups train in Spark tasks, so ``on_train``
+        (per DP-SGD step, in-process engines) is not called; the job's completed / total tasks are
         reported as ``what`` steps to the release's progress (:class:`~sparkpriv.spark.progress.TaskProgress`).
         Event records are read in the keyed person layout (``BoundedRecords.layout``, each task in
         ``_pk`` order, as ``map_rows`` does), so their source order is a function of the
@@ -576,8 +576,16 @@ class SparkEngine:
                 for b in batches:
                     if b.num_rows:
                         yield make_block(b)
-        split_schema = StructType([StructField("group", LongType(), False), StructField("pid", LongType(), False),
-                                   StructField("block", LongType(), False), StructField("z", BinaryType(), False)])
+        order = list(range(k)) if order is None else [int(j) for j in order]
+        if sorted(order) != list(range(k)):
+            raise ValueError(f"train_groups: order must be a permutation of 0..{k - 1}")
+        keys = slot_keys(frame.sparkSession, k)  # Spark's hash partitioning sends keys[p] to partition p
+        key_of = np.zeros(k, dtype=np.int64)
+        for p, j in enumerate(order):
+            key_of[j] = keys[p]
+        split_schema = StructType([StructField("key", LongType(), False), StructField("group", LongType(), False),
+                                   StructField("pid", LongType(), False), StructField("block", LongType(), False),
+                                   StructField("z", BinaryType(), False)])
         out_schema = StructType([StructField("group", LongType(), False), StructField("theta", BinaryType(), False)])
 
         def sparkpriv_groups(batches, pid):
@@ -593,22 +601,9 @@ class SparkEngine:
                     else:
                         z = np.ascontiguousarray(X[g == j]).tobytes()
                     yield pa.RecordBatch.from_arrays(
-                        [pa.array([int(j)], pa.int64()), pa.array([pid], pa.int64()), pa.array([b], pa.int64()),
-                         pa.array([z], pa.binary())], ["group", "pid", "block", "z"])
-
-        order = list(range(k)) if order is None else [int(j) for j in order]
-        if sorted(order) != list(range(k)):
-            raise ValueError(f"train_groups: order must be a permutation of 0..{k - 1}")
-        keys = slot_keys(frame.sparkSession, k)  # Spark's hash partitioning sends keys[p] to partition p
-        key_of = np.zeros(k, dtype=np.int64)
-        for p, j in enumerate(order):
-            key_of[j] = keys[p]
-
-        def sparkpriv_groups_keyed(batches, pid):
-            for rb in sparkpriv_groups(batches, pid):
-                g = rb.column(0).to_numpy()
-                yield pa.RecordBatch.from_arrays([pa.array(key_of[g], pa.int64()), *rb.columns],
-                                                 ["key", "group", "pid", "block", "z"])
+                        [pa.array([int(key_of[j])], pa.int64()), pa.array([int(j)], pa.int64()),
+                         pa.array([pid], pa.int64()), pa.array([b], pa.int64()), pa.array([z], pa.binary())],
+                        ["key", "group", "pid", "block", "z"])
 
         def sparkpriv_train_slot(batches, pid):
             got: dict = {}
@@ -628,8 +623,7 @@ class SparkEngine:
                 yield pa.RecordBatch.from_arrays(
                     [pa.array([j], pa.int64()), pa.array([theta.tobytes()], pa.binary())], ["group", "theta"])
 
-        keyed_schema = StructType([StructField("key", LongType(), False), *split_schema.fields])
-        parts = map_batches(frame, sparkpriv_groups_keyed, keyed_schema).repartition(k, "key")
+        parts = map_batches(frame, sparkpriv_groups, split_schema).repartition(k, "key")
         with spark_errors(), self.watch(what):
             rows = map_batches(parts, sparkpriv_train_slot, out_schema).collect()
         out = [(int(r["group"]), r["theta"]) for r in rows]
