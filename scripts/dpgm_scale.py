@@ -47,6 +47,23 @@ def _bernoulli_answers(model, people: int, qs, n: int, chunk: int = 20_000):
     return total, n / people
 
 
+SIZE_BINS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def _items_profile(df) -> dict:
+    """How many items the people of ``df`` (an ``items`` array column) have: the mean and the
+    share of people with at most 1, 2, 4, ... 128 items (long queries are answered mostly by the
+    people with few items, so a model that gets this wrong is wrong on them)."""
+    from pyspark.sql import functions as F
+
+    sizes = df.select(F.size("items").alias("m"))
+    aggs = [F.mean("m").alias("mean"), F.count(F.lit(1)).alias("n")]
+    aggs += [F.sum(F.when(F.col("m") <= b, 1).otherwise(0)).alias(f"le{b}") for b in SIZE_BINS]
+    row = sizes.agg(*aggs).first()
+    n = max(int(row["n"]), 1)
+    return {"mean": float(row["mean"] or 0.0), **{f"le{b}": row[f"le{b}"] / n for b in SIZE_BINS}}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--events", required=True, help="event table (Parquet) of sparkpriv generate")
@@ -61,12 +78,18 @@ def main(argv=None) -> dict:
                     help="Adam rate of every cluster (default: the library's, by cluster)")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--clip", type=float, default=10.0)
+    ap.add_argument("--length-share", type=float, default=None,
+                    help="share of epsilon of the length histograms (default: the library's; 0: none)")
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--workdir", default="/tmp/dpgm-scale")
     ap.add_argument("--master", default=None, help="Spark master (default local[*])")
     ap.add_argument("--driver-memory", default="6g")
     ap.add_argument("--no-baselines", action="store_true", help="skip the counts baseline and the sample")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--variants", default=None,
+                    help="JSON list of overrides run for each epsilon on one truth, e.g. "
+                         "'[{\"hidden\": 200}, {\"epochs\": 2.4}, {\"k\": 30}]' (keys: k, hidden, epochs, "
+                         "sampling_rate, learning_rate, clip, length_share)")
     args = ap.parse_args(argv)
 
     from pyspark.sql import functions as F
@@ -97,6 +120,7 @@ def main(argv=None) -> dict:
                                 vocabulary=vocabulary).df.persist()
     try:
         longest = int(truth.select(F.max(F.size("items"))).first()[0] or 1)
+        out["truth_items"] = _items_profile(truth)
         qs = cq.draw_queries(d, max_length=longest, n_queries=args.queries, groups=5, seed=0)
         true_a, n = answer_release(truth, qs.matrix, items_col="items")
         sample_a = n_sample = None
@@ -117,8 +141,14 @@ def main(argv=None) -> dict:
         out["real_sample"] = dict(summary(sample_a, n / max(n_sample, 1)), people=int(n_sample))
         print("real sample of the synthetic size:", json.dumps(out["real_sample"]), flush=True)
     delta = 1.0 / n
-    for eps in [float(e) for e in args.epsilons.split(",")]:
-        run: dict = {"epsilon": eps, "delta": delta}
+    variants = json.loads(args.variants) if args.variants else [{}]
+    allowed = {"k", "hidden", "epochs", "sampling_rate", "learning_rate", "clip", "length_share"}
+    for v in variants:
+        if set(v) - allowed:
+            raise SystemExit(f"--variants: unknown keys {sorted(set(v) - allowed)}; allowed {sorted(allowed)}")
+    for eps, variant in [(float(e), v) for e in args.epsilons.split(",") for v in variants]:
+        o = {**{a: getattr(args, a) for a in allowed}, **variant}
+        run: dict = {"epsilon": eps, "delta": delta, "variant": variant}
         rel_dir = os.path.join(args.workdir, f"release-{eps:g}")
         syn_dir = os.path.join(args.workdir, f"synthetic-{eps:g}")
         for p in (rel_dir, syn_dir):
@@ -126,14 +156,15 @@ def main(argv=None) -> dict:
         records = bound_contributions(events, person=person, item=item, max_items=args.max_items,
                                       vocabulary=vocabulary)
         t = time.perf_counter()
-        rel = release_dpgm(records, epsilon=eps, delta=delta, k=args.k, sampling_rate=args.sampling_rate,
-                           epochs=args.epochs, learning_rate=args.learning_rate, hidden=args.hidden,
-                           clip=args.clip, ledger=None, source=args.events)
+        rel = release_dpgm(records, epsilon=eps, delta=delta, k=o["k"], sampling_rate=o["sampling_rate"],
+                           epochs=o["epochs"], learning_rate=o["learning_rate"], hidden=o["hidden"],
+                           clip=o["clip"], length_share=o["length_share"], ledger=None, source=args.events)
         rel.write(rel_dir)
         run["release_seconds"] = time.perf_counter() - t
         pub = rel.public
         run["steps"] = pub["steps"]
         run["noise_multiplier"] = pub["noise_multiplier"]
+        run["length_noise_std"] = (pub.get("lengths") or {}).get("std")
         run["cluster_sizes"] = [round(float(v)) for v in rel.model.sizes]
         t = time.perf_counter()
         syn = synthesize_dpgm(rel_dir, rows=args.synthetic, output=syn_dir)
@@ -143,8 +174,9 @@ def main(argv=None) -> dict:
         syn_a, n_syn = answer_release(syn_df, qs.matrix, items_col="items", item_ids=vocabulary)
         run["answer_seconds"] = time.perf_counter() - t
         run["dpgm"] = summary(syn_a, n / max(n_syn, 1))
+        run["dpgm_items"] = _items_profile(syn_df)
         run["kmeans_bernoulli"] = summary(*_bernoulli_answers(rel.model, args.synthetic, qs, n))
-        if not args.no_baselines:
+        if not args.no_baselines and not variant:
             t = time.perf_counter()
             crec = bound_contributions(events, person=person, item=item, max_items=args.max_items,
                                        vocabulary=vocabulary)

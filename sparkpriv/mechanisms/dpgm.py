@@ -10,7 +10,9 @@
    at ONE public sampling rate ``q`` and ONE number of steps ``T`` for every
    cluster, normalised by the cluster's noisy size (public).
 3. Released: the k models' parameters, the noisy cluster sizes (the k-means
-   counts) and the k-means centres, in a versioned ``.npz`` file
+   counts), the k-means centres and (rbm, by default) each cluster's noisy
+   histogram of record lengths (the number of ones of a record, in bins;
+   :class:`LengthPlan`), which synthesis draws each record's length from, in a versioned ``.npz`` file
    (:meth:`DPGMModel.save`), with the source's column types (its schema,
    public). :func:`synthesize` samples a cluster by noisy size, then a record
    from that cluster's model (post-processing: no budget);
@@ -19,8 +21,11 @@
 
 Privacy (replace-one; ``n`` public)
 -----------------------------------
-The release is ``Composed[k-means event, SelfComposed(PoissonSampled(q,
-Gaussian(sigma / 2)), T)]``. The k-means part is as in section 4. Training:
+The release is ``Composed[k-means event, lengths event, SelfComposed(PoissonSampled(q,
+Gaussian(sigma / 2)), T)]``. The lengths event (when ``length_share > 0``) is one
+Gaussian on the k histograms of record lengths, calibrated alone to ``length_share
+epsilon``: a replaced record leaves one (cluster, length bin) cell and enters one,
+L2 sensitivity ``sqrt(2)``. The k-means part is as in section 4. Training:
 if the replaced record ``x`` and its replacement ``x'`` fall in the same
 cluster, that cluster's training sees a replace-one change, dominated step by
 step by a Poisson-sampled Gaussian of sensitivity ``2C`` (dpsgd module
@@ -49,6 +54,7 @@ second term: the two records in different clusters), calibrated the same way.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import json
 import math
@@ -68,7 +74,8 @@ from sparkpriv.mechanisms.kmeans import (cluster_stats, fit_from_stats, initial_
 from sparkpriv.mechanisms.rbm import RBM
 from sparkpriv.mechanisms.vae import VAE
 from sparkpriv.privacy import noise as _noise
-from sparkpriv.privacy.accounting import compose, epsilon_of
+from sparkpriv.privacy.accounting import compose, epsilon_of, fit_to_epsilon
+from sparkpriv.privacy.calibration import gdp_mu_for
 from sparkpriv.privacy.bounds import Bounds
 from sparkpriv.privacy.random import new_secret_seed, stream
 
@@ -79,12 +86,17 @@ __all__ = ["MODELS", "FORMAT_VERSION", "MODEL_FILE", "DPGMParams", "DPGMPlan", "
            "DPGM", "DPGM_MECHANISM"]
 
 MODELS = ("rbm", "vae")
+# 4: the per-cluster noisy histograms of record lengths ("lengths", with the header's "length_edges");
 # 3: the header holds the event columns of a release on event records (None for a table); 2: the
 # source's column types; 1 (read as all double) had none
-FORMAT_VERSION = 3
-READ_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 4
+READ_VERSIONS = (1, 2, 3, 4)
 MODEL_FILE = "_dpgm_model.npz"  # the released model, published with the release's table
 SYNTH_STAGE = 31  # stream(seed, SYNTH_STAGE, j) samples cluster j's synthetic records
+LENGTH_STAGE = 25  # stream(seed, LENGTH_STAGE): the noise of the length histograms, drawn once on the driver
+# share of epsilon the histograms of record lengths are calibrated to (docs/dpgm.md, "Record lengths")
+DEFAULT_LENGTH_SHARE = {"rbm": 0.1, "vae": 0.0}
+LENGTH_KEEP_STDS = 2.0  # synthesis: a noisy bin below this many noise stds counts as empty
 _POS = Interval("real", 0, None, "neither")
 DEFAULT_LEARNING_RATE = {"rbm": 0.002, "vae": 0.01}  # docs/dpgm.md, "Training: a first study"
 # the rbm's default rate grows with the noise of a cluster's averaged gradient, tau = sigma C / (q n_j),
@@ -107,6 +119,11 @@ class DPGMParams(_proto.Params):
     kmeans_share: float = _proto.option(0.3, help="share of epsilon the k-means is calibrated to (DP-SGD "
                                         "gets the rest of the composition)",
                                         constraints=[Interval("real", 0, 1, "neither")])
+    length_share: float | None = _proto.option(
+        None, help="share of epsilon the per-cluster histograms of record lengths (number of ones) are "
+        "calibrated to, in [0, 1); synthesis draws each record's length from them, then the model's record "
+        "given it (rbm only; 0: none, the model's own lengths)", doc_default="rbm: 0.1; vae: 0",
+        constraints=[Interval("real", 0, 1, "left")])
     kmeans_iterations: int = _proto.option(8, help="Lloyd iterations of the k-means",
                                            constraints=[Interval("integer", 1, 1000, "both")])
     row_bound: float | None = _proto.option(None, help="declared L2 bound on a record (binary records with at "
@@ -156,6 +173,110 @@ class DPGMParams(_proto.Params):
         """The Adam learning rate used: ``learning_rate``, or the model's default when unset."""
         return float(self.learning_rate) if self.learning_rate is not None else DEFAULT_LEARNING_RATE[self.model]
 
+    @property
+    def lengths_share(self) -> float:
+        """The share of epsilon of the length histograms used: ``length_share`` or the model's default."""
+        return float(self.length_share) if self.length_share is not None else DEFAULT_LENGTH_SHARE[self.model]
+
+
+def max_length(params: DPGMParams, d: int) -> int:
+    """The longest record (most ones) the declared bounds admit: ``floor(row_bound^2)`` (binary
+    records with at most ``L`` items: ``L``), at most ``d``."""
+    rb = math.sqrt(d) if params.row_bound is None else float(params.row_bound)
+    return int(min(d, math.floor(rb * rb + 1e-6)))
+
+
+def length_edges(longest: int) -> np.ndarray:
+    """Bin edges ``0 = e_0 < ... < e_B = longest + 1`` of record lengths: 0 .. 7 one bin each,
+    then bins about 1.25x wider each (``[8, 10), [10, 13), [13, 17), ...``). Coarse where few
+    records are, so a bin's noise is small against its count. Public (from the bounds)."""
+    edges, a = [0], 0
+    while a <= longest:
+        a = min(a + 1 if a < 8 else max(a + 1, math.ceil(a * 1.25)), longest + 1)
+        edges.append(a)
+    return np.asarray(edges, dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=64)
+def _length_noise(epsilon: float, delta: float, cells: int, caller: str) -> _noise.GaussianNoise:
+    from sparkpriv.mechanisms.kmeans import calibrate_stats_noise
+
+    mu = gdp_mu_for(epsilon, delta)
+
+    def noise(r: float) -> _noise.GaussianNoise:
+        return calibrate_stats_noise(sensitivity=math.sqrt(2.0), mu=r * mu, dim=int(cells))
+
+    return noise(fit_to_epsilon(lambda r: noise(r).dp_event(), epsilon=epsilon, delta=delta, caller=caller))
+
+
+@dataclass(frozen=True)
+class LengthPlan:
+    """The per-cluster histograms of record lengths (docs/dpgm.md, "Record lengths"): ``k`` rows of
+    counts of the records of each length bin (``edges``), a vector of ``k B`` counts released
+    ONCE with discrete Gaussian noise (``noise``, drawn on the driver from ``stream(seed,
+    LENGTH_STAGE)``). Replace-one moves one record out of one cell and into one: L2 sensitivity
+    ``sqrt(2)``; the noise is calibrated alone to ``(length_share epsilon, delta)``. A record's length
+    is its number of ones (the sum of its values, rounded, capped at the longest bin)."""
+
+    edges: np.ndarray
+    noise: _noise.GaussianNoise
+    share: float
+
+    @property
+    def bins(self) -> int:
+        return int(self.edges.size - 1)
+
+    def dp_event(self) -> dp_event.DpEvent:
+        return self.noise.dp_event()
+
+    def histogram(self, X) -> np.ndarray:
+        """Counts of the rows of ``X`` (dense or scipy sparse) per length bin: ``(B,)`` float."""
+        m = np.rint(np.asarray(X.sum(axis=1), dtype=np.float64).ravel()).astype(np.int64)
+        m = np.clip(m, 0, int(self.edges[-1]) - 1)
+        return np.bincount(np.searchsorted(self.edges, m, side="right") - 1,
+                           minlength=self.bins).astype(np.float64)
+
+    def release(self, hist: np.ndarray, seed: int) -> np.ndarray:
+        """The noisy ``(k, B)`` histograms (once, on the driver)."""
+        return _noise.add_noise(np.asarray(hist, dtype=np.float64), self.noise, stream(seed, LENGTH_STAGE))
+
+    def to_public_dict(self) -> dict:
+        return {"share_of_epsilon": self.share, "edges": [int(e) for e in self.edges],
+                "sensitivity_l2": math.sqrt(2.0), "noise": self.noise.to_public_dict(), "std": self.noise.std,
+                "synthesis": f"bins below {LENGTH_KEEP_STDS:g} noise stds count as empty; a record's length "
+                             "is drawn from its cluster's bins, uniform within a bin; a cluster with no bin "
+                             "left keeps its model's own lengths"}
+
+
+def length_plan(params: DPGMParams, d: int, caller: str = "dpgm") -> LengthPlan | None:
+    """The length histograms' plan from public parameters and ``d`` (None: ``length_share`` 0)."""
+    share = params.lengths_share
+    if share <= 0.0:
+        return None
+    if params.model != "rbm":
+        raise ParameterError(f"The 'length_share' parameter of {caller} applies to model='rbm' (binary "
+                             f"records) only; got {params.length_share!r} with model={params.model!r}. "
+                             "Remove it or set it to 0.")
+    if params.kmeans_share + share >= 1.0:
+        raise ParameterError(f"kmeans_share + length_share of {caller} must be below 1 (DP-SGD needs the "
+                             f"rest of epsilon); got {params.kmeans_share!r} + {share!r}. Lower either.")
+    edges = length_edges(max_length(params, d))
+    return LengthPlan(edges, _length_noise(float(share * params.epsilon), float(params.delta),
+                                           int(params.k * (edges.size - 1)), caller), float(share))
+
+
+def synthetic_lengths(noisy: np.ndarray, edges: np.ndarray, std: float, n: int,
+                      rng: np.random.Generator) -> np.ndarray | None:
+    """``n`` record lengths from one cluster's noisy histogram (post-processing): bins below
+    ``LENGTH_KEEP_STDS`` noise stds are empty, a bin by its noisy count, a length uniform within
+    its bin. None when no bin is left (the model keeps its own lengths)."""
+    w = np.where(np.asarray(noisy, dtype=np.float64) >= LENGTH_KEEP_STDS * float(std), noisy, 0.0)
+    if not np.any(w > 0):
+        return None
+    b = rng.choice(w.size, size=int(n), p=w / w.sum())
+    lo, hi = edges[:-1][b], edges[1:][b]
+    return lo + np.floor(rng.random(int(n)) * (hi - lo)).astype(np.int64)
+
 
 def _make_model(params: DPGMParams, d: int):
     if params.model == "rbm":
@@ -180,6 +301,7 @@ class DPGMPlan:
     # quantile clipping (params.clip_quantile set): the noise of each step's clipped count; step_noise
     # is then dpsgd.gradient_noise, on the clipped sum over the public C_t (multiplier >= sigma)
     count_noise: _noise.GaussianNoise | None = None
+    lengths: LengthPlan | None = None  # the length histograms (None: length_share 0)
 
     @property
     def steps(self) -> int:
@@ -215,7 +337,7 @@ class DPGMPlan:
                                   self.count_noise)
 
     def dp_event(self) -> dp_event.DpEvent:
-        return compose([self.kmeans.dp_event(), self.dpsgd_event()])
+        return compose(_base_events(self.kmeans, self.lengths) + [self.dpsgd_event()])
 
     def learning_rate_for(self, n_pub: float) -> float:
         """Adam's rate for a cluster of public (noisy) size ``n_pub``: the declared
@@ -251,6 +373,7 @@ class DPGMPlan:
             "noise_multiplier": self.noise_multiplier,
             "step_noise": self.step_noise.to_public_dict(),
             "kmeans": self.kmeans.to_public_dict(),
+            "lengths": None if self.lengths is None else self.lengths.to_public_dict(),
             "epsilon_spent": self.epsilon_spent(), "delta": self.params.delta,
             "accounting": accounting_note(self.params),
         }
@@ -264,17 +387,26 @@ class DPGMPlan:
         return out
 
 
+def _base_events(kplan: KMeansPlan, lplan: LengthPlan | None) -> list:
+    """The events before DP-SGD's: the k-means, then the length histograms (when released)."""
+    return [kplan.dp_event()] + ([] if lplan is None else [lplan.dp_event()])
+
+
 def accounting_note(params: DPGMParams) -> str:
     """The receipt's one-line statement of the accounting."""
+    head = "Composed[k-means, lengths, " if params.lengths_share > 0 else "Composed[k-means, "
+    lengths = ("; lengths: one Gaussian on the k histograms of record lengths (L2 sensitivity sqrt(2): a "
+               "replaced record leaves one cell and enters one), calibrated to length_share epsilon"
+               if params.lengths_share > 0 else "")
     if params.clip_quantile is None:
-        return ("Composed[k-means, SelfComposed(PoissonSampled(q, Gaussian(sigma/2)), T)]: every cluster "
+        return (head + "SelfComposed(PoissonSampled(q, Gaussian(sigma/2)), T)]: every cluster "
                 "trains with the same (q, sigma, T) (parallel composition); replace-one is dominated by an "
-                "add/remove step of sensitivity 2C")
-    return ("Composed[k-means, SelfComposed(PoissonSampled(q, Gaussian(z)), T)], quantile clipping: each step "
+                "add/remove step of sensitivity 2C" + lengths)
+    return (head + "SelfComposed(PoissonSampled(q, Gaussian(z)), T)], quantile clipping: each step "
             "releases the clipped sum (noise sigma C_t) and the count of unclipped gradients (noise sigma_b), "
             "z = max(4/sigma^2 + 1/sigma_b^2, 2/sigma^2 + 2/sigma_b^2)^(-1/2) (replace-one, records in the "
             "same or in different clusters); every cluster trains with the same (q, sigma, sigma_b, T) "
-            "(parallel composition); C_t is post-processing of released counts (docs/math.md section 5.1)")
+            "(parallel composition); C_t is post-processing of released counts (docs/math.md section 5.1)" + lengths)
 
 
 class _Relations:
@@ -301,25 +433,30 @@ def calibrate_dpgm(params: DPGMParams, d: int, caller: str = "dpgm") -> tuple[KM
     _proto.resolve_neighbors(params.neighbors, _Relations, caller)
     check_param("d", d, [Interval("integer", 1, None, "left")], caller)
     fmap = make_feature_map("linear", _bounds(params, d, caller), caller=caller)
+    lplan = length_plan(params, d, caller)
     kplan = plan_kmeans(fmap, k=params.k, epsilon=params.kmeans_share * params.epsilon, delta=params.delta,
                         iterations=params.kmeans_iterations, caller=caller)
     share = None if params.clip_quantile is None else params.clip_count_share
     sigma = dpsgd.calibrate_noise_multiplier(
         epsilon=params.epsilon, delta=params.delta, sampling_rate=params.sampling_rate, steps=params.steps,
-        neighbors="replace-one", accountant=params.accountant, base_event=kplan.dp_event(),
+        neighbors="replace-one", accountant=params.accountant, base_event=compose(_base_events(kplan, lplan)),
         count_share=share, caller=caller)
     return kplan, float(sigma)
 
 
-def requested_event(params: DPGMParams, kplan: KMeansPlan, sigma: float) -> dp_event.DpEvent:
+def requested_event(params: DPGMParams, kplan: KMeansPlan, sigma: float, d: int | None = None) -> dp_event.DpEvent:
     """The event of the release at the calibrated ``sigma``: what the protocol records before any
     data is read (the realized discrete noise has a multiplier at least ``sigma / 2``; with quantile
     clipping, the step event of :func:`dpsgd.quantile_event` at ``sigma`` and the count's
-    ``sigma_b = count_noise_std(sigma, clip_count_share)``)."""
+    ``sigma_b = count_noise_std(sigma, clip_count_share)``). ``d`` (the columns) is needed when
+    the length histograms are released (``length_share > 0``)."""
+    if params.lengths_share > 0 and d is None:
+        raise ParameterError("requested_event: give d (the columns): the length histograms' event depends on it.")
+    base = _base_events(kplan, None if d is None else length_plan(params, int(d)))
     if params.clip_quantile is not None:
-        return compose([kplan.dp_event(), dpsgd.quantile_event(
+        return compose(base + [dpsgd.quantile_event(
             params.sampling_rate, sigma, dpsgd.count_noise_std(sigma, params.clip_count_share), params.steps)])
-    return compose([kplan.dp_event(), dpsgd.dpsgd_event(params.sampling_rate, sigma, params.steps)])
+    return compose(base + [dpsgd.dpsgd_event(params.sampling_rate, sigma, params.steps)])
 
 
 def plan_for_rows(params: DPGMParams, kplan: KMeansPlan, sigma: float, *, n: int, d: int, caller: str = "dpgm",
@@ -345,7 +482,7 @@ def plan_for_rows(params: DPGMParams, kplan: KMeansPlan, sigma: float, *, n: int
     if low:  # cannot happen: the discrete noise is rounded up
         raise ParameterError(f"{caller}: the step noise is below the calibrated multiplier.")
     plan = DPGMPlan(params, int(n), int(d), kplan, float(sigma), noise, requested_event=requested,
-                    count_noise=cnoise)
+                    count_noise=cnoise, lengths=length_plan(params, d, caller))
     eps = plan.epsilon_spent() if accounted is None or not requested else float(accounted)
     plan = dataclasses.replace(plan, epsilon_accounted=eps)
     if plan.epsilon_spent() > params.epsilon:  # the discrete noise's multiplier is >= sigma: cannot happen
@@ -380,10 +517,25 @@ class DPGMModel:
     # released on event records: the public EventColumns (person and item columns, item type, the
     # declared vocabulary: column j is item vocabulary[j]); None for a table
     events: "EventColumns | None" = None
+    # the noisy (k, B) histograms of record lengths, their bin edges and noise std (LengthPlan); None:
+    # not released (length_share 0, or a model of format version < 4)
+    lengths: np.ndarray | None = None
+    length_edges: np.ndarray | None = None
+    length_std: float = math.nan
 
     @property
     def k(self) -> int:
         return self.thetas.shape[0]
+
+    def sample_cluster(self, gen, j: int, n: int, rng: np.random.Generator) -> np.ndarray:
+        """``n`` records of cluster ``j``'s model; with the length histograms, each record's length
+        drawn from cluster ``j``'s (:func:`synthetic_lengths`), then the record given it."""
+        lengths = None
+        if self.lengths is not None:
+            lengths = synthetic_lengths(self.lengths[j], self.length_edges, self.length_std, int(n), rng)
+        if lengths is None:
+            return gen.sample(self.thetas[j], int(n), rng)
+        return gen.sample(self.thetas[j], int(n), rng, lengths=lengths)
 
     @property
     def types(self) -> tuple:
@@ -416,10 +568,13 @@ class DPGMModel:
         header = {"format": "sparkpriv-dpgm", "format_version": FORMAT_VERSION,
                   "params": self.params.public_dict(), "d": self.d, "public": self.plan_public,
                   "column_types": list(self.types),
-                  "events": None if self.events is None else self.events.to_header()}
+                  "events": None if self.events is None else self.events.to_header(),
+                  "lengths": None if self.lengths is None else
+                  {"edges": [int(e) for e in self.length_edges], "std": float(self.length_std)}}
+        arrays = {} if self.lengths is None else {"lengths": np.asarray(self.lengths, dtype=np.float64)}
         buf = io.BytesIO()
         np.savez(buf, header=np.frombuffer(json.dumps(header, default=float).encode(), np.uint8),
-                 thetas=self.thetas, sizes=self.sizes, centers=self.centers)
+                 thetas=self.thetas, sizes=self.sizes, centers=self.centers, **arrays)
         return buf.getvalue()
 
     @classmethod
@@ -441,8 +596,16 @@ class DPGMModel:
             events = None  # versions 1 and 2: tables only (event records were read as tables)
             if version >= 3 and header.get("events") is not None:
                 events = EventColumns.from_header(header["events"], d, str(path))
+            lengths = edges = None  # versions 1 to 3: no length histograms
+            std = math.nan
+            if version >= 4 and header.get("lengths") is not None:
+                edges = np.asarray(header["lengths"]["edges"], dtype=np.int64)
+                lengths, std = np.asarray(z["lengths"], dtype=np.float64), float(header["lengths"]["std"])
+                if lengths.shape != (z["thetas"].shape[0], edges.size - 1) or np.any(np.diff(edges) <= 0):
+                    raise ParameterError(f"{path}: the model's length histograms {lengths.shape} do not match "
+                                         f"its {z['thetas'].shape[0]} clusters and {edges.size - 1} bins.")
             return cls(DPGMParams(**header["params"]), d, z["thetas"], z["sizes"], z["centers"],
-                       header.get("public", {}), types, events)
+                       header.get("public", {}), types, events, lengths, edges, std)
 
 
 def _logit_init(centre: np.ndarray) -> np.ndarray:
@@ -477,11 +640,23 @@ def fit_dpgm_array(X, params: DPGMParams, *, seed: int | None = None, log=None) 
     # 3. one model per cluster, same (q, sigma, T)
     clips: dict = {}
     thetas = train_clusters(X, labels, sizes, centers, plan, seed, log=log, clips=clips)
+    # 4. the length histograms of the same clusters, noised once
+    lengths = None
+    if plan.lengths is not None:
+        lengths = plan.lengths.release(np.stack([plan.lengths.histogram(X[labels == j]) for j in range(params.k)]),
+                                       seed)
     public = plan.to_public_dict()
     public["learning_rates"] = plan.learning_rates(sizes)
     if plan.quantile:
         public["final_clips"] = final_clips_public([clips[j] for j in range(params.k)], plan, sizes)
-    return DPGMModel(params, d, thetas, sizes, centers, public), plan
+    return _model(params, d, thetas, sizes, centers, public, plan, lengths), plan
+
+
+def _model(params, d, thetas, sizes, centers, public, plan: DPGMPlan, lengths, column_types=None,
+           events=None) -> DPGMModel:
+    lp = plan.lengths
+    return DPGMModel(params, d, thetas, sizes, centers, public, column_types, events, lengths,
+                     None if lp is None else lp.edges, math.nan if lp is None else float(lp.noise.std))
 
 
 def training_order(sizes) -> list:
@@ -552,7 +727,7 @@ def synthesize(model: DPGMModel, n: int, seed: int) -> np.ndarray:
         w = np.ones_like(w)
     counts = stream(seed, SYNTH_STAGE, model.k).multinomial(int(n), w / w.sum())
     gen = model.generator()
-    parts = [gen.sample(model.thetas[j], int(c), stream(seed, SYNTH_STAGE, j))
+    parts = [model.sample_cluster(gen, j, int(c), stream(seed, SYNTH_STAGE, j))
              for j, c in enumerate(counts) if c > 0]
     out = np.concatenate(parts) if parts else np.zeros((0, model.d))
     return out[stream(seed, SYNTH_STAGE, model.k + 1).permutation(out.shape[0])]
@@ -582,7 +757,7 @@ def synthesize_part(model: DPGMModel, n: int, seed: int, *key: int) -> np.ndarra
         w = np.ones_like(w)
     counts = stream(seed, SYNTH_STAGE, *key, model.k).multinomial(int(n), w / w.sum())
     gen = model.generator()
-    parts = [gen.sample(model.thetas[j], int(c), stream(seed, SYNTH_STAGE, *key, j))
+    parts = [model.sample_cluster(gen, j, int(c), stream(seed, SYNTH_STAGE, *key, j))
              for j, c in enumerate(counts) if c > 0]
     out = np.concatenate(parts).astype(np.float64, copy=False) if parts else np.zeros((0, model.d))
     out = out[stream(seed, SYNTH_STAGE, *key, model.k + 1).permutation(out.shape[0])]
@@ -803,8 +978,11 @@ def _train_fn(plan: DPGMPlan, sizes: np.ndarray, centers: np.ndarray, seed: int)
         clips: dict = {}
         theta = train_clusters(Xj, labels, sizes, centers, plan, seed, clusters=[int(j)], on_step=on_step,
                                clips=clips)[int(j)]
-        # quantile clipping: the final clip (post-processing of released counts) rides after theta
-        return np.append(theta, clips[int(j)]) if plan.quantile else theta
+        # quantile clipping: the final clip (post-processing of released counts) rides after theta;
+        # then the cluster's exact length histogram (noised once on the driver)
+        parts = [theta] + ([[clips[int(j)]]] if plan.quantile else [])
+        parts += [] if plan.lengths is None else [plan.lengths.histogram(Xj)]
+        return np.concatenate(parts) if len(parts) > 1 else theta
 
     return train
 
@@ -884,7 +1062,7 @@ class DPGM(_proto.Mechanism):
                     "events with weights='binary' (no max_events_per_item).")
             params = dataclasses.replace(params, row_bound=float(facts.l2_bound))
         kplan, sigma = calibrate_dpgm(params, d, caller)
-        event = requested_event(params, kplan, sigma)
+        event = requested_event(params, kplan, sigma, d)
         eps = epsilon_of(event, params.delta)
         if eps > params.epsilon:  # the calibration checks its own accountant; PLD is the recorded one
             raise ParameterError(
@@ -895,12 +1073,13 @@ class DPGM(_proto.Mechanism):
             "bounds": bounds.to_public_dict(), "kmeans": kplan.to_public_dict(), "steps": params.steps,
             "noise_multiplier": sigma, "sampling_rate": params.sampling_rate,
             "uncertainty": uncertainty_public(kplan),
-            "accounting": "Composed[k-means, SelfComposed(PoissonSampled(q, Gaussian(sigma/2)), T)] at the "
-                          "calibrated sigma, fixed before the data is read (the step noise's grid comes from "
-                          "the public n; its multiplier is at least sigma/2); every cluster trains with the "
-                          "same (q, sigma, T) (parallel composition); replace-one is dominated by an "
-                          "add/remove step of sensitivity 2C (docs/math.md section 5)",
+            "accounting": accounting_note(params) + ": at the calibrated sigma, fixed before the data is read "
+                          "(the step noise's grid comes from the public n; its multiplier is at least sigma/2) "
+                          "(docs/math.md section 5)",
         }
+        lplan = length_plan(params, d, caller)
+        if lplan is not None:
+            public["lengths"] = lplan.to_public_dict()
         if params.clip_quantile is not None:
             cstd = dpsgd.count_noise_std(sigma, params.clip_count_share)
             public["accounting"] = accounting_note(params) + ": at the calibrated sigma and sigma_b, fixed " \
@@ -953,8 +1132,10 @@ class DPGM(_proto.Mechanism):
         sizes = np.maximum(np.asarray(kmodel.counts, float), 0.0)
         progress.log("dpgm: training %d %s model(s), %d DP-SGD steps each", k, params.model, dplan.steps)
         gen_dim = _make_model(params, d).dim
+        bins = 0 if dplan.lengths is None else dplan.lengths.bins
         thetas = engine.train_groups(source, _group_fn(centers, bounds.row_bound),
-                                     _train_fn(dplan, sizes, centers, seed), k, gen_dim + int(dplan.quantile), d,
+                                     _train_fn(dplan, sizes, centers, seed), k,
+                                     gen_dim + int(dplan.quantile) + bins, d,
                                      on_train=_training_progress(progress, dplan, plan.epsilon),
                                      what="dpgm training", order=training_order(sizes))
         thetas = np.asarray(thetas, float)
@@ -962,8 +1143,12 @@ class DPGM(_proto.Mechanism):
         model_public["learning_rates"] = dplan.learning_rates(sizes)
         if dplan.quantile:  # each cluster's final clip rides after its theta
             model_public["final_clips"] = final_clips_public(thetas[:, gen_dim], dplan, sizes)
-            thetas = np.ascontiguousarray(thetas[:, :gen_dim])
-        model = DPGMModel(params, d, thetas, sizes, centers, model_public, st.column_types or None, st.events)
+        lengths = None
+        if dplan.lengths is not None:  # the exact histograms ride last; noised here, once
+            lengths = dplan.lengths.release(thetas[:, thetas.shape[1] - bins:], seed)
+        thetas = np.ascontiguousarray(thetas[:, :gen_dim])
+        model = _model(params, d, thetas, sizes, centers, model_public, dplan, lengths, st.column_types or None,
+                       st.events)
         rows = [(j, float(sizes[j]), [float(v) for v in centers[j]]) for j in range(k)]
         table = engine.table(rows, [("cluster", "int", False), ("size", "double", False),
                                     ("center", "array<double>", False)])

@@ -26,6 +26,17 @@ so ``||grad F(v)||^2 = ||v||^2 ||h||^2 + ||v||^2 + ||h||^2``; the clipped sum is
 ``-(V^T diag(f) H, f V, f H)`` with the clip factors ``f`` (one matrix product).
 
 Parameters are one flat float64 vector ``theta = [W.ravel(), b, c]``.
+
+Sampling with given record lengths (docs/dpgm.md, "Record lengths"): given the
+hidden units, the visible units are independent Bernoullis; given also their
+number of ones ``m``, they follow the conditional Bernoulli distribution
+``P(v) ∝ prod_i o_i^{v_i}`` over the ``v`` with ``|v| = m`` (``o_i`` the odds).
+It is invariant to multiplying every odd by one constant, so
+:func:`conditional_bernoulli` tilts the logits by ``t`` (about ``sum_i
+sigmoid(l_i + t) = m``, where acceptance is likeliest), draws independent
+Bernoullis and keeps the rows whose sum is ``m``: an exact draw, whatever ``t``.
+Block Gibbs sweeps ``h | v``, ``v | h, |v| = m`` then leave ``p(v, h | |v| = m)``
+invariant.
 """
 
 from __future__ import annotations
@@ -36,7 +47,10 @@ import numpy as np
 
 from sparkpriv.mechanisms.dpsgd import clip_factors
 
-__all__ = ["RBM"]
+__all__ = ["RBM", "conditional_bernoulli"]
+
+LENGTH_SWEEPS = 3  # Gibbs sweeps with the record lengths fixed, after the free burn-in
+CB_TRIES = 400  # rejection rounds of conditional_bernoulli before its approximate fallback
 
 
 def _sigmoid(x):
@@ -45,6 +59,51 @@ def _sigmoid(x):
 
 def _softplus(x):
     return np.logaddexp(0.0, x)
+
+
+def _tilt(L: np.ndarray, m: np.ndarray, iters: int = 6) -> np.ndarray:
+    """Per row a ``t`` with ``sum_i sigmoid(L_i + t)`` near ``m`` (0 < m < d): Newton's method on
+    the increasing, convex-then-concave sum, from a start that matches the mean logit. Only the
+    acceptance rate of :func:`conditional_bernoulli` depends on it, not what it samples."""
+    d = L.shape[1]
+    t = np.log(m / (d - m)) - L.mean(axis=1)
+    for _ in range(iters):
+        P = _sigmoid(L + t[:, None])
+        f = P.sum(axis=1) - m
+        g = np.maximum((P * (1.0 - P)).sum(axis=1), 1e-3)
+        t = t - np.clip(f / g, -4.0, 4.0)
+    return t
+
+
+def conditional_bernoulli(L: np.ndarray, m: np.ndarray, rng: np.random.Generator,
+                          tries: int = CB_TRIES) -> np.ndarray:
+    """Rows ``v`` (n, d) of 0/1 with ``|v_r| = m_r``, ``P(v_r) ∝ prod_i exp(L_ri v_ri)``: independent
+    Bernoulli(``sigmoid(L_r)``) given their sum (module docstring). Exact by rejection from the tilted
+    Bernoullis; a row still unaccepted after ``tries`` rounds (rare: the acceptance rate is about
+    ``1 / sqrt(2 pi var)`` of the row's tilted sum) takes its ``m`` largest ``L + Gumbel``
+    (sampling without replacement proportional to the odds: close, not exact)."""
+    L = np.asarray(L)
+    n, d = L.shape
+    m = np.clip(np.asarray(m, dtype=np.int64), 0, d)
+    out = np.zeros((n, d), dtype=L.dtype)
+    out[m >= d] = 1
+    todo = np.flatnonzero((m > 0) & (m < d))
+    if todo.size == 0:
+        return out
+    P = _sigmoid(L[todo] + _tilt(L[todo], m[todo].astype(np.float64)).astype(L.dtype)[:, None])
+    want = m[todo]
+    for _ in range(int(tries)):
+        V = rng.random(P.shape, dtype=L.dtype) < P
+        ok = V.sum(axis=1) == want
+        out[todo[ok]] = V[ok]
+        keep = ~ok
+        todo, P, want = todo[keep], P[keep], want[keep]
+        if todo.size == 0:
+            return out
+    G = L[todo] - np.log(-np.log(rng.random((todo.size, d), dtype=L.dtype)))
+    rank = np.argsort(np.argsort(-G, axis=1), axis=1)
+    out[todo] = (rank < want[:, None]).astype(L.dtype)
+    return out
 
 
 @dataclass(frozen=True)
@@ -137,8 +196,22 @@ class RBM:
             V = (rng.random((V.shape[0], self.d), dtype=dtype) < _sigmoid(H @ W.T + b)).astype(dtype)
         return V.astype(np.float64)
 
-    def sample(self, theta: np.ndarray, n: int, rng: np.random.Generator, burn_in: int = 50) -> np.ndarray:
+    def sample(self, theta: np.ndarray, n: int, rng: np.random.Generator, burn_in: int = 50,
+               lengths: np.ndarray | None = None, sweeps: int = LENGTH_SWEEPS) -> np.ndarray:
         """``n`` binary records (n, d) after ``burn_in`` Gibbs sweeps of independent chains
-        (float32 arithmetic: post-processing, only the speed matters)."""
+        (float32 arithmetic: post-processing, only the speed matters). ``lengths`` (n,): the
+        number of ones of each record; then ``sweeps`` more sweeps draw ``v | h`` given it
+        (:func:`conditional_bernoulli`), so the records are the model's given their lengths."""
         V0 = self._start(n, rng, theta)  # from the model's visible biases: shorter burn-in
-        return self.gibbs(theta, V0, burn_in, rng, dtype=np.float32)
+        V = self.gibbs(theta, V0, burn_in, rng, dtype=np.float32)
+        if lengths is None:
+            return V
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if lengths.shape != (int(n),):
+            raise ValueError(f"lengths must have shape ({int(n)},), got {lengths.shape}")
+        W, b, c = (np.asarray(a, dtype=np.float32) for a in self.unpack(theta))
+        V = V.astype(np.float32)
+        for _ in range(max(int(sweeps), 1)):
+            H = (rng.random((V.shape[0], self.hidden), dtype=np.float32) < _sigmoid(V @ W + c)).astype(np.float32)
+            V = conditional_bernoulli(H @ W.T + b, lengths, rng)
+        return V.astype(np.float64)

@@ -43,6 +43,9 @@ def train_clusters(df, columns: Sequence[str], centers: np.ndarray, sizes: np.nd
     centres = np.asarray(centers, dtype=np.float64)
     k, d = centres.shape
     dim = _dpgm._make_model(plan.params, d).dim
-    return engine.train_groups(source, _dpgm._group_fn(centres, row_bound),
-                               _dpgm._train_fn(plan, np.asarray(sizes, dtype=np.float64), centres, seed),
-                               k, dim, d, order=_dpgm.training_order(sizes))
+    # the train function appends the final clip (quantile clipping) and the exact length histogram
+    width = dim + int(plan.quantile) + (0 if plan.lengths is None else plan.lengths.bins)
+    out = engine.train_groups(source, _dpgm._group_fn(centres, row_bound),
+                              _dpgm._train_fn(plan, np.asarray(sizes, dtype=np.float64), centres, seed),
+                              k, width, d, order=_dpgm.training_order(sizes))
+    return np.ascontiguousarray(np.asarray(out, dtype=np.float64)[:, :dim])

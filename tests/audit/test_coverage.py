@@ -47,6 +47,7 @@ for _v in ("linear", "kernel"):
 AUDITED[("dpsgd", GAU, "replace-one", "sampled")] = "test_dpsgd::test_dpsgd_step_sampled_replace_one_within_claim"
 AUDITED[("dpsgd-quantile-clip", GAU, "replace-one", "sampled")] = \
     "test_dpsgd_quantile_clip::test_quantile_clip_step_full_batch_replace_one"
+AUDITED[("dpgm-lengths", GAU, "replace-one", "histogram")] = "test_dpgm_lengths::test_length_histograms"
 for _rel in ("replace-one", "add-remove"):
     AUDITED[("row-bound-quantile", LAP, _rel, "histogram")] = "test_quantile::test_row_bound_histogram"
 for _scheme in ("sketch", "additive"):
@@ -67,8 +68,8 @@ FUNCTIONS = {
     "release_regression_array": ("regression-sketch", "regression-additive"),
     "release_regression": ("regression-sketch", "regression-additive"),
     "release_counts": ("counts",),
-    "release_dpgm_array": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip"),
-    "release_dpgm": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip"),
+    "release_dpgm_array": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths"),
+    "release_dpgm": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths"),
 }
 CLI_MECHANISMS = {
     "projection": ("projection", "projection-events", "row-bound-quantile"),
@@ -76,7 +77,7 @@ CLI_MECHANISMS = {
     "kmeans": ("kmeans-linear", "kmeans-kernel"),
     "regression": ("regression-sketch", "regression-additive"),
     "counts": ("counts",),
-    "dpgm": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip"),
+    "dpgm": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths"),
 }
 SAMPLERS = {"sample_discrete_laplace": "test_samplers::test_sampler_matches_exact_pmf",
             "sample_discrete_gaussian": "test_samplers::test_sampler_matches_exact_pmf"}
@@ -185,6 +186,7 @@ def offered_dpgm() -> set:
         if _accepts(lambda: release_dpgm(Xb, k=2, epsilon=5.0, delta=1e-5, kmeans_iterations=1, sampling_rate=0.5,
                                          epochs=1.0, hidden=2, chains=4, neighbors=rel)):
             out.add(("dpsgd", GAU, rel, "sampled"))
+            out.add(("dpgm-lengths", GAU, rel, "histogram"))  # released by default (rbm)
         if _accepts(lambda: release_dpgm(Xb, k=2, epsilon=5.0, delta=1e-5, kmeans_iterations=1, sampling_rate=0.5,
                                          epochs=1.0, hidden=2, chains=4, neighbors=rel, clip_quantile=0.5)):
             out.add(("dpsgd-quantile-clip", GAU, rel, "sampled"))

@@ -20,11 +20,12 @@ def plan():
     return dpgm.plan_dpgm(P, n=400, d=10)
 
 
-def test_plan_event_is_kmeans_plus_one_cluster_of_dpsgd(plan):
+def test_plan_event_is_kmeans_plus_lengths_plus_one_cluster_of_dpsgd(plan):
     e = plan.dp_event()
     assert isinstance(e, ev.ComposedDpEvent)
-    km, sgd = e.events[:-1], e.events[-1]
+    km, lengths, sgd = e.events[:-2], e.events[-2], e.events[-1]
     assert compose(km) == compose([plan.kmeans.dp_event()])
+    assert lengths == plan.lengths.dp_event() and isinstance(lengths, ev.GaussianDpEvent)
     assert sgd.count == plan.steps == 40
     assert sgd.event.sampling_probability == 0.05
     # replace-one: an add/remove step of sensitivity 2C, multiplier at least sigma / 2
@@ -35,7 +36,7 @@ def test_plan_event_is_kmeans_plus_one_cluster_of_dpsgd(plan):
 
 def test_plan_meets_the_request_and_the_noise_is_needed(plan):
     assert plan.epsilon_spent() <= P.epsilon
-    weaker = compose([plan.kmeans.dp_event(),
+    weaker = compose([plan.kmeans.dp_event(), plan.lengths.dp_event(),
                       dpsgd.dpsgd_event(P.sampling_rate, plan.noise_multiplier / 1.05, plan.steps)])
     assert dpsgd.accounted_epsilon(weaker, P.delta, P.accountant) > P.epsilon
     pub = plan.to_public_dict()
@@ -204,7 +205,7 @@ def test_a_release_records_the_source_types_and_synthesizes_a_table_in_them(tmp_
         rel = release_dpgm(_typed_table(), columns=cols, **TYPED)
     assert rel.model.types == ("int", "boolean", "double", "bigint", "float")
     assert rel.receipt()["mechanism_details"]["model"]["column_types"] == list(rel.model.types)
-    assert rel.receipt()["mechanism_details"]["model"]["format_version"] == dpgm.FORMAT_VERSION == 3
+    assert rel.receipt()["mechanism_details"]["model"]["format_version"] == dpgm.FORMAT_VERSION == 4
     t = dpgm.synthesize_table(rel.model, 500, seed=1)
     assert t.column_names == cols
     assert [t.schema.field(c).type for c in cols] == [pa.int32(), pa.bool_(), pa.float64(), pa.int64(), pa.float32()]

@@ -227,7 +227,7 @@ def test_dpgm_with_quantile_clipping_meets_the_request():
     model, plan = dpgm.fit_dpgm_array(_binary(), params, seed=3)
     assert plan.epsilon_spent() <= 2.0
     kplan, sigma = dpgm.calibrate_dpgm(params, 10)
-    assert epsilon_of(dpgm.requested_event(params, kplan, sigma), 1e-5) <= 2.0
+    assert epsilon_of(dpgm.requested_event(params, kplan, sigma, 10), 1e-5) <= 2.0
     assert plan.dpsgd_event() == dpsgd.quantile_event(0.5, plan.noise_multiplier, plan.count_std(), plan.steps)
     assert plan.count_std() >= dpsgd.count_noise_std(sigma, params.clip_count_share)
     clips = model.plan_public["final_clips"]["values"]
@@ -277,7 +277,7 @@ def test_release_dpgm_with_quantile_clipping_in_memory():
     assert rel.epsilon <= 5.0
     params = dpgm.DPGMParams(**_RELEASE)
     kplan, sigma = dpgm.calibrate_dpgm(params, 6)
-    assert rel.events == dpgm.requested_event(params, kplan, sigma)
+    assert rel.events == dpgm.requested_event(params, kplan, sigma, 6)
     details = rel.receipt()["mechanism_details"]
     assert details["parameters"]["clip_quantile"] == 0.5 and details["parameters"]["clip_count_share"] == 0.05
     assert details["quantile_clipping"]["count_noise_std"] == pytest.approx(
