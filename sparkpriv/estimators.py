@@ -204,8 +204,8 @@ class DPGMSynthesizer(BaseEstimator):
     """
 
     def __init__(self, *, epsilon: float = 1.0, delta: float = 1e-6, k: int = 10, model: str = "rbm",
-                 kmeans_share: float = 0.3, kmeans_iterations: int = 8, row_bound=None, clip: float = 10.0,
-                 clip_quantile=None, clip_lr: float = 0.2, clip_count_share: float = 0.05,
+                 kmeans_share: float = 0.3, length_share=None, kmeans_iterations: int = 8, row_bound=None,
+                 clip: float = 10.0, clip_quantile=None, clip_lr: float = 0.2, clip_count_share: float = 0.05,
                  sampling_rate: float = 0.05, epochs: float = 20.0, learning_rate=None,
                  hidden: int = 64, latent: int = 2, chains: int = 100, gibbs_steps: int = 1,
                  accountant: str = "pld", fill=None, columns=None, ledger=None, table_id=None):
@@ -214,6 +214,7 @@ class DPGMSynthesizer(BaseEstimator):
         self.k = k
         self.model = model
         self.kmeans_share = kmeans_share
+        self.length_share = length_share
         self.kmeans_iterations = kmeans_iterations
         self.row_bound = row_bound
         self.clip = clip
@@ -233,7 +234,7 @@ class DPGMSynthesizer(BaseEstimator):
         self.ledger = ledger
         self.table_id = table_id
 
-    _RELEASE_PARAMS = ("epsilon", "delta", "k", "model", "kmeans_share", "kmeans_iterations", "row_bound", "clip",
+    _RELEASE_PARAMS = ("epsilon", "delta", "k", "model", "kmeans_share", "length_share", "kmeans_iterations", "row_bound", "clip",
                        "clip_quantile", "clip_lr", "clip_count_share", "sampling_rate", "epochs", "learning_rate",
                        "hidden", "latent", "chains", "gibbs_steps",
                        "accountant", "fill")

@@ -33,6 +33,8 @@ def test_defaults_are_the_mechanisms_and_clone_keeps_the_parameters():
         if name in ("ledger", "table_id", "epsilon", "delta"):
             continue
         assert value == defaults[name], name  # the release's own defaults, not a second copy that drifts
+    # and every release parameter can be set (neighbors: DPGM offers replace-one only)
+    assert set(defaults) - set(params) <= {"neighbors"}, sorted(set(defaults) - set(params))
     est = DPGMSynthesizer(**FAST)
     c = clone(est)
     assert c is not est and c.get_params() == est.get_params()
@@ -114,7 +116,8 @@ def test_receipt_states_at_most_the_request_and_the_ledger_records_the_fit(tmp_p
 @pytest.mark.parametrize("change,name", [
     (dict(k=1), "'k'"), (dict(model="gan"), "'model'"), (dict(clip=-1.0), "'clip'"),
     (dict(sampling_rate=0.0), "'sampling_rate'"), (dict(epsilon=0.0), "'epsilon'"),
-    (dict(kmeans_share=1.5), "'kmeans_share'"),
+    (dict(kmeans_share=1.5), "'kmeans_share'"), (dict(length_share=1.0), "'length_share'"),
+    (dict(model="vae", length_share=0.1), "'length_share'"),
 ])
 def test_bad_parameters_are_refused_naming_them(change, name):
     est = DPGMSynthesizer(**{**FAST, **change})
