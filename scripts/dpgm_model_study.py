@@ -1,0 +1,221 @@
+"""A study of the DPGM's model on event tables, in memory (docs/dpgm.md "Training: a second study").
+
+The people of ``sparkpriv generate cdr|transit --people N --seed 0`` (the same generator and
+blocks, so the same people), their item sets capped at ``L`` (a uniformly random subset), the
+paper's counting-query protocol (1,000 queries in 5 length groups, against the uncapped truth,
+``draw_queries(seed=0)``), and a DPGM release made by the library's own pieces on the capped
+records (the k-means on sparse statistics, the plan's DP-SGD step noise and sizes, the length
+histograms), so a variant differs from the release only in the knob it changes. Each variant is
+judged by the counting-query error of ``--synthetic`` people from its model, and by two
+diagnostics: the error of the per-item marginals (sum |synthetic - real| / sum real, over the
+capped records' item counts) and the share of people with few items.
+
+Fixed test seeds (``--seed``): measurements, not private releases.
+
+    python scripts/dpgm_model_study.py --people 1000000 --variants '[{"name": "defaults"}]'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import numpy as np
+from scipy.sparse import csr_matrix
+
+
+def people(kind: str, n: int, seed: int = 0):
+    """``(offsets, items)`` of the uncapped item sets of people ``0 .. n-1`` (CSR, items sorted)."""
+    from sparkpriv.privacy.random import stream
+    from sparkpriv.spark.generate_events import _BLOCK, CDR_MODEL, TRANSIT_MODEL, event_map, person_items
+
+    model = {"cdr": CDR_MODEL, "transit": TRANSIT_MODEL}[kind]
+    _, pop, nbr = event_map(model, seed)
+    ps, cs = [], []
+    for blk in range(-(-n // _BLOCK)):
+        p, c = person_items(model, pop, nbr, stream(seed, 1, blk), _BLOCK)
+        p = p + blk * _BLOCK
+        sel = p < n
+        ps.append(p[sel])
+        cs.append(c[sel])
+    p, c = np.concatenate(ps), np.concatenate(cs)
+    X = csr_matrix((np.ones(p.size, np.float32), (p, c)), shape=(n, model.items))
+    X.sum_duplicates()
+    X.sort_indices()
+    return X
+
+
+def cap(X, L: int, seed: int):
+    """At most ``L`` items per person, a uniformly random subset."""
+    rng = np.random.default_rng(seed)
+    rows = np.repeat(np.arange(X.shape[0]), np.diff(X.indptr))
+    order = np.lexsort((rng.random(rows.size), rows))
+    start = X.indptr[:-1]
+    rank = np.empty(rows.size, np.int64)
+    rank[order] = np.arange(rows.size) - start[rows[order]]
+    keep = rank < L
+    Y = csr_matrix((np.ones(int(keep.sum()), np.float64), (rows[keep], X.indices[keep])), shape=X.shape)
+    Y.sort_indices()
+    return Y
+
+
+def answers(X, Q) -> np.ndarray:
+    out = np.zeros(Q.shape[1])
+    for s in range(0, X.shape[0], 200_000):
+        out += np.asarray(((X[s:s + 200_000] @ Q) > 0).sum(axis=0)).ravel()
+    return out
+
+
+def kmeans(X, params, plan, d: int, seed: int):
+    """The release's DP k-means (linear) on the sparse records: the mechanism's own stats."""
+    from sparkpriv.mechanisms import dpgm
+    from sparkpriv.mechanisms.kmeans import fit_from_stats, initial_centres, make_feature_map
+    from sparkpriv.mechanisms.protocol import SparseRows
+    from sparkpriv.privacy.random import stream
+
+    fmap = make_feature_map("linear", dpgm._bounds(params, d, "study"), caller="study")
+    c0 = initial_centres(fmap, params.k, stream(seed, 1), None, "study")
+    blocks = [SparseRows(X.indptr[s:s + 500_001] - X.indptr[s], X.indices[X.indptr[s]:X.indptr[min(s + 500_000, X.shape[0])]],
+                         None, d) for s in range(0, X.shape[0], 500_000)]
+
+    def stats(c):
+        fn = dpgm._records_stats_fn(c)
+        return sum(fn(b) for b in blocks)
+
+    km, _ = fit_from_stats(plan.kmeans, fmap, c0, stats, None, seed)
+    centers = np.asarray(km.centers, float)
+    labels = np.concatenate([dpgm.assign_sparse(b, centers) for b in blocks])
+    return centers, np.maximum(np.asarray(km.counts, float), 0.0), labels
+
+
+def oracle_sample(X, labels, k: int, S: int, rng) -> np.ndarray:
+    """NOT private, a yardstick: ``S`` records from the mixture of the clusters (by their real sizes)
+    where cluster ``j``'s record has a real record's length and, given it, independent items at the
+    cluster's real marginals (the conditional Bernoulli): what clusters, lengths and marginals
+    alone give, with no model of which items go together."""
+    from sparkpriv.mechanisms.rbm import conditional_bernoulli
+
+    n, d = X.shape
+    counts = np.bincount(labels, minlength=k)
+    take = rng.multinomial(S, counts / n)
+    out = []
+    for j in range(k):
+        if take[j] == 0:
+            continue
+        Xj = X[labels == j]
+        p = np.clip(np.asarray(Xj.mean(axis=0)).ravel(), 1e-7, 1 - 1e-7)
+        m = np.diff(Xj.indptr)[rng.integers(0, Xj.shape[0], take[j])]
+        L = np.broadcast_to(np.log(p / (1 - p)), (int(take[j]), d))
+        out.append(conditional_bernoulli(np.ascontiguousarray(L), m, rng))
+    return np.concatenate(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kind", default="cdr", choices=["cdr", "transit"])
+    ap.add_argument("--people", type=int, default=1_000_000)
+    ap.add_argument("--max-items", type=int, default=128)
+    ap.add_argument("--epsilon", type=float, default=1.0)
+    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--synthetic", type=int, default=100_000)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--sampling-rate", type=float, default=None, help="default: 880 / (n / k) per step")
+    ap.add_argument("--epochs", type=float, default=None, help="default: 400 steps")
+    ap.add_argument("--variants", default='[{"name": "defaults"}]',
+                    help="JSON list of {name, and DPGMParams fields to change}")
+    ap.add_argument("--out", default=None, help="append one JSON line per variant here")
+    ap.add_argument("--cache", default=None, help="a .npz file: the generated table, made once and read after")
+    a = ap.parse_args(argv)
+
+    from sparkpriv.mechanisms import counting_queries as cq
+    from sparkpriv.mechanisms import dpgm
+
+    t0 = time.time()
+    import os
+
+    from scipy.sparse import load_npz, save_npz
+
+    if a.cache and os.path.exists(a.cache):
+        Xfull = load_npz(a.cache).tocsr()
+    else:
+        Xfull = people(a.kind, a.people)
+        if a.cache:
+            save_npz(a.cache, Xfull)
+    n, d = Xfull.shape
+    X = cap(Xfull, a.max_items, a.seed)
+    longest = int(np.diff(Xfull.indptr).max())
+    qs = cq.draw_queries(d, max_length=longest, n_queries=1000, groups=5, seed=0)
+    Q = qs.matrix
+    true_a = answers(Xfull, Q)
+    real_marg = np.asarray(X.sum(axis=0)).ravel()
+    lens = np.diff(X.indptr)
+    print(f"{a.kind}: n={n} d={d} longest={longest} mean items {np.diff(Xfull.indptr).mean():.2f} "
+          f"(capped {lens.mean():.2f}); at most 2/4/8 items: "
+          f"{[round(float((lens <= m).mean()), 4) for m in (2, 4, 8)]}  ({time.time() - t0:.0f}s)", flush=True)
+    rng = np.random.default_rng(1)
+    S = a.synthetic
+    samp = rng.choice(n, min(S, n), replace=False)
+    e = cq.relative_errors(true_a, answers(Xfull[samp], Q) * n / samp.size, n)
+    smarg = np.asarray(X[samp].sum(axis=0)).ravel() * n / samp.size
+    print(f"real sample of {samp.size}: {e.mean():.4f} by group "
+          f"{[round(float(e[qs.group == g].mean()), 4) for g in range(1, 6)]}, marginal_l1 "
+          f"{np.abs(smarg - real_marg).sum() / real_marg.sum():.4f}", flush=True)
+    q = a.sampling_rate or min(1.0, 880.0 / (n / a.k))
+    epochs = a.epochs or 400 * q
+    for v in json.loads(a.variants):
+        v = dict(v)
+        name = v.pop("name")
+        t1 = time.time()
+        kw = dict(epsilon=a.epsilon, delta=1.0 / n, k=a.k, sampling_rate=q, epochs=epochs,
+                  row_bound=math.sqrt(a.max_items))
+        kw.update(v)
+        oracle = kw.pop("oracle", False)
+        burn_in = kw.pop("burn_in", None)
+        sweeps = kw.pop("sweeps", None)
+        params = dpgm.DPGMParams(**kw)
+        plan = dpgm.plan_dpgm(params, n=n, d=d, caller="study")
+        centers, sizes, labels = kmeans(X, params, plan, d, a.seed)
+        t2 = time.time()
+        wstats = {}
+        if oracle:  # NOT private: each cluster's real marginals, records given their real lengths
+            V = csr_matrix(oracle_sample(X, labels, params.k, S, np.random.default_rng(11)))
+        else:
+            thetas = dpgm.train_clusters(X, labels, sizes, centers, plan, a.seed)
+            lengths = None
+            if plan.lengths is not None:
+                lengths = plan.lengths.release(np.stack([plan.lengths.histogram(X[labels == j])
+                                                         for j in range(params.k)]), a.seed)
+            public = plan.to_public_dict()
+            model = dpgm._model(params, d, thetas, sizes, centers, public, plan, lengths)
+            W = thetas[:, : d * params.hidden]
+            wstats = {"w_abs_mean": round(float(np.abs(W).mean()), 4), "w_abs_max": round(float(np.abs(W).max()), 3)}
+            t2 = time.time()
+            from sparkpriv.mechanisms.rbm import RBM
+
+            saved = RBM.sample.__defaults__
+            RBM.sample.__defaults__ = (burn_in or saved[0], saved[1], sweeps or saved[2])
+            try:
+                parts = [dpgm.synthesize_part(model, min(20_000, S - s), 11, s) for s in range(0, S, 20_000)]
+            finally:
+                RBM.sample.__defaults__ = saved
+            V = csr_matrix(np.concatenate(parts) >= 0.5, dtype=np.float64)
+        e = cq.relative_errors(true_a, answers(V, Q) * n / S, n)
+        groups = [round(float(e[qs.group == g].mean()), 4) for g in range(1, 6)]
+        marg = np.asarray(V.sum(axis=0)).ravel() * n / S
+        merr = float(np.abs(marg - real_marg).sum() / real_marg.sum())
+        sl = np.diff(V.indptr)
+        row = {"name": name, "kind": a.kind, "people": n, "epsilon": a.epsilon, "params": v,
+               "steps": plan.steps, "sizes": [int(s) for s in sizes],
+               "error": round(float(e.mean()), 4), "groups": groups, "marginal_l1": round(merr, 4),
+               "short": [round(float((sl <= m).mean()), 4) for m in (2, 4, 8)],
+               **wstats, "sigma": None if oracle else plan.noise_multiplier, "train_s": round(t2 - t1), "synth_s": round(time.time() - t2)}
+        print(json.dumps(row), flush=True)
+        if a.out:
+            with open(a.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
