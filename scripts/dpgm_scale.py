@@ -78,6 +78,9 @@ def main(argv=None) -> dict:
                     help="Adam rate of every cluster (default: the library's, by cluster)")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--clip", type=float, default=10.0)
+    ap.add_argument("--average-tail", type=float, default=None,
+                    help="DPGMParams.average_tail (default: the library's)")
+    ap.add_argument("--lr-schedule", default=None, help="DPGMParams.lr_schedule (default: the library's)")
     ap.add_argument("--length-share", type=float, default=None,
                     help="share of epsilon of the length histograms (default: the library's; 0: none)")
     ap.add_argument("--queries", type=int, default=1000)
@@ -89,7 +92,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--variants", default=None,
                     help="JSON list of overrides run for each epsilon on one truth, e.g. "
                          "'[{\"hidden\": 200}, {\"epochs\": 2.4}, {\"k\": 30}]' (keys: k, hidden, epochs, "
-                         "sampling_rate, learning_rate, clip, length_share)")
+                         "sampling_rate, learning_rate, clip, length_share, average_tail, lr_schedule)")
     args = ap.parse_args(argv)
 
     from pyspark.sql import functions as F
@@ -142,7 +145,8 @@ def main(argv=None) -> dict:
         print("real sample of the synthetic size:", json.dumps(out["real_sample"]), flush=True)
     delta = 1.0 / n
     variants = json.loads(args.variants) if args.variants else [{}]
-    allowed = {"k", "hidden", "epochs", "sampling_rate", "learning_rate", "clip", "length_share"}
+    allowed = {"k", "hidden", "epochs", "sampling_rate", "learning_rate", "clip", "length_share", "average_tail",
+               "lr_schedule"}
     for v in variants:
         if set(v) - allowed:
             raise SystemExit(f"--variants: unknown keys {sorted(set(v) - allowed)}; allowed {sorted(allowed)}")
@@ -158,7 +162,8 @@ def main(argv=None) -> dict:
         t = time.perf_counter()
         rel = release_dpgm(records, epsilon=eps, delta=delta, k=o["k"], sampling_rate=o["sampling_rate"],
                            epochs=o["epochs"], learning_rate=o["learning_rate"], hidden=o["hidden"],
-                           clip=o["clip"], length_share=o["length_share"], ledger=None, source=args.events)
+                           clip=o["clip"], length_share=o["length_share"], ledger=None, source=args.events,
+                           **{a: o[a] for a in ("average_tail", "lr_schedule") if o[a] is not None})
         rel.write(rel_dir)
         run["release_seconds"] = time.perf_counter() - t
         pub = rel.public

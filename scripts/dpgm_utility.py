@@ -100,6 +100,8 @@ def main(argv=None):
     ap.add_argument("--clip", type=float, default=10.0)
     ap.add_argument("--lr", type=float, default=None, help="Adam rate (default: the library's, by cluster)")
     ap.add_argument("--kmeans-share", type=float, default=0.3)
+    ap.add_argument("--average-tail", type=float, default=None, help="DPGMParams.average_tail (default: the library's)")
+    ap.add_argument("--epochs-scale", type=float, default=1.0, help="multiply --epochs (more steps, same q)")
     ap.add_argument("--baseline-k", type=int, default=20)
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=7)
@@ -145,8 +147,9 @@ def main(argv=None):
                   baseline(X, eps, args.baseline_k, 8, args.max_items, n, args.seed + b))
         params = DPGMParams(epsilon=eps, delta=1e-5, k=args.k, model="rbm", kmeans_share=args.kmeans_share,
                             row_bound=float(np.sqrt(args.max_items)), clip=args.clip,
-                            sampling_rate=args.sampling_rate, epochs=args.epochs, learning_rate=args.lr,
-                            hidden=args.hidden, accountant="pld" if eps < 100 else "rdp")
+                            sampling_rate=args.sampling_rate, epochs=args.epochs * args.epochs_scale,
+                            learning_rate=args.lr, hidden=args.hidden, accountant="pld" if eps < 100 else "rdp",
+                            **({} if args.average_tail is None else {"average_tail": args.average_tail}))
         model, plan = fit_dpgm_array(X, params, seed=args.seed)
         print(f"  DPGM plan: noise multiplier {plan.noise_multiplier:.3f}, steps {plan.steps}, "
               f"epsilon spent {plan.epsilon_spent():.4f}, cluster sizes {np.round(model.sizes).astype(int)}")

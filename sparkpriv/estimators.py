@@ -207,6 +207,7 @@ class DPGMSynthesizer(BaseEstimator):
                  kmeans_share: float = 0.3, length_share=None, kmeans_iterations: int = 8, row_bound=None,
                  clip: float = 10.0, clip_quantile=None, clip_lr: float = 0.2, clip_count_share: float = 0.05,
                  sampling_rate: float = 0.05, epochs: float = 20.0, learning_rate=None,
+                 lr_schedule: str = "constant", average_tail: float = 0.5,
                  hidden: int = 64, latent: int = 2, chains: int = 100, gibbs_steps: int = 1,
                  accountant: str = "pld", fill=None, columns=None, ledger=None, table_id=None):
         self.epsilon = epsilon
@@ -224,6 +225,8 @@ class DPGMSynthesizer(BaseEstimator):
         self.sampling_rate = sampling_rate
         self.epochs = epochs
         self.learning_rate = learning_rate
+        self.lr_schedule = lr_schedule
+        self.average_tail = average_tail
         self.hidden = hidden
         self.latent = latent
         self.chains = chains
@@ -236,7 +239,7 @@ class DPGMSynthesizer(BaseEstimator):
 
     _RELEASE_PARAMS = ("epsilon", "delta", "k", "model", "kmeans_share", "length_share", "kmeans_iterations", "row_bound", "clip",
                        "clip_quantile", "clip_lr", "clip_count_share", "sampling_rate", "epochs", "learning_rate",
-                       "hidden", "latent", "chains", "gibbs_steps",
+                       "lr_schedule", "average_tail", "hidden", "latent", "chains", "gibbs_steps",
                        "accountant", "fill")
 
     def fit(self, X, y=None):

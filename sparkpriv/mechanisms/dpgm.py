@@ -148,6 +148,12 @@ class DPGMParams(_proto.Params):
         None, help="Adam learning rate, every cluster; unset: for rbm 0.002, raised up to 0.01 for a noisy "
         "(small) cluster (docs/dpgm.md, 'Training: a first study'); for vae 0.01",
         doc_default="rbm: 0.002 .. 0.01 by cluster; vae: 0.01", constraints=[_POS])
+    lr_schedule: str = _proto.option("constant", help="the learning rate over the steps: constant, or falling "
+                                     "linearly or along a half cosine towards 0", constraints=[Options(dpsgd.SCHEDULES)])
+    average_tail: float = _proto.option(0.5, help="release each model as the mean of its last ceil(average_tail "
+                                        "T) iterates (Polyak-Ruppert; post-processing), in [0, 1); 0: the last iterate "
+                                        "(docs/dpgm.md, 'Training: a second study')",
+                                        constraints=[Interval("real", 0, 1, "left")])
     hidden: int = _proto.option(64, help="hidden units (rbm) or hidden layer width (vae; the paper: 200)",
                                 constraints=[Interval("integer", 1, 100_000, "both")])
     latent: int = _proto.option(2, help="vae latent dimension", constraints=[Interval("integer", 1, 1000, "both")])
@@ -710,7 +716,8 @@ def train_clusters(X: np.ndarray, labels: np.ndarray, sizes: np.ndarray, centers
                                 steps=plan.steps, noise=plan.step_noise, n_pub=max(float(sizes[j]), 1.0),
                                 seed=seed, cluster=j, lr=plan.learning_rate_for(max(float(sizes[j]), 1.0)),
                                 on_step=None if on_step is None else (lambda t, T, j=j: on_step(j, t, T)),
-                                adaptive=plan.adaptive(), info=info)
+                                adaptive=plan.adaptive(), info=info, schedule=params.lr_schedule,
+                                average=params.average_tail)
         if clips is not None:
             clips[j] = float(info["clip"])
         if log is not None:

@@ -439,8 +439,15 @@ def dp_step(model, X: np.ndarray, theta: np.ndarray, state, *, clip: float, samp
 def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate: float, steps: int,
           noise: _noise.GaussianNoise | None, n_pub: float, seed: int, cluster: int = 0,
           lr: float = 1e-3, state=None, init_rng: np.random.Generator | None = None, on_step=None,
-          adaptive: QuantileClip | None = None, info: dict | None = None):
+          adaptive: QuantileClip | None = None, info: dict | None = None, schedule: str = "constant",
+          average: float = 0.0):
     """``steps`` DP-SGD steps with Adam (post-processing); returns the final ``theta``.
+
+    ``schedule``: the learning rate of step ``t`` is ``lr`` (``constant``), ``lr (1 - (t - 1) /
+    T)`` (``linear``) or ``lr (1 + cos(pi (t - 1) / T)) / 2`` (``cosine``). ``average`` in [0, 1):
+    return the mean of the iterates of the last ``ceil(average T)`` steps instead of the last one
+    (Polyak-Ruppert tail averaging). Both are functions of public step counts and of the released
+    gradients: post-processing.
 
     ``on_step(t, steps)`` is called after step ``t`` (progress; public counts only).
     ``adaptive``: quantile clipping (:func:`dp_step_quantile`) starting at ``C_0 = clip``
@@ -461,7 +468,11 @@ def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate
     opt = Adam(lr=lr)
     c, clips = float(clip), []
     adapts = adaptive is not None and clip_adapts(adaptive.count_noise.std, sampling_rate, n_pub)
+    T = int(steps)
+    tail = int(math.ceil(float(average) * T)) if average else 0
+    avg = None
     for t in range(1, int(steps) + 1):
+        opt.lr = lr * lr_factor(schedule, t, T)
         if adaptive is None:
             g, state, _ = dp_step(model, X, theta, state, clip=clip, sampling_rate=sampling_rate, noise=noise,
                                   n_pub=n_pub, seed=seed, cluster=cluster, step=t)
@@ -474,12 +485,31 @@ def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate
                 c = update_clip(c, cnt, sampling_rate=sampling_rate, n_pub=n_pub, quantile=adaptive.quantile,
                                 lr=adaptive.lr, clip0=clip)
         theta = opt.step(theta, g)
+        if t > T - tail:
+            avg = theta.copy() if avg is None else avg + (theta - avg) / (t - (T - tail))
         if on_step is not None:
             on_step(t, int(steps))
     if info is not None:
         info["clips"] = np.asarray(clips if adaptive is not None else [float(clip)] * int(steps))
         info["clip"] = c
-    return theta
+    return theta if avg is None else avg
+
+
+SCHEDULES = ("constant", "linear", "cosine")
+
+
+def lr_factor(schedule: str, t: int, steps: int) -> float:
+    """The learning rate's factor at step ``t`` of ``steps`` (1-based) under ``schedule``
+    (:func:`train`): 1 at the first step, then constant, or falling linearly or along a half
+    cosine towards 0 (``1 / steps`` and about ``(pi / steps)^2 / 4`` at the last step)."""
+    x = (int(t) - 1) / max(int(steps), 1)
+    if schedule == "constant":
+        return 1.0
+    if schedule == "linear":
+        return 1.0 - x
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * x))
+    raise ValueError(f"schedule must be one of {SCHEDULES}; got {schedule!r}")
 
 
 # ----------------------------------------------------------------------------- quantile clipping

@@ -293,3 +293,29 @@ def test_a_release_records_each_clusters_learning_rate():
     want = [plan.learning_rate_for(max(float(s), 1.0)) for s in model.sizes]
     assert model.plan_public["learning_rates"] == pytest.approx(want)
     assert all(0.002 <= r <= 0.01 for r in want)
+
+
+def test_schedule_and_tail_mean_reach_every_clusters_trainer(monkeypatch):
+    """``lr_schedule`` and ``average_tail`` are passed to DP-SGD for every cluster (their effect on
+    the iterates is checked against a plain loop in test_dpsgd.py); the default is the tail mean."""
+    assert dpgm.DPGMParams().average_tail == 0.5 and dpgm.DPGMParams().lr_schedule == "constant"
+    import dataclasses
+
+    p = dataclasses.replace(P, lr_schedule="cosine", average_tail=0.25)
+    plan = dpgm.plan_dpgm(p, n=400, d=10)
+    seen = []
+
+    def spy(*args, **kw):
+        seen.append((kw["schedule"], kw["average"]))
+        return real(*args, **kw)
+
+    real = dpsgd.train
+    monkeypatch.setattr(dpsgd, "train", spy)
+    X = (np.random.default_rng(0).random((400, 10)) < 0.3).astype(float)
+    dpgm.train_clusters(X, (np.arange(400) % 2).astype(int), np.array([200.0, 200.0]), np.full((2, 10), 0.3),
+                        plan, seed=7)
+    assert seen == [("cosine", 0.25), ("cosine", 0.25)]
+    with pytest.raises(ParameterError, match="average_tail"):
+        dpgm.plan_dpgm(dataclasses.replace(P, average_tail=1.0), n=400, d=10)
+    with pytest.raises(ParameterError, match="lr_schedule"):
+        dpgm.plan_dpgm(dataclasses.replace(P, lr_schedule="step"), n=400, d=10)

@@ -124,3 +124,54 @@ def test_noisy_sum_mean_and_std():
     out = dpsgd.noisy_sum(x, nz, stream(1, 2))
     assert abs(out.mean() - 3.0) < 5 * nz.std / math.sqrt(x.size)
     assert out.std() == pytest.approx(nz.std, rel=0.02)
+
+
+def test_lr_schedules_closed_form():
+    T = 8
+    assert [dpsgd.lr_factor("constant", t, T) for t in (1, 5, 8)] == [1.0, 1.0, 1.0]
+    np.testing.assert_allclose([dpsgd.lr_factor("linear", t, T) for t in range(1, T + 1)],
+                               [1 - (t - 1) / T for t in range(1, T + 1)], rtol=1e-15)
+    np.testing.assert_allclose([dpsgd.lr_factor("cosine", t, T) for t in (1, 5, 8)],
+                               [1.0, 0.5, (1 + math.cos(7 * math.pi / 8)) / 2], rtol=1e-14)
+    with pytest.raises(ValueError, match="schedule"):
+        dpsgd.lr_factor("step", 1, T)
+
+
+class _Quadratic:
+    """Per-example gradient ``theta - x`` (the mean of the records is the optimum); no noise."""
+
+    dim = 3
+
+    def clipped_sum(self, X, theta, clip, rng=None):
+        G = theta[None, :] - X
+        return G.sum(axis=0), np.einsum("ij,ij->i", G, G)
+
+    def init_state(self, rng, theta=None):
+        return None
+
+    def model_term(self, theta, state, rng, clip=None):
+        return 0.0, state
+
+
+@pytest.mark.parametrize("schedule,average", [("constant", 0.0), ("linear", 0.0), ("cosine", 0.25),
+                                              ("constant", 0.5)])
+def test_train_schedule_and_tail_average_against_a_plain_loop(schedule, average):
+    """The trainer's rates and tail mean against an independent loop of Adam steps on the same
+    gradients (noise=None, so the gradient is the exact batch mean)."""
+    X = np.random.default_rng(2).normal(size=(50, 3))
+    T, lr = 40, 0.05
+    kw = dict(clip=1e9, sampling_rate=0.5, steps=T, noise=None, n_pub=50, seed=3)
+    got = dpsgd.train(_Quadratic(), X, np.zeros(3), lr=lr, schedule=schedule, average=average, **kw)
+    m = v = np.zeros(3)
+    theta, iterates = np.zeros(3), []
+    for t in range(1, T + 1):
+        mask = dpsgd.poisson_mask(50, 0.5, stream(3, dpsgd.SAMPLE_STAGE, 0, t))
+        g = (theta[None, :] - X[mask]).mean(axis=0)
+        m, v = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g * g
+        rate = lr * {"constant": 1.0, "linear": 1 - (t - 1) / T,
+                     "cosine": (1 + math.cos(math.pi * (t - 1) / T)) / 2}[schedule]
+        theta = theta - rate * (m / (1 - 0.9 ** t)) / (np.sqrt(v / (1 - 0.999 ** t)) + 1e-8)
+        iterates.append(theta)
+    tail = math.ceil(average * T)
+    want = np.mean(iterates[T - tail:], axis=0) if tail else theta
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
