@@ -441,7 +441,8 @@ def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate
           lr: float = 1e-3, state=None, init_rng: np.random.Generator | None = None, on_step=None,
           adaptive: QuantileClip | None = None, info: dict | None = None, schedule: str = "constant",
           average: float = 0.0):
-    """``steps`` DP-SGD steps with Adam (post-processing); returns the final ``theta``.
+    """``steps`` DP-SGD steps with Adam (post-processing); returns the final ``theta``, or
+    with ``average`` the mean of the last iterates.
 
     ``schedule``: the learning rate of step ``t`` is ``lr`` (``constant``), ``lr (1 - (t - 1) /
     T)`` (``linear``) or ``lr (1 + cos(pi (t - 1) / T)) / 2`` (``cosine``). ``average`` in [0, 1):
