@@ -1,0 +1,64 @@
+"""scripts/dpgm_model_study.py (docs/dpgm.md, "Training: a second study"): its helpers against
+brute-force references, and one small run end to end."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.sparse import csr_matrix
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "dpgm_model_study.py"
+
+
+@pytest.fixture(scope="module")
+def study():
+    spec = importlib.util.spec_from_file_location("dpgm_model_study_script", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _table(seed=0, n=400, d=30):
+    rng = np.random.default_rng(seed)
+    return csr_matrix((rng.random((n, d)) < rng.uniform(0.02, 0.5, size=(n, 1))).astype(np.float32))
+
+
+def test_cap_keeps_a_subset_of_at_most_L_items(study):
+    X = _table()
+    Y = study.cap(X, 5, seed=3)
+    Xd, Yd = X.toarray() > 0, Y.toarray() > 0
+    assert not (Yd & ~Xd).any()  # only items the person has
+    lx, ly = Xd.sum(axis=1), Yd.sum(axis=1)
+    np.testing.assert_array_equal(ly, np.minimum(lx, 5))
+    # uniform subset: over many people with many items, every item position is kept alike
+    Z = csr_matrix(np.ones((4000, 10), np.float32))
+    kept = study.cap(Z, 3, seed=1).toarray().mean(axis=0)
+    assert np.all(np.abs(kept - 0.3) < 4 * math.sqrt(0.3 * 0.7 / 4000))
+
+
+def test_answers_count_people_with_any_item_of_the_query(study):
+    X = _table(1)
+    rng = np.random.default_rng(2)
+    Q = (rng.random((X.shape[1], 25)) < 0.1).astype(np.float64)
+    want = ((X.toarray() @ Q) > 0).sum(axis=0)
+    np.testing.assert_array_equal(study.answers(X, Q), want)
+
+
+def test_a_small_run_writes_every_variant(study, tmp_path):
+    out = tmp_path / "study.jsonl"
+    study.main(["--people", "3000", "--max-items", "16", "--synthetic", "2000", "--k", "2",
+                "--sampling-rate", "0.1", "--epochs", "2", "--out", str(out),
+                "--variants", json.dumps([{"name": "defaults"}, {"name": "tail 0", "average_tail": 0.0},
+                                          {"name": "oracle", "oracle": True}])])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["name"] for r in rows] == ["defaults", "tail 0", "oracle"]
+    for r in rows:
+        assert r["people"] == 3000 and r["steps"] == 20 and len(r["groups"]) == 5
+        assert 0.0 < r["error"] < 1.5 and r["marginal_l1"] >= 0.0
+    assert rows[0]["sigma"] == rows[1]["sigma"] > 0 and rows[2]["sigma"] is None
+    assert rows[0]["error"] != rows[1]["error"]  # the tail mean is a different model
