@@ -3,24 +3,19 @@ brute-force references, and one small run end to end."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy.sparse import csr_matrix
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "dpgm_model_study.py"
+from tests.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def study():
-    spec = importlib.util.spec_from_file_location("dpgm_model_study_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("dpgm_model_study")
 
 
 def _table(seed=0, n=400, d=30):

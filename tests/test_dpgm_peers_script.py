@@ -4,23 +4,18 @@ unless those are installed (docs/dpgm.md, "Peers: MST, AIM, MWEM")."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "dpgm_peers.py"
+from tests.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def peers():
-    spec = importlib.util.spec_from_file_location("dpgm_peers_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("dpgm_peers")
 
 
 def test_arguments(peers):

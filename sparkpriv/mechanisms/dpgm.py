@@ -610,7 +610,9 @@ class DPGMModel:
                 if lengths.shape != (z["thetas"].shape[0], edges.size - 1) or np.any(np.diff(edges) <= 0):
                     raise ParameterError(f"{path}: the model's length histograms {lengths.shape} do not match "
                                          f"its {z['thetas'].shape[0]} clusters and {edges.size - 1} bins.")
-            return cls(DPGMParams(**header["params"]), d, z["thetas"], z["sizes"], z["centers"],
+            params = dict(header["params"])
+            params.setdefault("average_tail", 0.0)  # written before the tail mean: the last iterate
+            return cls(DPGMParams(**params), d, z["thetas"], z["sizes"], z["centers"],
                        header.get("public", {}), types, events, lengths, edges, std)
 
 

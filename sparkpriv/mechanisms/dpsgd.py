@@ -472,7 +472,7 @@ def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate
     T = int(steps)
     tail = int(math.ceil(float(average) * T)) if average else 0
     avg = None
-    for t in range(1, int(steps) + 1):
+    for t in range(1, T + 1):
         opt.lr = lr * lr_factor(schedule, t, T)
         if adaptive is None:
             g, state, _ = dp_step(model, X, theta, state, clip=clip, sampling_rate=sampling_rate, noise=noise,
@@ -489,9 +489,9 @@ def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate
         if t > T - tail:
             avg = theta.copy() if avg is None else avg + (theta - avg) / (t - (T - tail))
         if on_step is not None:
-            on_step(t, int(steps))
+            on_step(t, T)
     if info is not None:
-        info["clips"] = np.asarray(clips if adaptive is not None else [float(clip)] * int(steps))
+        info["clips"] = np.asarray(clips if adaptive is not None else [float(clip)] * T)
         info["clip"] = c
     return theta if avg is None else avg
 

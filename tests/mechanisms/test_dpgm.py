@@ -319,3 +319,25 @@ def test_schedule_and_tail_mean_reach_every_clusters_trainer(monkeypatch):
         dpgm.plan_dpgm(dataclasses.replace(P, average_tail=1.0), n=400, d=10)
     with pytest.raises(ParameterError, match="lr_schedule"):
         dpgm.plan_dpgm(dataclasses.replace(P, lr_schedule="step"), n=400, d=10)
+
+
+def test_a_model_file_from_before_the_tail_mean_says_it_kept_the_last_iterate(tmp_path):
+    """Files written before ``average_tail`` existed have no such key: their models are the last
+    iterate, so they load with 0.0, not with today's default; today's files keep what they say."""
+    import io
+    import json
+
+    m = _toy_model([5.0, 2.0], [[1.0, -1.0], [0.5, 0.5]])
+    z = np.load(io.BytesIO(m.to_bytes()))
+    header = json.loads(bytes(z["header"]).decode())
+    assert header["params"]["average_tail"] == 0.5
+    for key in ("average_tail", "lr_schedule"):
+        del header["params"][key]
+    buf = io.BytesIO()
+    np.savez(buf, header=np.frombuffer(json.dumps(header).encode(), np.uint8),
+             **{k: z[k] for k in z.files if k != "header"})
+    (tmp_path / "old.npz").write_bytes(buf.getvalue())
+    back = dpgm.DPGMModel.load(tmp_path / "old.npz")
+    assert back.params.average_tail == 0.0 and back.params.lr_schedule == "constant"
+    (tmp_path / "new.npz").write_bytes(m.to_bytes())
+    assert dpgm.DPGMModel.load(tmp_path / "new.npz").params.average_tail == 0.5
