@@ -94,6 +94,13 @@ def main(argv=None) -> dict:
                          "'[{\"hidden\": 200}, {\"epochs\": 2.4}, {\"k\": 30}]' (keys: k, hidden, epochs, "
                          "sampling_rate, learning_rate, clip, length_share, average_tail, lr_schedule)")
     args = ap.parse_args(argv)
+    # checked before Spark starts and the truth is computed, so a typo costs nothing
+    variants = json.loads(args.variants) if args.variants else [{}]
+    allowed = {"k", "hidden", "epochs", "sampling_rate", "learning_rate", "clip", "length_share", "average_tail",
+               "lr_schedule"}
+    for v in variants:
+        if set(v) - allowed:
+            raise SystemExit(f"--variants: unknown keys {sorted(set(v) - allowed)}; allowed {sorted(allowed)}")
 
     from pyspark.sql import functions as F
 
@@ -144,12 +151,6 @@ def main(argv=None) -> dict:
         out["real_sample"] = dict(summary(sample_a, n / max(n_sample, 1)), people=int(n_sample))
         print("real sample of the synthetic size:", json.dumps(out["real_sample"]), flush=True)
     delta = 1.0 / n
-    variants = json.loads(args.variants) if args.variants else [{}]
-    allowed = {"k", "hidden", "epochs", "sampling_rate", "learning_rate", "clip", "length_share", "average_tail",
-               "lr_schedule"}
-    for v in variants:
-        if set(v) - allowed:
-            raise SystemExit(f"--variants: unknown keys {sorted(set(v) - allowed)}; allowed {sorted(allowed)}")
     for eps, variant in [(float(e), v) for e in args.epsilons.split(",") for v in variants]:
         o = {**{a: getattr(args, a) for a in allowed}, **variant}
         run: dict = {"epsilon": eps, "delta": delta, "variant": variant}
