@@ -166,15 +166,29 @@ def epsilon_of(event: _ev.DpEvent | Sequence[_ev.DpEvent], delta: float) -> floa
                 "(Gaussian); give a delta > 0."
             )
         return pure
-    acc = pld_privacy_accountant.PLDAccountant(
-        neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
-        value_discretization_interval=_discretization_for(event, delta),
-    )
-    acc.compose(event)
-    eps = float(acc.get_epsilon(delta))
+    key = (repr(event), float(delta))
+    eps = _PLD_MEMO.get(key)
+    if eps is None:
+        acc = pld_privacy_accountant.PLDAccountant(
+            neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+            value_discretization_interval=_discretization_for(event, delta),
+        )
+        acc.compose(event)
+        eps = float(acc.get_epsilon(delta))
+        if len(_PLD_MEMO) >= _PLD_MEMO_SIZE:
+            _PLD_MEMO.pop(next(iter(_PLD_MEMO)))
+        _PLD_MEMO[key] = eps
     if pure is not None:
         eps = min(eps, pure)
     return eps
+
+
+# epsilon_of's PLD answers by (repr(event), delta): a release asks for the same event's epsilon
+# several times (calibration, the receipt, the log), each a fresh PLD of 0.1-1 s. The repr of a
+# dp_accounting event names every field (attrs), floats exactly, so equal keys are equal events;
+# a pure function of public parameters. Oldest entry out first.
+_PLD_MEMO: dict = {}
+_PLD_MEMO_SIZE = 512
 
 
 def fit_to_epsilon(event_for: Callable[[float], _ev.DpEvent], *, epsilon: float, delta: float,

@@ -47,3 +47,36 @@ def test_gaussian_pld_matches_closed_form():
 def test_delta_zero_needs_pure_events():
     with pytest.raises(ParameterError, match="delta"):
         epsilon_of(ev.GaussianDpEvent(1.0), 0.0)
+
+
+def test_repeated_questions_are_answered_from_the_memo_and_stay_exact():
+    # the memo keys on the event's repr and delta: an asked-again event gives the fresh
+    # accountant's answer, and events that differ in any field (the last digit of a float,
+    # a count, the nesting) or another delta are never mixed up
+    from sparkpriv.privacy import accounting as acc_mod
+
+    def fresh(event, delta):
+        saved = dict(acc_mod._PLD_MEMO)
+        acc_mod._PLD_MEMO.clear()
+        try:
+            return epsilon_of(event, delta)
+        finally:
+            acc_mod._PLD_MEMO.clear()
+            acc_mod._PLD_MEMO.update(saved)
+
+    z = 1.7
+    sampled = ev.SelfComposedDpEvent(ev.PoissonSampledDpEvent(0.01, ev.GaussianDpEvent(z)), 50)
+    events = [ev.GaussianDpEvent(z), ev.GaussianDpEvent(math.nextafter(z, 0.0)),
+              ev.GaussianDpEvent(z * 1.01), sampled,
+              ev.SelfComposedDpEvent(ev.PoissonSampledDpEvent(0.01, ev.GaussianDpEvent(z)), 51),
+              compose([ev.GaussianDpEvent(z), sampled])]
+    answers = {}
+    for e in events:
+        for delta in (1e-5, 1e-6):
+            first = epsilon_of(e, delta)
+            assert epsilon_of(e, delta) == first == fresh(e, delta)
+            answers[(repr(e), delta)] = first
+    assert len(set(answers.values())) >= len(answers) - 2  # z and nextafter(z) may round alike
+    assert answers[(repr(events[2]), 1e-5)] < answers[(repr(events[0]), 1e-5)]
+    assert answers[(repr(events[4]), 1e-5)] > answers[(repr(events[3]), 1e-5)]
+    assert answers[(repr(events[0]), 1e-6)] > answers[(repr(events[0]), 1e-5)]
