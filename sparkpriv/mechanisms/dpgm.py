@@ -74,7 +74,7 @@ from sparkpriv.mechanisms.kmeans import (cluster_stats, fit_from_stats, initial_
 from sparkpriv.mechanisms.rbm import RBM
 from sparkpriv.mechanisms.vae import VAE
 from sparkpriv.privacy import noise as _noise
-from sparkpriv.privacy.accounting import compose, epsilon_of, fit_to_epsilon
+from sparkpriv.privacy.accounting import RunningEpsilon, compose, epsilon_of, fit_to_epsilon
 from sparkpriv.privacy.calibration import gdp_mu_for
 from sparkpriv.privacy.bounds import Bounds
 from sparkpriv.privacy.random import new_secret_seed, stream
@@ -1014,12 +1014,19 @@ def _training_progress(progress, dplan: DPGMPlan, reserved: float):
     boundaries = {int(math.ceil(c * steps / chunks)): c for c in range(1, chunks + 1)}
     first: list = [None]  # the first cluster trained: the one whose steps add to the spend
     done = [0]  # steps reported so far
+    # the spend after t steps, composed step chunk by chunk (t rises); an upper bound each time
+    running = [None, 0]  # RunningEpsilon, steps composed into it
 
     def spent(t: int) -> float:
         if t >= steps:
             return reserved
-        ev = compose([dplan.kmeans.dp_event(), dplan.training_event(t)])
-        return min(epsilon_of(ev, dplan.params.delta), reserved)
+        if running[0] is None:
+            final = compose([dplan.kmeans.dp_event(), dplan.training_event()])
+            running[0] = RunningEpsilon(final, dplan.params.delta).add(dplan.kmeans.dp_event())
+        if t > running[1]:
+            running[0].add(dplan.training_event(t - running[1]))
+            running[1] = t
+        return min(running[0].epsilon(), reserved)
 
     def on_train(j: int, t: int, total: int) -> None:
         c = boundaries.get(int(t))

@@ -191,6 +191,70 @@ _PLD_MEMO: dict = {}
 _PLD_MEMO_SIZE = 512
 
 
+class RunningEpsilon:
+    """Epsilon of a sequence of events composed one after another, for progress reports.
+
+    ``add(event)`` composes the next event, ``epsilon()`` states the epsilon of everything
+    added so far at ``delta`` (PLD, add/remove mode, as :func:`epsilon_of`). The grid step is
+    the one :func:`epsilon_of` uses for ``final`` (the whole sequence): coarser than that
+    function would take for a prefix, and the pessimistic discretisation states an upper bound
+    for any step, so every value is an upper bound on the prefix's epsilon. The PLD of one
+    leaf (a Gaussian, a Laplace, a Poisson-sampled Gaussian of given parameters) is built once
+    and self-composed as often as the events repeat it: reporting ``m`` points of ``T`` DP-SGD
+    steps costs one single-step PLD, not ``m`` PLDs of everything from the start. The leaves
+    are built as dp_accounting's PLD accountant builds them; another leaf is refused.
+    """
+
+    def __init__(self, final: _ev.DpEvent, delta: float):
+        from dp_accounting.pld import privacy_loss_distribution as _pld
+
+        if not (0.0 < delta < 1.0):
+            raise ParameterError(f"The 'delta' parameter must be in (0, 1). Got {delta!r} instead.")
+        self.delta = float(delta)
+        self._grid = _discretization_for(final, delta)
+        self._lib = _pld
+        self._pld = _pld.identity(value_discretization_interval=self._grid)
+        self._base: dict = {}
+        self._empty = True
+
+    def _leaf(self, leaf: _ev.DpEvent, count: int):
+        grid, rel = self._grid, dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+        if isinstance(leaf, _ev.GaussianDpEvent) and leaf.noise_multiplier > 0:
+            # as the accountant: count Gaussians are one Gaussian of std z / sqrt(count)
+            return self._lib.from_gaussian_mechanism(
+                standard_deviation=leaf.noise_multiplier / math.sqrt(count),
+                value_discretization_interval=grid, neighboring_relation=rel)
+        key = repr(leaf)
+        base = self._base.get(key)
+        if base is None:
+            if isinstance(leaf, _ev.LaplaceDpEvent) and leaf.noise_multiplier > 0:
+                base = self._lib.from_laplace_mechanism(parameter=leaf.noise_multiplier,
+                                                        value_discretization_interval=grid)
+            elif isinstance(leaf, _ev.PoissonSampledDpEvent) and isinstance(leaf.event, _ev.GaussianDpEvent) \
+                    and leaf.event.noise_multiplier > 0 and leaf.sampling_probability > 0:
+                base = self._lib.from_gaussian_mechanism(
+                    standard_deviation=leaf.event.noise_multiplier, value_discretization_interval=grid,
+                    sampling_prob=leaf.sampling_probability, neighboring_relation=rel)
+            else:
+                raise ValueError(f"RunningEpsilon composes Gaussian, Laplace and Poisson-sampled Gaussian "
+                                 f"events only; got {type(leaf).__name__}")
+            self._base[key] = base
+        composed = self._base.get((key, int(count)))
+        if composed is None:  # equal chunks of steps: one self-composition each
+            composed = self._base[(key, int(count))] = base.self_compose(int(count))
+        return composed
+
+    def add(self, event: _ev.DpEvent) -> "RunningEpsilon":
+        for leaf, count in _leaves(event):
+            if not isinstance(leaf, _ev.NoOpDpEvent) and count > 0:
+                self._pld = self._pld.compose(self._leaf(leaf, count))
+                self._empty = False
+        return self
+
+    def epsilon(self) -> float:
+        return 0.0 if self._empty else float(self._pld.get_epsilon_for_delta(self.delta))
+
+
 def fit_to_epsilon(event_for: Callable[[float], _ev.DpEvent], *, epsilon: float, delta: float,
                    caller: str = "fit_to_epsilon", max_steps: int = 12) -> float:
     """A factor ``r`` in (0, 1] with ``epsilon_of(event_for(r), delta) <= epsilon``.
