@@ -1020,13 +1020,17 @@ def _training_progress(progress, dplan: DPGMPlan, reserved: float):
     def spent(t: int) -> float:
         if t >= steps:
             return reserved
-        if running[0] is None:
-            final = compose([dplan.kmeans.dp_event(), dplan.training_event()])
-            running[0] = RunningEpsilon(final, dplan.params.delta).add(dplan.kmeans.dp_event())
-        if t > running[1]:
-            running[0].add(dplan.training_event(t - running[1]))
-            running[1] = t
-        return min(running[0].epsilon(), reserved)
+        try:
+            if running[0] is None:
+                final = compose([dplan.kmeans.dp_event(), dplan.training_event()])
+                running[0] = RunningEpsilon(final, dplan.params.delta).add(dplan.kmeans.dp_event())
+            if t > running[1]:
+                running[0].add(dplan.training_event(t - running[1]))
+                running[1] = t
+            eps = running[0].epsilon()
+        except ValueError:  # a leaf RunningEpsilon does not build: the accountant, from the start
+            eps = epsilon_of(compose([dplan.kmeans.dp_event(), dplan.training_event(t)]), dplan.params.delta)
+        return min(eps, reserved)
 
     def on_train(j: int, t: int, total: int) -> None:
         c = boundaries.get(int(t))

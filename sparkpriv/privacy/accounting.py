@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from typing import Callable, Iterable, Sequence
 
 import dp_accounting
@@ -167,7 +168,8 @@ def epsilon_of(event: _ev.DpEvent | Sequence[_ev.DpEvent], delta: float) -> floa
             )
         return pure
     key = (repr(event), float(delta))
-    eps = _PLD_MEMO.get(key)
+    with _PLD_MEMO_LOCK:
+        eps = _PLD_MEMO.get(key)
     if eps is None:
         acc = pld_privacy_accountant.PLDAccountant(
             neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
@@ -175,9 +177,10 @@ def epsilon_of(event: _ev.DpEvent | Sequence[_ev.DpEvent], delta: float) -> floa
         )
         acc.compose(event)
         eps = float(acc.get_epsilon(delta))
-        if len(_PLD_MEMO) >= _PLD_MEMO_SIZE:
-            _PLD_MEMO.pop(next(iter(_PLD_MEMO)))
-        _PLD_MEMO[key] = eps
+        with _PLD_MEMO_LOCK:
+            if len(_PLD_MEMO) >= _PLD_MEMO_SIZE:
+                _PLD_MEMO.pop(next(iter(_PLD_MEMO)))
+            _PLD_MEMO[key] = eps
     if pure is not None:
         eps = min(eps, pure)
     return eps
@@ -189,6 +192,7 @@ def epsilon_of(event: _ev.DpEvent | Sequence[_ev.DpEvent], delta: float) -> floa
 # a pure function of public parameters. Oldest entry out first.
 _PLD_MEMO: dict = {}
 _PLD_MEMO_SIZE = 512
+_PLD_MEMO_LOCK = threading.Lock()  # releases may run in threads of one driver
 
 
 class RunningEpsilon:
