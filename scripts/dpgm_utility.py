@@ -110,6 +110,7 @@ def main(argv=None):
     ap.add_argument("--huge", type=float, default=1e4)
     ap.add_argument("--synthetic", type=int, default=None, help="synthetic people (answers scaled to n)")
     ap.add_argument("--baseline-seeds", type=int, default=1)
+    ap.add_argument("--min-batch", type=int, default=None, help="DPGMParams.min_batch (per-cluster rates)")
     args = ap.parse_args(argv)
     threadpool_limits(1)
     t0 = time.perf_counter()
@@ -149,10 +150,12 @@ def main(argv=None):
                             row_bound=float(np.sqrt(args.max_items)), clip=args.clip,
                             sampling_rate=args.sampling_rate, epochs=args.epochs * args.epochs_scale,
                             learning_rate=args.lr, hidden=args.hidden, accountant="pld" if eps < 100 else "rdp",
+                            min_batch=args.min_batch,
                             **({} if args.average_tail is None else {"average_tail": args.average_tail}))
         model, plan = fit_dpgm_array(X, params, seed=args.seed)
         print(f"  DPGM plan: noise multiplier {plan.noise_multiplier:.3f}, steps {plan.steps}, "
-              f"epsilon spent {plan.epsilon_spent():.4f}, cluster sizes {np.round(model.sizes).astype(int)}")
+              f"epsilon spent {plan.epsilon_spent():.4f}, cluster sizes {np.round(model.sizes).astype(int)}, "
+              f"batches per update {model.plan_public['batches']}")
         score(f"DPGM (k-means + RBM), eps={eps:g}", synthesize(model, m, seed=args.seed))
     print("groups 1..5 mean relative error; paper CDR eps=1: 0.017 (short) .. 0.0012 (long)")
     print(json.dumps({"args": vars(args), "results": results}))

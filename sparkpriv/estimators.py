@@ -206,7 +206,7 @@ class DPGMSynthesizer(BaseEstimator):
     def __init__(self, *, epsilon: float = 1.0, delta: float = 1e-6, k: int = 10, model: str = "rbm",
                  kmeans_share: float = 0.3, length_share=None, kmeans_iterations: int = 8, row_bound=None,
                  clip: float = 10.0, clip_quantile=None, clip_lr: float = 0.2, clip_count_share: float = 0.05,
-                 sampling_rate: float = 0.05, epochs: float = 20.0, learning_rate=None,
+                 sampling_rate: float = 0.05, epochs: float = 20.0, min_batch=None, learning_rate=None,
                  lr_schedule: str = "constant", average_tail: float = 0.5,
                  hidden: int = 64, latent: int = 2, chains: int = 100, gibbs_steps: int = 1,
                  accountant: str = "pld", fill=None, columns=None, ledger=None, table_id=None):
@@ -224,6 +224,7 @@ class DPGMSynthesizer(BaseEstimator):
         self.clip_count_share = clip_count_share
         self.sampling_rate = sampling_rate
         self.epochs = epochs
+        self.min_batch = min_batch
         self.learning_rate = learning_rate
         self.lr_schedule = lr_schedule
         self.average_tail = average_tail
@@ -238,7 +239,7 @@ class DPGMSynthesizer(BaseEstimator):
         self.table_id = table_id
 
     _RELEASE_PARAMS = ("epsilon", "delta", "k", "model", "kmeans_share", "length_share", "kmeans_iterations", "row_bound", "clip",
-                       "clip_quantile", "clip_lr", "clip_count_share", "sampling_rate", "epochs", "learning_rate",
+                       "clip_quantile", "clip_lr", "clip_count_share", "sampling_rate", "epochs", "min_batch", "learning_rate",
                        "lr_schedule", "average_tail", "hidden", "latent", "chains", "gibbs_steps",
                        "accountant", "fill")
 

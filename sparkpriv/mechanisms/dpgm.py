@@ -144,6 +144,11 @@ class DPGMParams(_proto.Params):
                                          constraints=[Interval("real", 0, 1, "right")])
     epochs: float = _proto.option(20.0, help="passes over the data: steps T = ceil(epochs / q)",
                                   constraints=[_POS])
+    min_batch: int | None = _proto.option(
+        None, help="per-cluster sampling rates: a cluster whose expected batch q n_j (n_j its noisy size) is "
+        "below this makes m_j = ceil(min_batch / (q n_j)) of the T steps at once (at most T): rate m_j q, "
+        "ceil(T / m_j) updates, the same privacy (docs/dpgm.md, 'Per-cluster sampling rates'); unset: every "
+        "cluster at q", doc_default="every cluster at q", constraints=[Interval("integer", 1, None, "left")])
     learning_rate: float | None = _proto.option(
         None, help="Adam learning rate, every cluster; unset: for rbm 0.002, raised up to 0.01 for a noisy "
         "(small) cluster (docs/dpgm.md, 'Training: a first study'); for vae 0.01",
@@ -345,11 +350,27 @@ class DPGMPlan:
     def dp_event(self) -> dp_event.DpEvent:
         return compose(_base_events(self.kmeans, self.lengths) + [self.dpsgd_event()])
 
+    def batches_for(self, n_pub: float) -> int:
+        """``m``, the base steps a cluster of public (noisy) size ``n_pub`` makes at once (its
+        rate ``m q``; docs/dpgm.md, "Per-cluster sampling rates"): 1 without ``min_batch``, else
+        ``ceil(min_batch / (q max(n_pub, 1)))`` clamped to ``[1, T]``. Public: a function of the
+        released size and declared parameters; the release's event does not depend on it."""
+        p = self.params
+        if p.min_batch is None:
+            return 1
+        want = float(p.min_batch) / (p.sampling_rate * max(float(n_pub), 1.0))
+        return int(min(max(math.ceil(want - 1e-9), 1), self.steps))
+
+    def batches(self, sizes) -> list:
+        """Each cluster's ``m`` (:meth:`batches_for` of its noisy size): the model's record."""
+        return [self.batches_for(max(float(s), 1.0)) for s in sizes]
+
     def learning_rate_for(self, n_pub: float) -> float:
         """Adam's rate for a cluster of public (noisy) size ``n_pub``: the declared
         ``learning_rate`` when set (every cluster), else the model's default; for the rbm the
-        default grows with the per-coordinate noise of the averaged gradient ``tau = sigma C /
-        (q max(n_pub, 1))``: ``0.002 min(max(tau / LR_NOISE_REF, 1), LR_MAX_FACTOR)``. Adam
+        default grows with the per-coordinate noise of the averaged gradient of an update, ``tau
+        = sigma C / (sqrt(m) q max(n_pub, 1))`` (``m`` = :meth:`batches_for`; 1 unless
+        ``min_batch``): ``0.002 min(max(tau / LR_NOISE_REF, 1), LR_MAX_FACTOR)``. Adam
         divides each coordinate's step by its gradient's root mean square, so where noise
         dominates, the signal's step is about ``lr signal / tau``: a fixed rate that suits a
         large cluster (0.002; 0.01 makes the persistent chains diverge) barely moves a small,
@@ -357,7 +378,8 @@ class DPGMPlan:
         p = self.params
         if p.learning_rate is not None or p.model != "rbm":
             return p.lr
-        tau = self.noise_multiplier * p.clip / (p.sampling_rate * max(float(n_pub), 1.0))
+        m = self.batches_for(n_pub)
+        tau = self.noise_multiplier * p.clip / (math.sqrt(m) * p.sampling_rate * max(float(n_pub), 1.0))
         return p.lr * min(max(tau / LR_NOISE_REF, 1.0), LR_MAX_FACTOR)
 
     def learning_rates(self, sizes) -> list:
@@ -374,8 +396,13 @@ class DPGMPlan:
             "mechanism": "dpgm", "neighbors": "replace-one", "n": self.n, "d": self.d,
             "params": self.params.public_dict(), "steps": self.steps,
             "learning_rate": (self.params.lr if self.params.learning_rate is not None or self.params.model != "rbm"
-                              else f"by cluster: {self.params.lr} min(max(sigma C / (q n_j) / {LR_NOISE_REF}, 1), "
-                                   f"{LR_MAX_FACTOR:g}), n_j the noisy size (the model's learning_rates)"),
+                              else f"by cluster: {self.params.lr} min(max(sigma C / (sqrt(m_j) q n_j) / "
+                                   f"{LR_NOISE_REF}, 1), {LR_MAX_FACTOR:g}), n_j the noisy size, m_j the cluster's "
+                                   "batches per update (the model's learning_rates)"),
+            "batches_per_update": ("1 for every cluster" if self.params.min_batch is None else
+                                   f"by cluster: m_j = min(max(ceil({self.params.min_batch} / (q n_j)), 1), T), "
+                                   "n_j the noisy size; cluster j makes m_j of the T steps at once, each with its "
+                                   "own batch and noise, their noisy sums added (the model's batches)"),
             "noise_multiplier": self.noise_multiplier,
             "step_noise": self.step_noise.to_public_dict(),
             "kmeans": self.kmeans.to_public_dict(),
@@ -400,6 +427,9 @@ def _base_events(kplan: KMeansPlan, lplan: LengthPlan | None) -> list:
 
 def accounting_note(params: DPGMParams) -> str:
     """The receipt's one-line statement of the accounting."""
+    batches = ("" if params.min_batch is None else
+               "; per-cluster rates (min_batch): a cluster makes m_j of its T steps at once (each step's own "
+               "batch and noise, the noisy sums added: post-processing of the same T steps)")
     head = "Composed[k-means, lengths, " if params.lengths_share > 0 else "Composed[k-means, "
     lengths = ("; lengths: one Gaussian on the k histograms of record lengths (L2 sensitivity sqrt(2): a "
                "replaced record leaves one cell and enters one), calibrated to length_share epsilon"
@@ -407,12 +437,13 @@ def accounting_note(params: DPGMParams) -> str:
     if params.clip_quantile is None:
         return (head + "SelfComposed(PoissonSampled(q, Gaussian(sigma/2)), T)]: every cluster "
                 "trains with the same (q, sigma, T) (parallel composition); replace-one is dominated by an "
-                "add/remove step of sensitivity 2C" + lengths)
+                "add/remove step of sensitivity 2C" + lengths + batches)
     return (head + "SelfComposed(PoissonSampled(q, Gaussian(z)), T)], quantile clipping: each step "
             "releases the clipped sum (noise sigma C_t) and the count of unclipped gradients (noise sigma_b), "
             "z = max(4/sigma^2 + 1/sigma_b^2, 2/sigma^2 + 2/sigma_b^2)^(-1/2) (replace-one, records in the "
             "same or in different clusters); every cluster trains with the same (q, sigma, sigma_b, T) "
-            "(parallel composition); C_t is post-processing of released counts (docs/math.md section 5.1)" + lengths)
+            "(parallel composition); C_t is post-processing of released counts (docs/math.md section 5.1)" + lengths
+            + batches)
 
 
 class _Relations:
@@ -653,10 +684,7 @@ def fit_dpgm_array(X, params: DPGMParams, *, seed: int | None = None, log=None) 
     if plan.lengths is not None:
         lengths = plan.lengths.release(np.stack([plan.lengths.histogram(X[labels == j]) for j in range(params.k)]),
                                        seed)
-    public = plan.to_public_dict()
-    public["learning_rates"] = plan.learning_rates(sizes)
-    if plan.quantile:
-        public["final_clips"] = final_clips_public([clips[j] for j in range(params.k)], plan, sizes)
+    public = model_public(plan, sizes, [clips[j] for j in range(params.k)])
     return _model(params, d, thetas, sizes, centers, public, plan, lengths), plan
 
 
@@ -675,15 +703,32 @@ def training_order(sizes) -> list:
     return [int(j) for j in np.argsort(-np.asarray(sizes, dtype=np.float64), kind="stable")]
 
 
+def model_public(plan: DPGMPlan, sizes, clips=None) -> dict:
+    """The model file's public record: the plan's, each cluster's learning rate and batches per
+    update ``m_j`` (functions of the noisy sizes), and with quantile clipping each cluster's
+    final ``clips`` (:func:`final_clips_public`)."""
+    out = plan.to_public_dict()
+    out["learning_rates"] = plan.learning_rates(sizes)
+    out["batches"] = plan.batches(sizes)
+    out["updates"] = [dpsgd.updates(plan.steps, m) for m in out["batches"]]
+    if plan.quantile:
+        out["final_clips"] = final_clips_public(clips, plan, sizes)
+    return out
+
+
 def final_clips_public(clips, plan: DPGMPlan, sizes) -> dict:
     """The model's public record of each cluster's last clip under quantile clipping."""
-    adapted = [dpsgd.clip_adapts(plan.count_noise.std, plan.params.sampling_rate, max(float(s), 1.0))
-               for s in sizes]
+    adapted = []
+    for s in sizes:
+        m = plan.batches_for(max(float(s), 1.0))
+        adapted.append(dpsgd.clip_adapts(plan.count_noise.std * math.sqrt(m), m * plan.params.sampling_rate,
+                                         max(float(s), 1.0)))
     return {"values": [float(c) for c in clips], "adapted": adapted,
             "note": "each cluster's clip after its last update: a function of the released noisy counts "
                     "(post-processing, covered by the release's epsilon), not of the data otherwise; "
                     "adapted false: the cluster's expected batch is too small for its count "
-                    "(count noise std / (q noisy size) > %g), its clip stayed at clip" % dpsgd.MAX_FRACTION_NOISE}
+                    "(count noise std / (m q noisy size) > %g, m its batches per update), its clip stayed "
+                    "at clip" % dpsgd.MAX_FRACTION_NOISE}
 
 
 def assign_clusters(X: np.ndarray, centers: np.ndarray, row_bound: float) -> np.ndarray:
@@ -714,12 +759,13 @@ def train_clusters(X: np.ndarray, labels: np.ndarray, sizes: np.ndarray, centers
         if params.model == "rbm":  # start at the cluster's released centre (independent Bernoullis)
             theta0[d * params.hidden: d * params.hidden + d] = _logit_init(centers[j])
         info = {}
+        n_pub = max(float(sizes[j]), 1.0)
         thetas[j] = dpsgd.train(gen, Xj, theta0, clip=params.clip, sampling_rate=params.sampling_rate,
-                                steps=plan.steps, noise=plan.step_noise, n_pub=max(float(sizes[j]), 1.0),
-                                seed=seed, cluster=j, lr=plan.learning_rate_for(max(float(sizes[j]), 1.0)),
+                                steps=plan.steps, noise=plan.step_noise, n_pub=n_pub,
+                                seed=seed, cluster=j, lr=plan.learning_rate_for(n_pub),
                                 on_step=None if on_step is None else (lambda t, T, j=j: on_step(j, t, T)),
                                 adaptive=plan.adaptive(), info=info, schedule=params.lr_schedule,
-                                average=params.average_tail)
+                                average=params.average_tail, batches=plan.batches_for(n_pub))
         if clips is not None:
             clips[j] = float(info["clip"])
         if log is not None:
@@ -1011,7 +1057,7 @@ def _training_progress(progress, dplan: DPGMPlan, reserved: float):
     """
     k, steps = dplan.params.k, dplan.steps
     chunks = min(steps, TRAINING_CHUNKS)
-    boundaries = {int(math.ceil(c * steps / chunks)): c for c in range(1, chunks + 1)}
+    reported: dict = {}  # cluster -> chunks reported (a cluster with m_j > 1 may pass several at once)
     first: list = [None]  # the first cluster trained: the one whose steps add to the spend
     done = [0]  # steps reported so far
     # the spend after t steps, composed step chunk by chunk (t rises); an upper bound each time
@@ -1033,13 +1079,15 @@ def _training_progress(progress, dplan: DPGMPlan, reserved: float):
         return min(eps, reserved)
 
     def on_train(j: int, t: int, total: int) -> None:
-        c = boundaries.get(int(t))
-        if c is None:
+        # chunk c ends at base step ceil(c steps / chunks): those <= t are the first floor(t chunks / steps)
+        c = min(int(t) * chunks // steps, chunks)
+        if c <= reported.get(j, 0):
             return
+        done[0] += c - reported.get(j, 0)
+        reported[j] = c
         if first[0] is None:
             first[0] = j
         so_far = spent(t) if j == first[0] else reserved
-        done[0] += 1
         progress.step("dpgm training", done[0], k * chunks,
                       f"cluster {j + 1}/{k}, DP-SGD step {t}/{total}; epsilon spent so far at most "
                       f"{so_far:.4g} of the reserved {reserved:.4g}")
@@ -1159,15 +1207,13 @@ class DPGM(_proto.Mechanism):
                                      on_train=_training_progress(progress, dplan, plan.epsilon),
                                      what="dpgm training", order=training_order(sizes))
         thetas = np.asarray(thetas, float)
-        model_public = dplan.to_public_dict()
-        model_public["learning_rates"] = dplan.learning_rates(sizes)
-        if dplan.quantile:  # each cluster's final clip rides after its theta
-            model_public["final_clips"] = final_clips_public(thetas[:, gen_dim], dplan, sizes)
+        # quantile clipping: each cluster's final clip rides after its theta
+        public_record = model_public(dplan, sizes, thetas[:, gen_dim] if dplan.quantile else None)
         lengths = None
         if dplan.lengths is not None:  # the exact histograms ride last; noised here, once
             lengths = dplan.lengths.release(thetas[:, thetas.shape[1] - bins:], seed)
         thetas = np.ascontiguousarray(thetas[:, :gen_dim])
-        model = _model(params, d, thetas, sizes, centers, model_public, dplan, lengths, st.column_types or None,
+        model = _model(params, d, thetas, sizes, centers, public_record, dplan, lengths, st.column_types or None,
                        st.events)
         rows = [(j, float(sizes[j]), [float(v) for v in centers[j]]) for j in range(k)]
         table = engine.table(rows, [("cluster", "int", False), ("size", "double", False),

@@ -132,6 +132,7 @@ __all__ = [
     "dp_step_quantile",
     "MAX_FRACTION_NOISE",
     "clip_adapts",
+    "updates",
 ]
 
 NEIGHBORS = ("replace-one", "add-remove")
@@ -407,8 +408,25 @@ class Adam:
 MODEL_STAGE = 23  # stream(seed, MODEL_STAGE, cluster, step): the model's own randomness (VAE eps, chains)
 
 
+def _batch(X, sampling_rate: float, seed: int, cluster: int, u: int):
+    """Base step ``u``'s Poisson batch of the rows of ``X`` (dense; event records: only the batch is
+    made dense), from ``stream(seed, SAMPLE_STAGE, cluster, u)``."""
+    from sparkpriv.privacy.random import stream
+
+    Xb = X[poisson_mask(X.shape[0], sampling_rate, stream(seed, SAMPLE_STAGE, cluster, u))]
+    return Xb.toarray() if hasattr(Xb, "toarray") else Xb
+
+
+def _base_steps(step: int, base_steps) -> tuple:
+    bs = (int(step),) if base_steps is None else tuple(int(u) for u in base_steps)
+    if not bs:
+        raise ValueError("a DP-SGD step needs at least one base step")
+    return bs
+
+
 def dp_step(model, X: np.ndarray, theta: np.ndarray, state, *, clip: float, sampling_rate: float,
-            noise: _noise.GaussianNoise | None, n_pub: float, seed: int, cluster: int, step: int):
+            noise: _noise.GaussianNoise | None, n_pub: float, seed: int, cluster: int, step: int,
+            base_steps=None):
     """One DP-SGD gradient estimate: ``(grad, new_state, batch_size)``.
 
     ``X``: the cluster's rows, a dense array or a scipy CSR matrix (event records: only the
@@ -419,43 +437,63 @@ def dp_step(model, X: np.ndarray, theta: np.ndarray, state, *, clip: float, samp
     NOISE_STAGE, cluster, step)``; ``grad = noisy sum / (q n_pub) + model
     term``. ``noise=None``: the non-private step (the exact clipped sum over the
     realised batch size; the benchmark's reference).
+
+    ``base_steps`` (per-cluster rates; :func:`train`'s ``batches``): the indices ``u`` of the
+    ``m`` base steps this step makes at once (default ``(step,)``). Each ``u`` draws its own
+    batch and noise from the streams of ``u``, exactly as the step ``u`` of rate ``q`` would; the
+    ``m`` released noisy sums are added (post-processing) and ``grad = sum / (m q n_pub) + model
+    term``: one step at rate ``m q`` (a record may be drawn more than once) with noise std
+    ``sqrt(m) sigma C`` on the sum. The model's randomness comes from ``stream(seed,
+    MODEL_STAGE, cluster, step)``.
     """
     from sparkpriv.privacy.random import stream
 
-    mask = poisson_mask(X.shape[0], sampling_rate, stream(seed, SAMPLE_STAGE, cluster, step))
-    Xb = X[mask]
-    if hasattr(Xb, "toarray"):  # sparse rows (scipy CSR; event records): only the batch is densified
-        Xb = Xb.toarray()
+    bs = _base_steps(step, base_steps)
     mrng = stream(seed, MODEL_STAGE, cluster, step)
-    s, _ = model.clipped_sum(Xb, theta, clip, mrng)
+    total, rows = None, 0
+    for u in bs:
+        Xb = _batch(X, sampling_rate, seed, cluster, u)
+        s, _ = model.clipped_sum(Xb, theta, clip, mrng)
+        if noise is not None:
+            s = noisy_sum(s, noise, stream(seed, NOISE_STAGE, cluster, u))
+        total = s if total is None else total + s
+        rows += int(Xb.shape[0])
     if noise is None:
-        g = s / max(Xb.shape[0], 1)
+        g = total / max(rows, 1)
     else:
-        g = noisy_sum(s, noise, stream(seed, NOISE_STAGE, cluster, step)) / (sampling_rate * float(n_pub))
+        g = total / (len(bs) * sampling_rate * float(n_pub))
     t, state = model.model_term(theta, state, mrng, clip)
-    return g + t, state, int(Xb.shape[0])
+    return g + t, state, rows
 
 
 def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate: float, steps: int,
           noise: _noise.GaussianNoise | None, n_pub: float, seed: int, cluster: int = 0,
           lr: float = 1e-3, state=None, init_rng: np.random.Generator | None = None, on_step=None,
           adaptive: QuantileClip | None = None, info: dict | None = None, schedule: str = "constant",
-          average: float = 0.0):
-    """``steps`` DP-SGD steps with Adam (post-processing); returns the final ``theta``, or
+          average: float = 0.0, batches: int = 1):
+    """``steps`` DP-SGD base steps with Adam (post-processing); returns the final ``theta``, or
     with ``average`` the mean of the last iterates.
 
-    ``schedule``: the learning rate of step ``t`` is ``lr`` (``constant``), ``lr (1 - (t - 1) /
+    ``batches`` (``m``, a cluster's own sampling rate ``m q``; docs/dpgm.md, "Per-cluster
+    sampling rates"): each update makes ``m`` base steps at once (:func:`dp_step`'s
+    ``base_steps``): ``ceil(steps / m)`` updates, update ``t`` over base steps ``(t - 1) m + 1
+    .. min(t m, steps)``. The released noisy sums are those of the ``steps`` base steps of rate
+    ``q``, whatever ``m``: the privacy event does not depend on it. ``m = 1``: one base step per
+    update (the same draws as before ``m`` existed).
+
+    ``schedule``: the learning rate of update ``t`` of ``T`` is ``lr`` (``constant``), ``lr (1 - (t - 1) /
     T)`` (``linear``) or ``lr (1 + cos(pi (t - 1) / T)) / 2`` (``cosine``). ``average`` in [0, 1):
-    return the mean of the iterates of the last ``ceil(average T)`` steps instead of the last one
+    return the mean of the iterates of the last ``ceil(average T)`` updates instead of the last one
     (Polyak-Ruppert tail averaging). Both are functions of public step counts and of the released
     gradients: post-processing.
 
-    ``on_step(t, steps)`` is called after step ``t`` (progress; public counts only).
+    ``on_step(u, steps)`` is called after each update, ``u`` the base steps made so far
+    (progress; public counts only).
     ``adaptive``: quantile clipping (:func:`dp_step_quantile`) starting at ``C_0 = clip``
-    (``noise`` is then not used; the clip moves only where :func:`clip_adapts`, else every
-    step runs at ``C_0``); ``info`` (a dict), when given, receives ``"clips"``, the
-    clips ``C_1 .. C_T`` used, and ``"clip"``, the clip after the last update: both are
-    post-processing of the released counts.
+    (``noise`` is then not used; the clip moves only where :func:`clip_adapts` for the update's
+    ``m`` batches, else every update runs at ``C_0``); ``info`` (a dict), when given, receives
+    ``"clips"``, the clips ``C_1 .. C_T`` of the updates, and ``"clip"``, the clip after the last
+    one: both are post-processing of the released counts.
 
     ``X`` is one cluster's rows (a Spark task's partition); everything random
     is keyed by ``(seed, stage, cluster, step)``, so a retried task reproduces
@@ -463,37 +501,46 @@ def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate
     """
     from sparkpriv.privacy.random import stream
 
+    check_param("batches", batches, [Interval("integer", 1, None, "left")], "train")
     if state is None:
         state = model.init_state(init_rng if init_rng is not None else stream(seed, MODEL_STAGE, cluster, 0),
                                  theta)
     opt = Adam(lr=lr)
     c, clips = float(clip), []
-    adapts = adaptive is not None and clip_adapts(adaptive.count_noise.std, sampling_rate, n_pub)
-    T = int(steps)
+    base, m = int(steps), int(batches)
+    adapts = adaptive is not None and clip_adapts(adaptive.count_noise.std * math.sqrt(m), m * sampling_rate,
+                                                  n_pub)
+    T = -(-base // m)
     tail = int(math.ceil(float(average) * T)) if average else 0
     avg = None
     for t in range(1, T + 1):
         opt.lr = lr * lr_factor(schedule, t, T)
+        bs = range((t - 1) * m + 1, min(t * m, base) + 1)
         if adaptive is None:
             g, state, _ = dp_step(model, X, theta, state, clip=clip, sampling_rate=sampling_rate, noise=noise,
-                                  n_pub=n_pub, seed=seed, cluster=cluster, step=t)
+                                  n_pub=n_pub, seed=seed, cluster=cluster, step=t, base_steps=bs)
         else:
             clips.append(c)
             g, state, _, cnt = dp_step_quantile(model, X, theta, state, clip=c, sampling_rate=sampling_rate,
                                                 adaptive=adaptive, n_pub=n_pub, seed=seed, cluster=cluster,
-                                                step=t)
+                                                step=t, base_steps=bs)
             if adapts:
-                c = update_clip(c, cnt, sampling_rate=sampling_rate, n_pub=n_pub, quantile=adaptive.quantile,
-                                lr=adaptive.lr, clip0=clip)
+                c = update_clip(c, cnt, sampling_rate=len(bs) * sampling_rate, n_pub=n_pub,
+                                quantile=adaptive.quantile, lr=adaptive.lr, clip0=clip)
         theta = opt.step(theta, g)
         if t > T - tail:
             avg = theta.copy() if avg is None else avg + (theta - avg) / (t - (T - tail))
         if on_step is not None:
-            on_step(t, T)
+            on_step(bs[-1], base)
     if info is not None:
         info["clips"] = np.asarray(clips if adaptive is not None else [float(clip)] * T)
         info["clip"] = c
     return theta if avg is None else avg
+
+
+def updates(steps: int, batches: int) -> int:
+    """The updates :func:`train` makes for ``steps`` base steps taken ``batches`` at a time."""
+    return -(-int(steps) // int(batches))
 
 
 SCHEDULES = ("constant", "linear", "cosine")
@@ -580,7 +627,7 @@ class QuantileClip:
 
 
 def dp_step_quantile(model, X, theta: np.ndarray, state, *, clip: float, sampling_rate: float,
-                     adaptive: QuantileClip, n_pub: float, seed: int, cluster: int, step: int):
+                     adaptive: QuantileClip, n_pub: float, seed: int, cluster: int, step: int, base_steps=None):
     """One quantile-clipping DP-SGD step at the public clip ``C_t = clip``:
     ``(grad, new_state, batch_size, noisy_count)``.
 
@@ -589,22 +636,25 @@ def dp_step_quantile(model, X, theta: np.ndarray, state, *, clip: float, samplin
     multiplied by ``C_t`` (public; post-processing of the noisy integers); the count of batch
     records with norm at most ``C_t`` gets ``adaptive.count_noise`` from
     ``stream(seed, COUNT_STAGE, cluster, step)``. ``noisy_count`` is released (the next clip
-    is :func:`update_clip` of it).
+    is :func:`update_clip` of it). ``base_steps``: as in :func:`dp_step`, each base step ``u``
+    with its own batch, gradient noise and count noise (streams of ``u``); the noisy sums and
+    the noisy counts are added.
     """
     from sparkpriv.privacy.random import stream
 
-    # the same Poisson batch as dp_step (event records: only the batch is made dense)
-    mask = poisson_mask(X.shape[0], sampling_rate, stream(seed, SAMPLE_STAGE, cluster, step))
-    Xb = X[mask]
-    if hasattr(Xb, "toarray"):
-        Xb = Xb.toarray()
+    bs = _base_steps(step, base_steps)
     mrng = stream(seed, MODEL_STAGE, cluster, step)
-    s, cnt = clipped_sum_and_count(model, Xb, theta, clip, mrng)
-    s = np.asarray(s, dtype=np.float64).ravel()
     c = float(clip)
-    g = c * noisy_sum(s / c, adaptive.gradient_noise, stream(seed, NOISE_STAGE, cluster, step)) / \
-        (sampling_rate * float(n_pub))
-    noisy_count = float(_noise.add_noise(np.array([float(cnt)]), adaptive.count_noise,
-                                         stream(seed, COUNT_STAGE, cluster, step))[0])
+    total, noisy_count, rows = None, 0.0, 0
+    for u in bs:
+        Xb = _batch(X, sampling_rate, seed, cluster, u)
+        s, cnt = clipped_sum_and_count(model, Xb, theta, clip, mrng)
+        s = c * noisy_sum(np.asarray(s, dtype=np.float64).ravel() / c, adaptive.gradient_noise,
+                          stream(seed, NOISE_STAGE, cluster, u))
+        total = s if total is None else total + s
+        noisy_count += float(_noise.add_noise(np.array([float(cnt)]), adaptive.count_noise,
+                                              stream(seed, COUNT_STAGE, cluster, u))[0])
+        rows += int(Xb.shape[0])
+    g = total / (len(bs) * sampling_rate * float(n_pub))
     t, state = model.model_term(theta, state, mrng, clip)
-    return g + t, state, int(Xb.shape[0]), noisy_count
+    return g + t, state, rows, noisy_count

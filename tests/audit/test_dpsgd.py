@@ -157,3 +157,33 @@ def test_dpsgd_recorded_event_is_the_noise_event():
     e = dpsgd.dpsgd_event(0.1, 1.7, 10, "replace-one", step_event=noise.dp_event())
     assert e == ev.SelfComposedDpEvent(ev.PoissonSampledDpEvent(0.1, noise.dp_event()), 10)
     assert noise.dp_event().noise_multiplier >= 1.7 / 2
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["mechanism", "control"])
+def test_dpsgd_update_of_two_base_steps_add_remove(control, monkeypatch):
+    """Per-cluster rates (``min_batch``): one update of ``m = 2`` base steps at ``q = 0.5`` releases
+    the sum of the two base steps' noisy sums. The claim is the two base steps' event,
+    ``SelfComposed(PoissonSampled(q, Gaussian(sigma)), 2)``; the canary is in the update's batch
+    0, 1 or 2 times (Binomial(2, q)) under noise ``sqrt(2)`` times a step's. ``dp_step`` is checked
+    bit for bit against the auditor's sum of two base steps first."""
+    q, m = 0.5, 2
+    claimed = _noise(1.0 / 0.75, "add-remove")
+    eps_claim = epsilon_of(dpsgd.dpsgd_event(q, 0.0, m, "add-remove", step_event=claimed.dp_event()), DELTA)
+    if control:  # the claim stays; the noise drawn is 0.7x
+        weaken_noise(monkeypatch)
+    noise = _noise(1.0 / 0.75, "add-remove")
+    X = np.vstack([REST, CANARY])
+    g, _, _ = dpsgd.dp_step(Identity(), X, np.zeros(P_DIM), None, clip=C, sampling_rate=q, noise=noise,
+                            n_pub=6.0, seed=9, cluster=0, step=1, base_steps=[1, 2])
+    mine = sum(nz.add_noise((CANARY / 3.0) * dpsgd.poisson_mask(6, q, stream(9, dpsgd.SAMPLE_STAGE, 0, u))[-1],
+                            noise, stream(9, dpsgd.NOISE_STAGE, 0, u)) for u in (1, 2)) / (m * q * 6.0)
+    assert np.array_equal(g, mine)
+    u, s = float(np.rint(C / noise.grid)), noise.sigma
+    T_d = (_sampled_trials(CANARY / 3.0, np.zeros(P_DIM), q, noise, 67)
+           + _sampled_trials(CANARY / 3.0, np.zeros(P_DIM), q, noise, 68))[:, 0]
+    T_dp = (_sampled_trials(np.zeros(P_DIM), np.zeros(P_DIM), q, noise, 69)
+            + _sampled_trials(np.zeros(P_DIM), np.zeros(P_DIM), q, noise, 70))[:, 0]
+    res = mixture_game("DP-SGD update of 2 base steps, q = 0.5, add-remove (canary)", T_d, T_dp,
+                       ([2 * u, u, 0.0], [q * q, 2 * q * (1 - q), (1 - q) ** 2]), ([0.0], [1.0]),
+                       math.sqrt(2.0) * s, eps_claim, DELTA, control)
+    check(res)

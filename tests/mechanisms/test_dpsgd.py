@@ -11,6 +11,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 
 from sparkpriv.errors import ParameterError
 from sparkpriv.mechanisms import dpsgd
+from sparkpriv.privacy import noise as nz
 from sparkpriv.privacy.accounting import epsilon_of
 from sparkpriv.privacy.calibration import gdp_epsilon_delta
 from sparkpriv.privacy.random import stream
@@ -175,3 +176,84 @@ def test_train_schedule_and_tail_average_against_a_plain_loop(schedule, average)
     tail = math.ceil(average * T)
     want = np.mean(iterates[T - tail:], axis=0) if tail else theta
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- per-cluster rates (batches)
+
+
+@pytest.mark.parametrize("m", [1, 3, 40])
+def test_train_with_batches_against_a_plain_loop_of_base_steps(m):
+    """``batches = m``: update ``t`` adds the noisy sums of base steps ``(t-1) m + 1 .. min(t m, T)``,
+    each with the batch and the noise of a rate-``q`` step ``u`` (their own streams), and divides by
+    ``(number of base steps) q n_pub``; ``ceil(T / m)`` Adam updates; progress in base steps."""
+    X = np.random.default_rng(4).normal(size=(60, 3))
+    T, lr, q, n_pub = 40, 0.05, 0.3, 58.0
+    noise = dpsgd.step_noise(clip=1.5, noise_multiplier=0.8, dim=3, max_abs=100.0)
+    seen = []
+    got = dpsgd.train(_Quadratic(), X, np.zeros(3), lr=lr, clip=1.5, sampling_rate=q, steps=T, noise=noise,
+                      n_pub=n_pub, seed=6, cluster=2, batches=m, on_step=lambda u, total: seen.append((u, total)))
+    theta, mom, v, t, ends = np.zeros(3), np.zeros(3), np.zeros(3), 0, []
+    for first in range(1, T + 1, m):
+        us = list(range(first, min(first + m, T + 1)))
+        total = np.zeros(3)
+        for u in us:
+            mask = stream(6, dpsgd.SAMPLE_STAGE, 2, u).random(60) < q
+            summed = (theta[None, :] - X[mask]).sum(axis=0)  # _Quadratic does not clip
+            total += nz.add_noise(summed, noise, stream(6, dpsgd.NOISE_STAGE, 2, u))
+        g = total / (len(us) * q * n_pub)
+        t += 1
+        mom, v = 0.9 * mom + 0.1 * g, 0.999 * v + 0.001 * g * g
+        theta = theta - lr * (mom / (1 - 0.9 ** t)) / (np.sqrt(v / (1 - 0.999 ** t)) + 1e-8)
+        ends.append((us[-1], T))
+    assert t == dpsgd.updates(T, m) == math.ceil(T / m)
+    assert seen == ends
+    np.testing.assert_allclose(got, theta, rtol=1e-10, atol=1e-12)
+
+
+def test_an_update_of_m_base_steps_has_the_closed_form_mean_and_variance():
+    """Identity gradients (no clipping), ``m = 5`` base steps per update, 4,000 updates (seeds):
+    ``g = sum_u (S_u + N_u) / (m q n)`` with ``S_u`` a Poisson(q) batch sum, so ``E g = mean x`` and
+    ``Var g = (q (1 - q) sum x^2 + s^2) / (m (q n)^2)``. A single batch or noise reused over the
+    ``m`` base steps, or a divisor without ``m``, is far outside the tolerances."""
+    from tests.dpsgd_models import Identity
+
+    n, q, m, reps = 200, 0.1, 5, 4000
+    x = np.random.default_rng(8).uniform(0.2, 1.0, size=(n, 1))
+    noise = dpsgd.step_noise(clip=1.0, noise_multiplier=3.0, dim=1, max_abs=1e4)
+    g = np.array([dpsgd.dp_step(Identity(1), x, np.zeros(1), None, clip=1.0, sampling_rate=q, noise=noise,
+                                n_pub=float(n), seed=s, cluster=0, step=1, base_steps=range(1, m + 1))[0][0]
+                  for s in range(reps)])
+    var = (q * (1 - q) * float((x * x).sum()) + noise.std ** 2) / (m * (q * n) ** 2)
+    assert abs(g.mean() - x.mean()) < 4.0 * math.sqrt(var / reps)
+    assert g.var(ddof=1) == pytest.approx(var, rel=0.1)  # the estimate's relative sd: 2.2 %
+
+
+def test_quantile_update_adds_the_base_steps_sums_and_counts():
+    """``dp_step_quantile`` over base steps 4 and 5: each its own batch, gradient noise and count
+    noise (the streams of ``u``); the sums and the noisy counts added."""
+    from tests.dpsgd_models import Identity
+
+    X = np.random.default_rng(9).normal(size=(80, 2)) * 3.0
+    q, n_pub, c = 0.4, 75.0, 2.0
+    gn = dpsgd.gradient_noise(noise_multiplier=1.3, dim=2, max_rows=80)
+    cn = dpsgd.count_noise(count_std=4.0, max_rows=80)
+    ad = dpsgd.QuantileClip(0.5, 0.2, gn, cn)
+    g, _, rows, cnt = dpsgd.dp_step_quantile(Identity(2), X, np.zeros(2), None, clip=c, sampling_rate=q,
+                                             adaptive=ad, n_pub=n_pub, seed=3, cluster=1, step=2,
+                                             base_steps=[4, 5])
+    total, count, size = np.zeros(2), 0.0, 0
+    for u in (4, 5):
+        Xb = X[stream(3, dpsgd.SAMPLE_STAGE, 1, u).random(80) < q]
+        norms = np.sqrt((Xb * Xb).sum(axis=1))
+        s = (Xb * np.minimum(1.0, c / norms)[:, None]).sum(axis=0)
+        total += c * nz.add_noise(s / c, gn, stream(3, dpsgd.NOISE_STAGE, 1, u))
+        count += nz.add_noise(np.array([float((norms <= c).sum())]), cn, stream(3, dpsgd.COUNT_STAGE, 1, u))[0]
+        size += Xb.shape[0]
+    np.testing.assert_allclose(g, total / (2 * q * n_pub), rtol=1e-12)
+    assert cnt == count and rows == size
+
+
+def test_train_batches_is_checked():
+    with pytest.raises(ParameterError, match="batches"):
+        dpsgd.train(_Quadratic(), np.zeros((3, 3)), np.zeros(3), clip=1.0, sampling_rate=0.5, steps=4,
+                    noise=None, n_pub=3, seed=1, batches=0)

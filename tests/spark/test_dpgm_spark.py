@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -12,19 +14,26 @@ from sparkpriv.spark import dpgm as sdpgm
 pytestmark = pytest.mark.spark
 
 
-def test_spark_per_cluster_training_equals_numpy(spark):
+@pytest.mark.parametrize("min_batch", [None, 40])
+def test_spark_per_cluster_training_equals_numpy(spark, min_batch):
+    """With ``min_batch`` 40 (expected batches of 30): clusters 0 and 1 make 2 base steps per update,
+    the empty cluster 2 all 10 at once; Spark's tasks must train with the same per-cluster rates."""
     rng = np.random.default_rng(3)
     n, d = 600, 8
     X = (rng.random((n, d)) < np.where(np.arange(n)[:, None] % 2 == 0, 0.7, 0.1)).astype(float)
     params = dpgm.DPGMParams(epsilon=3.0, delta=1e-5, k=3, sampling_rate=0.1, epochs=1, hidden=3, accountant="rdp",
-                             kmeans_iterations=2, chains=10)
+                             kmeans_iterations=2, chains=10, min_batch=min_batch)
     plan = dpgm.plan_dpgm(params, n=n, d=d)
+    assert plan.batches([300.0, 300.0, 0.0]) == ([1, 1, 1] if min_batch is None else [2, 2, 10])
     centers = np.vstack([np.full(d, 0.7), np.full(d, 0.1), np.full(d, 5.0)])  # cluster 2 gets no rows
     sizes = np.array([300.0, 300.0, 0.0])
     row_bound = float(np.sqrt(d))
     labels = dpgm.assign_clusters(X, centers, row_bound)
     assert set(np.unique(labels)) == {0, 1}
     ref = dpgm.train_clusters(X, labels, sizes, centers, plan, seed=5)
+    if min_batch is not None:  # the rates reached the training
+        one = dpgm.plan_dpgm(dataclasses.replace(params, min_batch=None), n=n, d=d)
+        assert not np.allclose(dpgm.train_clusters(X, labels, sizes, centers, one, seed=5)[:2], ref[:2])
     cols = [f"c{j}" for j in range(d)]
     df = spark.createDataFrame(pd.DataFrame(X, columns=cols))  # partitions keep the row order
     got = sdpgm.train_clusters(df, cols, centers, sizes, plan, seed=5, row_bound=row_bound)
