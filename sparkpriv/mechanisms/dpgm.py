@@ -8,7 +8,10 @@
    for binary records, :class:`~sparkpriv.mechanisms.vae.VAE` for binary or
    continuous columns), trained with DP-SGD (:mod:`~sparkpriv.mechanisms.dpsgd`)
    at ONE public sampling rate ``q`` and ONE number of steps ``T`` for every
-   cluster, normalised by the cluster's noisy size (public).
+   cluster, normalised by the cluster's noisy size (public). With ``min_batch``
+   a cluster makes ``m_j`` of its ``T`` steps at once (its own rate ``m_j q``,
+   ``m_j`` from its noisy size; docs/dpgm.md, "Per-cluster sampling rates"):
+   each step keeps its own batch and noise, so the event is the same.
 3. Released: the k models' parameters, the noisy cluster sizes (the k-means
    counts), the k-means centres and (rbm, by default) each cluster's noisy
    histogram of record lengths (the number of ones of a record, in bins;
@@ -37,7 +40,11 @@ q B'`` with ``A`` the product of the two clusters' outputs without the record,
 ``||B - B'|| <= sqrt(2) C``, ``||B - A|| <= C``. The same argument bounds it by
 the sensitivity-``2C`` pair. Every cluster runs the same ``(q, sigma, T)``,
 so either case is the event above: the "maximum over clusters" of
-docs/math.md is attained by every cluster (parallel composition). The
+docs/math.md is attained by every cluster (parallel composition). A cluster
+that makes ``m_j`` steps per update (``min_batch``) releases the same ``T``
+noisy sums and adds them (post-processing); pairing step ``u`` of cluster ``a``
+with step ``u`` of cluster ``b`` covers two clusters with different ``m``
+(docs/math.md section 5, "Per-cluster rates as batches of base steps"). The
 assignment depends on the data only through the released centres
 (post-processing), and clusters never exchange anything.
 

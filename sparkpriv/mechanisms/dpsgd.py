@@ -21,6 +21,12 @@ One step on a data set of ``n`` records (one cluster of the DPGM mixture):
    ``noisy sum / (q n_pub)`` with ``n_pub`` a public size (the noisy cluster
    size), plus any data-independent term (an RBM's negative phase).
 
+An update may make ``m`` such steps at once (:func:`train`'s ``batches``, a
+cluster's own rate ``m q``): each step ``u`` keeps its batch and noise (the
+streams of ``u``) and the update uses the sum of the ``m`` noisy sums over
+``m q n_pub``. The released noisy sums are those of the steps, so the privacy
+event is theirs (post-processing; docs/math.md section 5).
+
 Privacy
 -------
 Every event is normalised to the sensitivity of the declared neighbour
