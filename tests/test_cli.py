@@ -117,6 +117,7 @@ def test_demo_command(tmp_path):
         assert line in out
     empty = float(out.split("empty release")[1].split()[0])
     assert empty == pytest.approx(1.0, abs=0.01)  # answering 0 to every query: relative error 1
+    assert "note:          3000 people is few for a private release" in out  # below the demo's FEW_PEOPLE
     assert (tmp_path / "d" / "release" / "_privacy_receipt.json").exists()
     assert (tmp_path / "d" / "release" / "_dpgm_model.npz").exists()
     assert (tmp_path / "d" / "synthetic" / "_privacy_receipt.json").exists()
