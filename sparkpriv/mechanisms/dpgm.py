@@ -725,11 +725,8 @@ def model_public(plan: DPGMPlan, sizes, clips=None) -> dict:
 
 def final_clips_public(clips, plan: DPGMPlan, sizes) -> dict:
     """The model's public record of each cluster's last clip under quantile clipping."""
-    adapted = []
-    for s in sizes:
-        m = plan.batches_for(max(float(s), 1.0))
-        adapted.append(dpsgd.clip_adapts(plan.count_noise.std * math.sqrt(m), m * plan.params.sampling_rate,
-                                         max(float(s), 1.0)))
+    adapted = [dpsgd.clip_adapts(plan.count_noise.std, plan.params.sampling_rate, max(float(s), 1.0),
+                                 plan.batches_for(max(float(s), 1.0))) for s in sizes]
     return {"values": [float(c) for c in clips], "adapted": adapted,
             "note": "each cluster's clip after its last update: a function of the released noisy counts "
                     "(post-processing, covered by the release's epsilon), not of the data otherwise; "

@@ -514,9 +514,8 @@ def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate
     opt = Adam(lr=lr)
     c, clips = float(clip), []
     base, m = int(steps), int(batches)
-    adapts = adaptive is not None and clip_adapts(adaptive.count_noise.std * math.sqrt(m), m * sampling_rate,
-                                                  n_pub)
-    T = -(-base // m)
+    adapts = adaptive is not None and clip_adapts(adaptive.count_noise.std, sampling_rate, n_pub, m)
+    T = updates(base, m)
     tail = int(math.ceil(float(average) * T)) if average else 0
     avg = None
     for t in range(1, T + 1):
@@ -612,12 +611,15 @@ def update_clip(clip: float, noisy_count: float, *, sampling_rate: float, n_pub:
     return min(max(c, float(clip0) / CLIP_RANGE), float(clip0) * CLIP_RANGE)
 
 
-def clip_adapts(count_std: float, sampling_rate: float, n_pub: float) -> bool:
+def clip_adapts(count_std: float, sampling_rate: float, n_pub: float, batches: int = 1) -> bool:
     """Whether quantile clipping moves a data set's clip: the fraction estimate's noise
-    ``sigma_b / (q n_pub)`` is at most :data:`MAX_FRACTION_NOISE` (public facts only). A cluster
-    with a small expected batch keeps ``C_0``: its count would be mostly noise (a 53-row cluster
-    at ``q = 0.05`` and ``sigma_b = 13``: fraction noise 3.7, its clip walked to the cap)."""
-    return float(count_std) / (float(sampling_rate) * max(float(n_pub), 1e-300)) <= MAX_FRACTION_NOISE
+    ``sigma_b / (sqrt(m) q n_pub)`` is at most :data:`MAX_FRACTION_NOISE` (public facts only;
+    ``m`` = ``batches``, the steps an update makes at once: :func:`train`). A cluster with a
+    small expected batch keeps ``C_0``: its count would be mostly noise (a 53-row cluster at ``q =
+    0.05`` and ``sigma_b = 13``: fraction noise 3.7, its clip walked to the cap)."""
+    m = int(batches)
+    return float(count_std) / (math.sqrt(m) * float(sampling_rate) * max(float(n_pub), 1e-300)) \
+        <= MAX_FRACTION_NOISE
 
 
 @dataclass(frozen=True)

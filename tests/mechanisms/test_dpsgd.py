@@ -257,3 +257,11 @@ def test_train_batches_is_checked():
     with pytest.raises(ParameterError, match="batches"):
         dpsgd.train(_Quadratic(), np.zeros((3, 3)), np.zeros(3), clip=1.0, sampling_rate=0.5, steps=4,
                     noise=None, n_pub=3, seed=1, batches=0)
+
+
+def test_clip_adapts_with_batches_closed_form():
+    """An update of ``m`` steps estimates the unclipped fraction with noise ``sigma_b / (sqrt(m) q n)``."""
+    std, q = 13.0, 0.05
+    n = std / (q * dpsgd.MAX_FRACTION_NOISE)  # exactly at the threshold with one step per update
+    assert dpsgd.clip_adapts(std, q, n) and not dpsgd.clip_adapts(std, q, n / 1.01)
+    assert dpsgd.clip_adapts(std, q, n / 3.99, 16) and not dpsgd.clip_adapts(std, q, n / 4.01, 16)
