@@ -185,11 +185,12 @@ def main(argv=None):
         if oracle:  # NOT private: each cluster's real marginals, records given their real lengths
             V = csr_matrix(oracle_sample(X, labels, params.k, S, np.random.default_rng(11)))
         else:
-            thetas = dpgm.train_clusters(X, labels, sizes, centers, plan, a.seed)
-            lengths = None
+            lengths = None  # released before training, as the library does (they set each RBM's start)
             if plan.lengths is not None:
                 lengths = plan.lengths.release(np.stack([plan.lengths.histogram(X[labels == j])
                                                          for j in range(params.k)]), a.seed)
+            thetas = dpgm.train_clusters(X, labels, sizes, centers, plan, a.seed,
+                                         masses=dpgm.visible_masses(plan, lengths))
             public = plan.to_public_dict()
             model = dpgm._model(params, d, thetas, sizes, centers, public, plan, lengths)
             W = thetas[:, : d * params.hidden]

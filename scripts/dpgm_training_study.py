@@ -104,7 +104,7 @@ def train_variant(name, *, clip=10.0, lr=0.01, steps=400, q=None, hidden=64, cha
         nj = Xj.shape[0]
         qj = q if q is not None else min(1.0, 900 / max(nj, 1))
         theta = gen.init(stream(ts, 2, j))
-        theta[D * hidden: D * hidden + D] = dpgm._logit_init(centers[j])
+        theta[D * hidden: D * hidden + D] = dpgm.visible_init(centers[j], L)  # the library's, without histograms
         state = gen.init_state(stream(ts, 23, j, 0), theta)
         opt = dpsgd.Adam(lr=lr)
         avg = theta.copy()

@@ -247,12 +247,16 @@ class LengthPlan:
     def dp_event(self) -> dp_event.DpEvent:
         return self.noise.dp_event()
 
+    def bins_of(self, sums) -> np.ndarray:
+        """The length bin of records whose values sum to ``sums``: the sum rounded, at most the
+        longest bin."""
+        m = np.rint(np.asarray(sums, dtype=np.float64).ravel()).astype(np.int64)
+        m = np.clip(m, 0, int(self.edges[-1]) - 1)
+        return np.searchsorted(self.edges, m, side="right") - 1
+
     def histogram(self, X) -> np.ndarray:
         """Counts of the rows of ``X`` (dense or scipy sparse) per length bin: ``(B,)`` float."""
-        m = np.rint(np.asarray(X.sum(axis=1), dtype=np.float64).ravel()).astype(np.int64)
-        m = np.clip(m, 0, int(self.edges[-1]) - 1)
-        return np.bincount(np.searchsorted(self.edges, m, side="right") - 1,
-                           minlength=self.bins).astype(np.float64)
+        return np.bincount(self.bins_of(X.sum(axis=1)), minlength=self.bins).astype(np.float64)
 
     def release(self, hist: np.ndarray, seed: int) -> np.ndarray:
         """The noisy ``(k, B)`` histograms (once, on the driver)."""
@@ -283,12 +287,29 @@ def length_plan(params: DPGMParams, d: int, caller: str = "dpgm") -> LengthPlan 
                                            int(params.k * (edges.size - 1)), caller), float(share))
 
 
+def _kept_bins(noisy: np.ndarray, std: float) -> np.ndarray:
+    """A noisy histogram's bins as synthesis uses them: below ``LENGTH_KEEP_STDS`` noise stds, 0."""
+    noisy = np.asarray(noisy, dtype=np.float64)
+    return np.where(noisy >= LENGTH_KEEP_STDS * float(std), noisy, 0.0)
+
+
+def expected_length(noisy: np.ndarray, edges: np.ndarray, std: float) -> float | None:
+    """The mean length of the records :func:`synthetic_lengths` draws from this noisy histogram
+    (a bin by its kept noisy count, a length uniform within the bin: ``(lo + hi - 1) / 2``);
+    None when no bin is left. Post-processing of the released histogram."""
+    w = _kept_bins(noisy, std)
+    if not np.any(w > 0):
+        return None
+    edges = np.asarray(edges, dtype=np.float64)
+    return float(np.dot(w, (edges[:-1] + edges[1:] - 1.0) / 2.0) / w.sum())
+
+
 def synthetic_lengths(noisy: np.ndarray, edges: np.ndarray, std: float, n: int,
                       rng: np.random.Generator) -> np.ndarray | None:
     """``n`` record lengths from one cluster's noisy histogram (post-processing): bins below
     ``LENGTH_KEEP_STDS`` noise stds are empty, a bin by its noisy count, a length uniform within
     its bin. None when no bin is left (the model keeps its own lengths)."""
-    w = np.where(np.asarray(noisy, dtype=np.float64) >= LENGTH_KEEP_STDS * float(std), noisy, 0.0)
+    w = _kept_bins(noisy, std)
     if not np.any(w > 0):
         return None
     b = rng.choice(w.size, size=int(n), p=w / w.sum())
@@ -654,9 +675,65 @@ class DPGMModel:
                        header.get("public", {}), types, events, lengths, edges, std)
 
 
-def _logit_init(centre: np.ndarray) -> np.ndarray:
-    p = np.clip(centre, 1e-3, 1 - 1e-3)
-    return np.log(p / (1 - p))
+INIT_FLOOR = 1e-3  # an RBM's starting visible probabilities lie in [INIT_FLOOR, 1 - INIT_FLOOR]
+
+
+def project_capped(c: np.ndarray, mass: float) -> np.ndarray:
+    """The Euclidean projection of ``c`` onto ``{p in [0, 1]^d : sum(p) <= mass}``.
+
+    It is ``clip(c - lam, 0, 1)`` with the least ``lam >= 0`` that meets the mass (soft
+    thresholding, then the box). The set is convex, so for any ``p`` in it ``||project(c) - p||
+    <= ||c - p||``: when the cluster's true mean record lies in it, the projected centre is at
+    least as close to it as ``c``. docs/math.md section 5, "The RBM's starting point"."""
+    c = np.asarray(c, dtype=np.float64)
+    mass = max(float(mass), 0.0)
+    p = np.clip(c, 0.0, 1.0)
+    if p.sum() <= mass:
+        return p
+    # f(lam) = sum clip(c - lam, 0, 1) is continuous and non-increasing, f(0) > mass >= f(max c) = 0;
+    # bisect for the bracket, then solve the linear piece it lies on exactly
+    lo, hi = 0.0, float(c.max())
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if np.clip(c - mid, 0.0, 1.0).sum() > mass:
+            lo = mid
+        else:
+            hi = mid
+    free = (c - hi > 0.0) & (c - hi < 1.0)
+    if np.any(free):  # on this piece f(lam) = sum_free (c_i - lam) + #(c_i - lam >= 1)
+        lam = (c[free].sum() + np.count_nonzero(c - hi >= 1.0) - mass) / np.count_nonzero(free)
+        if lo <= lam <= hi:
+            hi = lam
+    return np.clip(c - hi, 0.0, 1.0)
+
+
+def visible_masses(plan: DPGMPlan, noisy_lengths: np.ndarray | None) -> np.ndarray:
+    """Each cluster's expected record length, the mass its RBM starts from (:func:`visible_init`):
+    the mean length synthesis draws from the cluster's released histogram (:func:`expected_length`);
+    for a cluster with no bin left, that of the sum of the k histograms (noise std ``sqrt(k)``
+    times); with neither (or no histograms), the longest record ``L`` the bounds admit. At most
+    ``L``. Post-processing of released histograms and public bounds."""
+    k, longest = plan.params.k, float(max_length(plan.params, plan.d))
+    lp = plan.lengths
+    if lp is None or noisy_lengths is None:
+        return np.full(k, longest)
+    noisy_lengths = np.asarray(noisy_lengths, dtype=np.float64)
+    pooled = expected_length(noisy_lengths.sum(axis=0), lp.edges, lp.noise.std * math.sqrt(k))
+    out = []
+    for j in range(k):
+        own = expected_length(noisy_lengths[j], lp.edges, lp.noise.std)
+        out.append(min(longest, own if own is not None else pooled if pooled is not None else longest))
+    return np.asarray(out, dtype=np.float64)
+
+
+def visible_init(centre: np.ndarray, mass: float) -> np.ndarray:
+    """An RBM's starting visible biases: the logits of the released centre projected onto
+    ``{p in [0, 1]^d : sum(p) <= mass}`` (:func:`project_capped`), kept within
+    ``[INIT_FLOOR, 1 - INIT_FLOOR]``. A noisy centre clipped to the box keeps every positive
+    noise, which at small clusters puts most of its mass on items nobody in the cluster has;
+    the projection removes it (docs/dpgm.md, "The RBM's starting point")."""
+    p = np.clip(project_capped(centre, mass), INIT_FLOOR, 1.0 - INIT_FLOOR)
+    return np.log(p / (1.0 - p))
 
 
 def fit_dpgm_array(X, params: DPGMParams, *, seed: int | None = None, log=None) -> tuple[DPGMModel, DPGMPlan]:
@@ -683,15 +760,16 @@ def fit_dpgm_array(X, params: DPGMParams, *, seed: int | None = None, log=None) 
     sizes = np.maximum(np.asarray(kmodel.counts, float), 0.0)
     # 2. internal assignment to the released centres (never released)
     labels = assign_clusters(X, centers, _bounds(params, d, caller).row_bound)
-    # 3. one model per cluster, same (q, sigma, T)
-    clips: dict = {}
-    thetas = train_clusters(X, labels, sizes, centers, plan, seed, log=log, clips=clips)
-    # 4. the length histograms of the same clusters, noised once
+    # 3. the length histograms of the same clusters, noised once (they also set where each rbm starts)
     lengths = None
     if plan.lengths is not None:
         lengths = plan.lengths.release(np.stack([plan.lengths.histogram(X[labels == j]) for j in range(params.k)]),
                                        seed)
-    public = model_public(plan, sizes, [clips[j] for j in range(params.k)])
+    masses = visible_masses(plan, lengths)
+    # 4. one model per cluster, same (q, sigma, T)
+    clips: dict = {}
+    thetas = train_clusters(X, labels, sizes, centers, plan, seed, log=log, clips=clips, masses=masses)
+    public = model_public(plan, sizes, [clips[j] for j in range(params.k)], masses)
     return _model(params, d, thetas, sizes, centers, public, plan, lengths), plan
 
 
@@ -710,11 +788,13 @@ def training_order(sizes) -> list:
     return [int(j) for j in np.argsort(-np.asarray(sizes, dtype=np.float64), kind="stable")]
 
 
-def model_public(plan: DPGMPlan, sizes, clips=None) -> dict:
+def model_public(plan: DPGMPlan, sizes, clips=None, masses=None) -> dict:
     """The model file's public record: the plan's, each cluster's learning rate and batches per
-    update ``m_j`` (functions of the noisy sizes), and with quantile clipping each cluster's
-    final ``clips`` (:func:`final_clips_public`)."""
+    update ``m_j`` (functions of the noisy sizes), the rbm's starting masses (:func:`visible_masses`),
+    and with quantile clipping each cluster's final ``clips`` (:func:`final_clips_public`)."""
     out = plan.to_public_dict()
+    if plan.params.model == "rbm" and masses is not None:
+        out["start_masses"] = [float(v) for v in masses]
     out["learning_rates"] = plan.learning_rates(sizes)
     out["batches"] = plan.batches(sizes)
     out["updates"] = [dpsgd.updates(plan.steps, m) for m in out["batches"]]
@@ -746,22 +826,25 @@ def assign_clusters(X: np.ndarray, centers: np.ndarray, row_bound: float) -> np.
 
 def train_clusters(X: np.ndarray, labels: np.ndarray, sizes: np.ndarray, centers: np.ndarray,
                    plan: DPGMPlan, seed: int, clusters=None, log=None, on_step=None,
-                   clips: dict | None = None) -> np.ndarray:
+                   clips: dict | None = None, masses=None) -> np.ndarray:
     """DP-SGD of every cluster's model on its own rows (a Spark task per cluster does the same
     for one ``j``): ``(k, dim)`` parameters. Cluster ``j`` sees only ``X[labels == j]``, the
-    public ``sizes[j]``, ``centers[j]`` and its own streams ``(seed, stage, j, step)``.
+    public ``sizes[j]``, ``centers[j]``, ``masses[j]`` and its own streams ``(seed, stage, j, step)``.
+    ``masses``: the rbm's starting mass per cluster (:func:`visible_masses` of the released length
+    histograms; None: the longest record the bounds admit, for every cluster).
     ``on_step(j, t, steps)``: called after DP-SGD step ``t`` of cluster ``j`` (progress).
     ``clips`` (a dict), when given, receives cluster ``j``'s final clip (quantile clipping: a
     function of released counts; else the declared clip)."""
     params, d = plan.params, plan.d
     gen = _make_model(params, d)
     clusters = range(params.k) if clusters is None else clusters
+    masses = visible_masses(plan, None) if masses is None else np.asarray(masses, dtype=np.float64)
     thetas = np.zeros((params.k, gen.dim))
     for j in clusters:
         Xj = X[labels == j]
         theta0 = gen.init(stream(seed, 2, j))
-        if params.model == "rbm":  # start at the cluster's released centre (independent Bernoullis)
-            theta0[d * params.hidden: d * params.hidden + d] = _logit_init(centers[j])
+        if params.model == "rbm":  # start at the cluster's released centre, its noise projected away
+            theta0[d * params.hidden: d * params.hidden + d] = visible_init(centers[j], masses[j])
         info = {}
         n_pub = max(float(sizes[j]), 1.0)
         thetas[j] = dpsgd.train(gen, Xj, theta0, clip=params.clip, sampling_rate=params.sampling_rate,
@@ -1025,23 +1108,47 @@ def _group_fn(centers: np.ndarray, row_bound: float):
     return group
 
 
-def _train_fn(plan: DPGMPlan, sizes: np.ndarray, centers: np.ndarray, seed: int):
+def _lengths_fn(centers: np.ndarray, row_bound: float, lplan: LengthPlan):
+    """Block -> the ``k B`` exact length histograms of its rows by nearest released centre (the
+    rows and assignment training uses: :func:`_group_fn`), summed over blocks and noised once on
+    the driver."""
+    group_fn, k, bins = _group_fn(centers, row_bound), int(np.asarray(centers).shape[0]), lplan.bins
+
+    def hist(block):
+        g, X = group_fn(block)
+        if isinstance(X, _proto.SparseRows):
+            if X.n == 0:
+                return np.zeros(k * bins)
+            off = np.asarray(X.offsets, dtype=np.int64)
+            if X.values is None:  # binary records: a record's length is its number of items
+                m = np.diff(off).astype(np.float64)
+            else:
+                sums = np.concatenate([[0.0], np.cumsum(np.asarray(X.values, dtype=np.float64))])
+                m = sums[off[1:]] - sums[off[:-1]]
+        else:
+            m = np.asarray(X, dtype=np.float64).sum(axis=1)
+        return np.bincount(np.asarray(g, dtype=np.int64) * bins + lplan.bins_of(m),
+                           minlength=k * bins).astype(np.float64)
+
+    return hist
+
+
+def _train_fn(plan: DPGMPlan, sizes: np.ndarray, centers: np.ndarray, seed: int, masses=None):
     """(j, rows of cluster j in source order[, report]) -> cluster j's DP-SGD parameters (its own
-    streams); ``report(t, steps)`` after each step, where the engine trains in-process."""
+    streams); ``report(t, steps)`` after each step, where the engine trains in-process.
+    ``masses``: the rbm's starting masses (:func:`train_clusters`)."""
     sizes = np.array(sizes, dtype=np.float64, copy=True)
     centers = np.array(centers, dtype=np.float64, copy=True)
+    masses = None if masses is None else np.array(masses, dtype=np.float64, copy=True)
 
     def train(j, Xj, report=None):
         labels = np.full(Xj.shape[0], int(j))
         on_step = None if report is None else (lambda _j, t, steps: report(t, steps))
         clips: dict = {}
         theta = train_clusters(Xj, labels, sizes, centers, plan, seed, clusters=[int(j)], on_step=on_step,
-                               clips=clips)[int(j)]
-        # quantile clipping: the final clip (post-processing of released counts) rides after theta;
-        # then the cluster's exact length histogram (noised once on the driver)
-        parts = [theta] + ([[clips[int(j)]]] if plan.quantile else [])
-        parts += [] if plan.lengths is None else [plan.lengths.histogram(Xj)]
-        return np.concatenate(parts) if len(parts) > 1 else theta
+                               clips=clips, masses=masses)[int(j)]
+        # quantile clipping: the final clip (post-processing of released counts) rides after theta
+        return np.concatenate([theta, [clips[int(j)]]]) if plan.quantile else theta
 
     return train
 
@@ -1198,24 +1305,29 @@ class DPGM(_proto.Mechanism):
             kmodel, history = fit_from_stats(kplan, fmap, centres0,
                                              lambda c: cache.aggregate(stats_fn(c), k * (dim + 1)),
                                              None, seed, log)
+            centers = np.asarray(kmodel.centers, float)
+            sizes = np.maximum(np.asarray(kmodel.counts, float), 0.0)
+            lengths = None
+            if dplan.lengths is not None:  # the exact (k, B) histograms in one pass, noised here once
+                lp, size = dplan.lengths, k * dplan.lengths.bins
+                lfn = _lengths_fn(centers, bounds.row_bound, lp)
+                # event records: the cached records are the training rows; a table's cache holds its
+                # features (rows also scaled onto the row-bound ball), so its histograms read the source
+                exact = cache.aggregate(lfn, size) if records else engine.aggregate(source, lfn, size)
+                lengths = lp.release(np.asarray(exact, dtype=np.float64).reshape(k, lp.bins), seed)
+            masses = visible_masses(dplan, lengths)
         finally:
             cache.release()
-        centers = np.asarray(kmodel.centers, float)
-        sizes = np.maximum(np.asarray(kmodel.counts, float), 0.0)
         progress.log("dpgm: training %d %s model(s), %d DP-SGD steps each", k, params.model, dplan.steps)
         gen_dim = _make_model(params, d).dim
-        bins = 0 if dplan.lengths is None else dplan.lengths.bins
         thetas = engine.train_groups(source, _group_fn(centers, bounds.row_bound),
-                                     _train_fn(dplan, sizes, centers, seed), k,
-                                     gen_dim + int(dplan.quantile) + bins, d,
+                                     _train_fn(dplan, sizes, centers, seed, masses), k,
+                                     gen_dim + int(dplan.quantile), d,
                                      on_train=_training_progress(progress, dplan, plan.epsilon),
                                      what="dpgm training", order=training_order(sizes))
         thetas = np.asarray(thetas, float)
         # quantile clipping: each cluster's final clip rides after its theta
-        public_record = model_public(dplan, sizes, thetas[:, gen_dim] if dplan.quantile else None)
-        lengths = None
-        if dplan.lengths is not None:  # the exact histograms ride last; noised here, once
-            lengths = dplan.lengths.release(thetas[:, thetas.shape[1] - bins:], seed)
+        public_record = model_public(dplan, sizes, thetas[:, gen_dim] if dplan.quantile else None, masses)
         thetas = np.ascontiguousarray(thetas[:, :gen_dim])
         model = _model(params, d, thetas, sizes, centers, public_record, dplan, lengths, st.column_types or None,
                        st.events)

@@ -56,15 +56,21 @@ _KW = dict(epsilon=4.0, delta=1e-5, k=2, sampling_rate=0.2, epochs=1, hidden=3, 
            accountant="rdp")
 
 
-def test_dpgm_on_bounded_event_records(spark):
+def test_dpgm_on_bounded_event_records(spark, monkeypatch):
     """Event records are the people's 0/1 rows over the vocabulary: the k-means part equals the
     release of the same rows as a dense table (same seed; sums do not depend on the order), the
     row bound is sqrt(max_items) from the cap, and the trained models do not depend on how the
-    events are partitioned (records are trained in the keyed person layout)."""
+    events are partitioned (records are trained in the keyed person layout). The exact length
+    histograms, made before training (records: from the cached records; a table: from its rows),
+    are the auditor's, and both releases start their RBMs from the same masses."""
     from sparkpriv.api import release_dpgm
     from sparkpriv.privacy.random import insecure_fixed_seed
     from sparkpriv.spark.events import bound_contributions
 
+    exact = []
+    real_release = dpgm.LengthPlan.release
+    monkeypatch.setattr(dpgm.LengthPlan, "release", lambda self, h, seed: exact.append(np.array(h)) or
+                        real_release(self, h, seed))
     thetas = []
     for parts in (1, 3):
         with insecure_fixed_seed(31):
@@ -88,6 +94,20 @@ def test_dpgm_on_bounded_event_records(spark):
     np.testing.assert_allclose(rel.model.centers, dense.model.centers, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(rel.model.sizes, dense.model.sizes, rtol=1e-9, atol=1e-9)
     assert np.isfinite(thetas[0]).all() and np.abs(thetas[0]).sum() > 0
+    # the auditor's histograms: its own nearest-centre assignment and lengths
+    c = np.asarray(rel.model.centers)
+    labels = np.argmin((c * c).sum(1)[None, :] - 2 * X @ c.T, axis=1)
+    edges = rel.model.length_edges
+    want = np.zeros((2, edges.size - 1))
+    for j, m in zip(labels, X.sum(axis=1).astype(int)):
+        want[j, np.searchsorted(edges, m, side="right") - 1] += 1
+    assert len(exact) == 3  # records (twice), then the table
+    for h in exact:
+        np.testing.assert_array_equal(h, want)
+    np.testing.assert_allclose(rel.model.lengths, dense.model.lengths, atol=1e-9)
+    assert rel.model.plan_public["start_masses"] == pytest.approx(dense.model.plan_public["start_masses"])
+    assert rel.model.plan_public["start_masses"] == pytest.approx(
+        [dpgm.expected_length(rel.model.lengths[j], edges, rel.model.length_std) for j in range(2)])
 
 
 def test_dpgm_event_records_refusals(spark):
