@@ -1310,6 +1310,7 @@ class DPGM(_proto.Mechanism):
             lengths = None
             if dplan.lengths is not None:  # the exact (k, B) histograms in one pass, noised here once
                 lp, size = dplan.lengths, k * dplan.lengths.bins
+                progress.log("dpgm: histograms of record lengths, %d clusters x %d bins (one pass)", k, lp.bins)
                 lfn = _lengths_fn(centers, bounds.row_bound, lp)
                 # event records: the cached records are the training rows; a table's cache holds its
                 # features (rows also scaled onto the row-bound ball), so its histograms read the source
