@@ -8,7 +8,10 @@
    for binary records, :class:`~sparkpriv.mechanisms.vae.VAE` for binary or
    continuous columns), trained with DP-SGD (:mod:`~sparkpriv.mechanisms.dpsgd`)
    at ONE public sampling rate ``q`` and ONE number of steps ``T`` for every
-   cluster, normalised by the cluster's noisy size (public). With ``min_batch``
+   cluster, normalised by the cluster's noisy size (public). An RBM starts from
+   its cluster's released centre projected onto the box points of mass at most
+   the cluster's released mean length (:func:`visible_init`; docs/dpgm.md,
+   "The RBM's starting point"). With ``min_batch``
    a cluster makes ``m_j`` of its ``T`` steps at once (its own rate ``m_j q``,
    ``m_j`` from its noisy size; docs/dpgm.md, "Per-cluster sampling rates"):
    each step keeps its own batch and noise, so the event is the same.
