@@ -1118,19 +1118,12 @@ def _lengths_fn(centers: np.ndarray, row_bound: float, lplan: LengthPlan):
     group_fn, k, bins = _group_fn(centers, row_bound), int(np.asarray(centers).shape[0]), lplan.bins
 
     def hist(block):
+        from sparkpriv.mechanisms.sparse import _csr
+
         g, X = group_fn(block)
-        if isinstance(X, _proto.SparseRows):
-            if X.n == 0:
-                return np.zeros(k * bins)
-            off = np.asarray(X.offsets, dtype=np.int64)
-            if X.values is None:  # binary records: a record's length is its number of items
-                m = np.diff(off).astype(np.float64)
-            else:
-                sums = np.concatenate([[0.0], np.cumsum(np.asarray(X.values, dtype=np.float64))])
-                m = sums[off[1:]] - sums[off[:-1]]
-        else:
-            m = np.asarray(X, dtype=np.float64).sum(axis=1)
-        return np.bincount(np.asarray(g, dtype=np.int64) * bins + lplan.bins_of(m),
+        if isinstance(X, _proto.SparseRows):  # the same rows as scipy CSR: LengthPlan.histogram's sums
+            X = _csr(X.offsets, X.indices, X.values, X.d)
+        return np.bincount(np.asarray(g, dtype=np.int64) * bins + lplan.bins_of(X.sum(axis=1)),
                            minlength=k * bins).astype(np.float64)
 
     return hist
