@@ -204,7 +204,8 @@ class DPGMSynthesizer(BaseEstimator):
     """
 
     def __init__(self, *, epsilon: float = 1.0, delta: float = 1e-6, k: int = 10, model: str = "rbm",
-                 kmeans_share: float = 0.3, length_share=None, kmeans_iterations: int = 8, row_bound=None,
+                 kmeans_share: float = 0.3, length_share=None, length_strata=None, kmeans_iterations: int = 8,
+                 row_bound=None,
                  clip: float = 10.0, clip_quantile=None, clip_lr: float = 0.2, clip_count_share: float = 0.05,
                  sampling_rate: float = 0.05, epochs: float = 20.0, min_batch=None, learning_rate=None,
                  lr_schedule: str = "constant", average_tail: float = 0.5,
@@ -216,6 +217,7 @@ class DPGMSynthesizer(BaseEstimator):
         self.model = model
         self.kmeans_share = kmeans_share
         self.length_share = length_share
+        self.length_strata = length_strata
         self.kmeans_iterations = kmeans_iterations
         self.row_bound = row_bound
         self.clip = clip
@@ -238,7 +240,8 @@ class DPGMSynthesizer(BaseEstimator):
         self.ledger = ledger
         self.table_id = table_id
 
-    _RELEASE_PARAMS = ("epsilon", "delta", "k", "model", "kmeans_share", "length_share", "kmeans_iterations", "row_bound", "clip",
+    _RELEASE_PARAMS = ("epsilon", "delta", "k", "model", "kmeans_share", "length_share", "length_strata",
+                       "kmeans_iterations", "row_bound", "clip",
                        "clip_quantile", "clip_lr", "clip_count_share", "sampling_rate", "epochs", "min_batch", "learning_rate",
                        "lr_schedule", "average_tail", "hidden", "latent", "chains", "gibbs_steps",
                        "accountant", "fill")

@@ -36,7 +36,7 @@ def _model(sizes=SIZES, biases=BIASES):
     thetas = np.zeros((len(sizes), gen.dim))
     for j, b in enumerate(biases):
         thetas[j, d * h: d * h + d] = b
-    params = dpgm.DPGMParams(epsilon=1.5, delta=1e-6, k=len(sizes), hidden=h, columns=COLS)
+    params = dpgm.DPGMParams(epsilon=1.5, delta=1e-6, k=len(sizes), hidden=h, columns=COLS, length_strata=0)
     return dpgm.DPGMModel(params, d, thetas, np.asarray(sizes, float), np.zeros((len(sizes), d)))
 
 
@@ -345,7 +345,7 @@ def test_event_model_header_round_trip_and_older_files(tmp_path):
         assert back.events == m.events and back.events.vocabulary.ids == m.events.vocabulary.ids
         np.testing.assert_array_equal(back.thetas, m.thetas)
     header = json.loads(bytes(np.load(io.BytesIO(_event_model().to_bytes()))["header"]).decode())
-    assert dpgm.FORMAT_VERSION == 4 and header["format_version"] == 4 and header["lengths"] is None
+    assert dpgm.FORMAT_VERSION == 5 and header["format_version"] == 5 and header["lengths"] is None
     assert header["events"] == {"person_column": "caller_id", "item_column": "tower_id", "item_type": "int",
                                 "vocabulary": {"ids": list(EV_IDS), "source": "declared list"}}
     assert dpgm.DPGMModel.load(io.BytesIO(_model().to_bytes())).events is None

@@ -81,7 +81,7 @@ from sparkpriv.mechanisms.column_types import SYNTHETIC_TYPES, synthetic_arrays,
 from sparkpriv.mechanisms.event_columns import EventColumns
 from sparkpriv.mechanisms.kmeans import (cluster_stats, fit_from_stats, initial_centres,
                                          make_feature_map, plan_kmeans, KMeansPlan)
-from sparkpriv.mechanisms.rbm import RBM
+from sparkpriv.mechanisms.rbm import RBM, STRATA_LR
 from sparkpriv.mechanisms.vae import VAE
 from sparkpriv.privacy import noise as _noise
 from sparkpriv.privacy.accounting import RunningEpsilon, compose, epsilon_of, fit_to_epsilon
@@ -96,14 +96,18 @@ __all__ = ["MODELS", "FORMAT_VERSION", "MODEL_FILE", "DPGMParams", "DPGMPlan", "
            "DPGM", "DPGM_MECHANISM"]
 
 MODELS = ("rbm", "vae")
+# 5: the rbm's length strata (the params' "length_strata", resolved; thetas hold the offsets A);
 # 4: the per-cluster noisy histograms of record lengths ("lengths", with the header's "length_edges");
 # 3: the header holds the event columns of a release on event records (None for a table); 2: the
 # source's column types; 1 (read as all double) had none
-FORMAT_VERSION = 4
-READ_VERSIONS = (1, 2, 3, 4)
+FORMAT_VERSION = 5
+READ_VERSIONS = (1, 2, 3, 4, 5)
 MODEL_FILE = "_dpgm_model.npz"  # the released model, published with the release's table
 SYNTH_STAGE = 31  # stream(seed, SYNTH_STAGE, j) samples cluster j's synthetic records
 LENGTH_STAGE = 25  # stream(seed, LENGTH_STAGE): the noise of the length histograms, drawn once on the driver
+CHAIN_STAGE = 26  # stream(seed, CHAIN_STAGE, j): the fixed lengths of cluster j's persistent chains (public draw)
+# the rbm's default length strata (interior edges; docs/dpgm.md, "Length strata")
+DEFAULT_LENGTH_STRATA = (3, 6, 13)
 # share of epsilon the histograms of record lengths are calibrated to (docs/dpgm.md, "Record lengths")
 DEFAULT_LENGTH_SHARE = {"rbm": 0.1, "vae": 0.0}
 LENGTH_KEEP_STDS = 2.0  # synthesis: a noisy bin below this many noise stds counts as empty
@@ -134,6 +138,12 @@ class DPGMParams(_proto.Params):
         "calibrated to, in [0, 1); synthesis draws each record's length from them, then the model's record "
         "given it (rbm only; 0: none, the model's own lengths)", doc_default="rbm: 0.1; vae: 0",
         constraints=[Interval("real", 0, 1, "left")])
+    length_strata: tuple | None = _proto.option(
+        None, help="rbm with length histograms: interior edges e_1 < e_2 < ... (integers >= 1, at most the "
+        "longest record L) of the record-length strata [0, e_1), [e_1, e_2), ..., [e_last, L]; each stratum "
+        "adds its own offset to the visible biases and the model is trained given the lengths (docs/dpgm.md, "
+        "'Length strata'); 0: none", doc_default="3,6,13 (rbm with length histograms); none otherwise",
+        kind="floats")
     kmeans_iterations: int = _proto.option(8, help="Lloyd iterations of the k-means",
                                            constraints=[Interval("integer", 1, 1000, "both")])
     row_bound: float | None = _proto.option(None, help="declared L2 bound on a record (binary records with at "
@@ -198,6 +208,33 @@ class DPGMParams(_proto.Params):
     def lengths_share(self) -> float:
         """The share of epsilon of the length histograms used: ``length_share`` or the model's default."""
         return float(self.length_share) if self.length_share is not None else DEFAULT_LENGTH_SHARE[self.model]
+
+
+def length_strata(params: DPGMParams, d: int, caller: str = "dpgm") -> tuple:
+    """The rbm's interior strata edges as ints (``()``: none): ``length_strata``, or
+    :data:`DEFAULT_LENGTH_STRATA` for an rbm with length histograms (edges above the longest record
+    ``L`` dropped), none otherwise. Refuses edges that are not increasing integers in ``[1, L]``,
+    and strata without length histograms. Public parameters only."""
+    v = params.length_strata
+    has_lengths = params.model == "rbm" and params.lengths_share > 0.0
+    if v is None:
+        if not has_lengths:
+            return ()
+        longest = max_length(params, d)
+        return tuple(e for e in DEFAULT_LENGTH_STRATA if e <= longest)
+    vals = (v,) if isinstance(v, (int, float)) else tuple(v)
+    if len(vals) == 1 and float(vals[0]) == 0.0:
+        return ()
+    if not has_lengths:
+        raise ParameterError(f"The 'length_strata' parameter of {caller} applies to model='rbm' with length "
+                             f"histograms (length_share > 0); got {v!r} with model={params.model!r}, "
+                             f"length_share={params.lengths_share!r}. Remove it or set it to 0.")
+    longest = max_length(params, d)
+    if any(not float(e).is_integer() for e in vals) or any(float(e) < 1 for e in vals) \
+            or any(float(b) <= float(a) for a, b in zip(vals, vals[1:])) or float(vals[-1]) > longest:
+        raise ParameterError(f"The 'length_strata' parameter of {caller} must be increasing integers from 1 to "
+                             f"the longest record L = {longest} (e.g. 3,6,13), or 0 for none; got {v!r}.")
+    return tuple(int(e) for e in vals)
 
 
 def max_length(params: DPGMParams, d: int) -> int:
@@ -320,9 +357,37 @@ def synthetic_lengths(noisy: np.ndarray, edges: np.ndarray, std: float, n: int,
     return lo + np.floor(rng.random(int(n)) * (hi - lo)).astype(np.int64)
 
 
+def draw_lengths(noisy: np.ndarray, edges: np.ndarray, std: float, j: int, n: int, rng: np.random.Generator,
+                 longest: int | None = None) -> np.ndarray | None:
+    """``n`` lengths for cluster ``j`` from the released ``(k, B)`` histograms (post-processing):
+    :func:`synthetic_lengths` of its own; with ``longest`` (a model with length strata, which needs
+    lengths), when it has no bin left, of the sum of the k histograms (noise std ``sqrt(k)`` times),
+    then ``longest`` for every record. None: no bin left and no ``longest``."""
+    noisy = np.asarray(noisy, dtype=np.float64)
+    own = synthetic_lengths(noisy[j], edges, std, int(n), rng)
+    if own is not None or longest is None:
+        return own
+    pooled = synthetic_lengths(noisy.sum(axis=0), edges, float(std) * math.sqrt(noisy.shape[0]), int(n), rng)
+    return pooled if pooled is not None else np.full(int(n), int(longest), dtype=np.int64)
+
+
+def chain_lengths(plan: "DPGMPlan", noisy_lengths: np.ndarray | None, seed: int) -> np.ndarray | None:
+    """``(k, chains)`` fixed lengths of each cluster's persistent chains for an rbm with length
+    strata (None otherwise): :func:`draw_lengths` from ``stream(seed, CHAIN_STAGE, j)``, like the
+    lengths synthesis draws. Post-processing of the released histograms: public."""
+    params, lp = plan.params, plan.lengths
+    if not length_strata(params, plan.d) or lp is None or noisy_lengths is None:
+        return None
+    longest = max_length(params, plan.d)
+    return np.stack([draw_lengths(noisy_lengths, lp.edges, lp.noise.std, j, params.chains,
+                                  stream(seed, CHAIN_STAGE, j), longest) for j in range(params.k)])
+
+
 def _make_model(params: DPGMParams, d: int):
     if params.model == "rbm":
-        return RBM(d, params.hidden, gibbs_steps=params.gibbs_steps, chains=params.chains)
+        return RBM(d, params.hidden, gibbs_steps=params.gibbs_steps, chains=params.chains,
+                   strata=length_strata(params, d))
+    length_strata(params, d)  # refuses strata for the vae
     return VAE(d, params.hidden, params.latent)
 
 
@@ -422,6 +487,18 @@ class DPGMPlan:
             return epsilon_of(self.dp_event(), self.params.delta)
         return self.epsilon_accounted
 
+    def strata_public(self) -> dict | None:
+        """The rbm's length strata as the model file states them (None: none)."""
+        edges = length_strata(self.params, self.d)
+        if not edges:
+            return None
+        return {"interior_edges": list(edges), "strata": len(edges) + 1, "offsets_learning_rate_factor": STRATA_LR,
+                "chains": f"each cluster's {self.params.chains} persistent chains keep fixed lengths drawn from "
+                          "its released length histogram (stream CHAIN_STAGE; post-processing)",
+                "note": "each stratum's offsets A_s are added to the visible biases of records of its lengths; "
+                        "they are parameters like the others: in the per-example gradient, clipped and noised "
+                        "(no extra privacy cost)"}
+
     def to_public_dict(self) -> dict:
         out = {
             "mechanism": "dpgm", "neighbors": "replace-one", "n": self.n, "d": self.d,
@@ -438,6 +515,7 @@ class DPGMPlan:
             "step_noise": self.step_noise.to_public_dict(),
             "kmeans": self.kmeans.to_public_dict(),
             "lengths": None if self.lengths is None else self.lengths.to_public_dict(),
+            "length_strata": self.strata_public(),
             "epsilon_spent": self.epsilon_spent(), "delta": self.params.delta,
             "accounting": accounting_note(self.params),
         }
@@ -591,6 +669,13 @@ class DPGMModel:
     length_edges: np.ndarray | None = None
     length_std: float = math.nan
 
+    def __post_init__(self):
+        dim = self.generator().dim
+        if np.ndim(self.thetas) != 2 or np.shape(self.thetas)[1] != dim:
+            raise ParameterError(f"The model's parameters have shape {np.shape(self.thetas)}; its params "
+                                 f"(model={self.params.model!r}, hidden={self.params.hidden}, length strata "
+                                 f"{list(length_strata(self.params, self.d))}) need {dim} per cluster.")
+
     @property
     def k(self) -> int:
         return self.thetas.shape[0]
@@ -600,7 +685,8 @@ class DPGMModel:
         drawn from cluster ``j``'s (:func:`synthetic_lengths`), then the record given it."""
         lengths = None
         if self.lengths is not None:
-            lengths = synthetic_lengths(self.lengths[j], self.length_edges, self.length_std, int(n), rng)
+            longest = max_length(self.params, self.d) if getattr(gen, "strata", ()) else None
+            lengths = draw_lengths(self.lengths, self.length_edges, self.length_std, j, int(n), rng, longest)
         if lengths is None:
             return gen.sample(self.thetas[j], int(n), rng)
         return gen.sample(self.thetas[j], int(n), rng, lengths=lengths)
@@ -634,7 +720,9 @@ class DPGMModel:
     def to_bytes(self) -> bytes:
         """The ``.npz`` file's bytes (:meth:`save`; a release publishes them as ``MODEL_FILE``)."""
         header = {"format": "sparkpriv-dpgm", "format_version": FORMAT_VERSION,
-                  "params": self.params.public_dict(), "d": self.d, "public": self.plan_public,
+                  "params": self.params.public_dict(), "d": self.d,
+                  # resolved (the default may change): the file says which strata its thetas hold
+                  "length_strata": list(length_strata(self.params, self.d)), "public": self.plan_public,
                   "column_types": list(self.types),
                   "events": None if self.events is None else self.events.to_header(),
                   "lengths": None if self.lengths is None else
@@ -674,6 +762,10 @@ class DPGMModel:
                                          f"its {z['thetas'].shape[0]} clusters and {edges.size - 1} bins.")
             params = dict(header["params"])
             params.setdefault("average_tail", 0.0)  # written before the tail mean: the last iterate
+            if version < 5:
+                params["length_strata"] = 0  # written before the length strata: none
+            elif tuple(length_strata(DPGMParams(**params), d)) != tuple(header.get("length_strata") or ()):
+                params["length_strata"] = list(header.get("length_strata") or ()) or 0
             return cls(DPGMParams(**params), d, z["thetas"], z["sizes"], z["centers"],
                        header.get("public", {}), types, events, lengths, edges, std)
 
@@ -769,9 +861,11 @@ def fit_dpgm_array(X, params: DPGMParams, *, seed: int | None = None, log=None) 
         lengths = plan.lengths.release(np.stack([plan.lengths.histogram(X[labels == j]) for j in range(params.k)]),
                                        seed)
     masses = visible_masses(plan, lengths)
+    chains = chain_lengths(plan, lengths, seed)
     # 4. one model per cluster, same (q, sigma, T)
     clips: dict = {}
-    thetas = train_clusters(X, labels, sizes, centers, plan, seed, log=log, clips=clips, masses=masses)
+    thetas = train_clusters(X, labels, sizes, centers, plan, seed, log=log, clips=clips, masses=masses,
+                            chain_lengths=chains)
     public = model_public(plan, sizes, [clips[j] for j in range(params.k)], masses)
     return _model(params, d, thetas, sizes, centers, public, plan, lengths), plan
 
@@ -829,12 +923,15 @@ def assign_clusters(X: np.ndarray, centers: np.ndarray, row_bound: float) -> np.
 
 def train_clusters(X: np.ndarray, labels: np.ndarray, sizes: np.ndarray, centers: np.ndarray,
                    plan: DPGMPlan, seed: int, clusters=None, log=None, on_step=None,
-                   clips: dict | None = None, masses=None) -> np.ndarray:
+                   clips: dict | None = None, masses=None, chain_lengths=None) -> np.ndarray:
     """DP-SGD of every cluster's model on its own rows (a Spark task per cluster does the same
     for one ``j``): ``(k, dim)`` parameters. Cluster ``j`` sees only ``X[labels == j]``, the
     public ``sizes[j]``, ``centers[j]``, ``masses[j]`` and its own streams ``(seed, stage, j, step)``.
     ``masses``: the rbm's starting mass per cluster (:func:`visible_masses` of the released length
     histograms; None: the longest record the bounds admit, for every cluster).
+    ``chain_lengths`` (k, chains): the fixed lengths of each cluster's persistent chains for an rbm
+    with length strata (:func:`chain_lengths` of the released histograms; None: every chain at its
+    cluster's starting mass, rounded).
     ``on_step(j, t, steps)``: called after DP-SGD step ``t`` of cluster ``j`` (progress).
     ``clips`` (a dict), when given, receives cluster ``j``'s final clip (quantile clipping: a
     function of released counts; else the declared clip)."""
@@ -842,15 +939,20 @@ def train_clusters(X: np.ndarray, labels: np.ndarray, sizes: np.ndarray, centers
     gen = _make_model(params, d)
     clusters = range(params.k) if clusters is None else clusters
     masses = visible_masses(plan, None) if masses is None else np.asarray(masses, dtype=np.float64)
+    if getattr(gen, "strata", ()) and chain_lengths is None:  # no histograms: every chain at its start mass
+        longest = max_length(params, d)
+        chain_lengths = np.repeat(np.clip(np.rint(masses), 1, longest).astype(np.int64)[:, None], params.chains, 1)
     thetas = np.zeros((params.k, gen.dim))
     for j in clusters:
         Xj = X[labels == j]
-        theta0 = gen.init(stream(seed, 2, j))
+        gj = gen if chain_lengths is None or params.model != "rbm" else \
+            dataclasses.replace(gen, chain_lengths=tuple(int(v) for v in chain_lengths[j]))
+        theta0 = gj.init(stream(seed, 2, j))
         if params.model == "rbm":  # start at the cluster's released centre, its noise projected away
             theta0[d * params.hidden: d * params.hidden + d] = visible_init(centers[j], masses[j])
         info = {}
         n_pub = max(float(sizes[j]), 1.0)
-        thetas[j] = dpsgd.train(gen, Xj, theta0, clip=params.clip, sampling_rate=params.sampling_rate,
+        thetas[j] = dpsgd.train(gj, Xj, theta0, clip=params.clip, sampling_rate=params.sampling_rate,
                                 steps=plan.steps, noise=plan.step_noise, n_pub=n_pub,
                                 seed=seed, cluster=j, lr=plan.learning_rate_for(n_pub),
                                 on_step=None if on_step is None else (lambda t, T, j=j: on_step(j, t, T)),
@@ -1129,20 +1231,21 @@ def _lengths_fn(centers: np.ndarray, row_bound: float, lplan: LengthPlan):
     return hist
 
 
-def _train_fn(plan: DPGMPlan, sizes: np.ndarray, centers: np.ndarray, seed: int, masses=None):
+def _train_fn(plan: DPGMPlan, sizes: np.ndarray, centers: np.ndarray, seed: int, masses=None, chains=None):
     """(j, rows of cluster j in source order[, report]) -> cluster j's DP-SGD parameters (its own
     streams); ``report(t, steps)`` after each step, where the engine trains in-process.
-    ``masses``: the rbm's starting masses (:func:`train_clusters`)."""
+    ``masses``, ``chains``: the rbm's starting masses and chain lengths (:func:`train_clusters`)."""
     sizes = np.array(sizes, dtype=np.float64, copy=True)
     centers = np.array(centers, dtype=np.float64, copy=True)
     masses = None if masses is None else np.array(masses, dtype=np.float64, copy=True)
+    chains = None if chains is None else np.array(chains, dtype=np.int64, copy=True)
 
     def train(j, Xj, report=None):
         labels = np.full(Xj.shape[0], int(j))
         on_step = None if report is None else (lambda _j, t, steps: report(t, steps))
         clips: dict = {}
         theta = train_clusters(Xj, labels, sizes, centers, plan, seed, clusters=[int(j)], on_step=on_step,
-                               clips=clips, masses=masses)[int(j)]
+                               clips=clips, masses=masses, chain_lengths=chains)[int(j)]
         # quantile clipping: the final clip (post-processing of released counts) rides after theta
         return np.concatenate([theta, [clips[int(j)]]]) if plan.quantile else theta
 
@@ -1313,12 +1416,13 @@ class DPGM(_proto.Mechanism):
                 exact = cache.aggregate(lfn, size) if records else engine.aggregate(source, lfn, size)
                 lengths = lp.release(np.asarray(exact, dtype=np.float64).reshape(k, lp.bins), seed)
             masses = visible_masses(dplan, lengths)
+            chains = chain_lengths(dplan, lengths, seed)
         finally:
             cache.release()
         progress.log("dpgm: training %d %s model(s), %d DP-SGD steps each", k, params.model, dplan.steps)
         gen_dim = _make_model(params, d).dim
         thetas = engine.train_groups(source, _group_fn(centers, bounds.row_bound),
-                                     _train_fn(dplan, sizes, centers, seed, masses), k,
+                                     _train_fn(dplan, sizes, centers, seed, masses, chains), k,
                                      gen_dim + int(dplan.quantile), d,
                                      on_train=_training_progress(progress, dplan, plan.epsilon),
                                      what="dpgm training", order=training_order(sizes))

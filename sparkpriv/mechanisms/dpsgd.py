@@ -512,6 +512,8 @@ def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate
         state = model.init_state(init_rng if init_rng is not None else stream(seed, MODEL_STAGE, cluster, 0),
                                  theta)
     opt = Adam(lr=lr)
+    # a model may scale its parameters' rates (the RBM's strata offsets): a choice of the optimiser
+    scales = model.lr_scales() if hasattr(model, "lr_scales") else None
     c, clips = float(clip), []
     base, m = int(steps), int(batches)
     adapts = adaptive is not None and clip_adapts(adaptive.count_noise.std, sampling_rate, n_pub, m)
@@ -520,6 +522,8 @@ def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate
     avg = None
     for t in range(1, T + 1):
         opt.lr = lr * lr_factor(schedule, t, T)
+        if scales is not None:
+            opt.lr = opt.lr * scales
         bs = range((t - 1) * m + 1, min(t * m, base) + 1)
         if adaptive is None:
             g, state, _ = dp_step(model, X, theta, state, clip=clip, sampling_rate=sampling_rate, noise=noise,

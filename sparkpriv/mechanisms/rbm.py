@@ -37,6 +37,21 @@ sigmoid(l_i + t) = m``, where acceptance is likeliest), draws independent
 Bernoullis and keeps the rows whose sum is ``m``: an exact draw, whatever ``t``.
 Block Gibbs sweeps ``h | v``, ``v | h, |v| = m`` then leave ``p(v, h | |v| = m)``
 invariant.
+
+Length strata (docs/dpgm.md, "Length strata"; docs/math.md section 5): with public
+interior edges ``e_1 < ... < e_{S-1}`` (``strata``), a record of length ``m = |v|``
+lies in stratum ``s(m)`` (``[0, e_1)``, ``[e_1, e_2)``, ..., ``[e_{S-1}, inf)``) and
+its visible bias is ``b + A_{s(m)}``:
+
+    F(v) = -(b + A_{s(|v|)}).v - sum_j softplus(c_j + (v W)_j).
+
+The model is trained as the conditional ``p(v | |v| = m)``, the distribution
+synthesis samples from: a record's term is still ``grad F(v)`` (``grad_{A_s} F(v)
+= -v`` for its own stratum, 0 for the others, so ``||grad F(v)||^2 = ||v||^2
+||h||^2 + 2 ||v||^2 + ||h||^2``), and the negative phase runs persistent chains
+each of a FIXED public length (``chain_lengths``, drawn from the released length
+histograms), swept ``h | v``, ``v | h, |v| = m``. ``theta = [W.ravel(), b, c,
+A.ravel()]``; without strata nothing changes (``A`` is absent).
 """
 
 from __future__ import annotations
@@ -50,6 +65,7 @@ from sparkpriv.mechanisms.dpsgd import clip_factors
 __all__ = ["RBM", "conditional_bernoulli"]
 
 LENGTH_SWEEPS = 3  # Gibbs sweeps with the record lengths fixed, after the free burn-in
+STRATA_LR = 10.0  # the Adam rate of the strata offsets A, a multiple of the model's rate (docs/dpgm.md)
 CB_TRIES = 400  # rejection rounds of conditional_bernoulli before its approximate fallback
 
 
@@ -115,15 +131,53 @@ class RBM:
     gibbs_steps: int = 1  # Gibbs steps of the persistent chains per update
     chains: int = 100  # persistent chains (negative phase)
     chain_init_p: float = 0.05  # data-independent initial chain density
+    # length strata: public interior edges (ints, increasing, >= 1); () none (module docstring)
+    strata: tuple = ()
+    # the persistent chains' fixed lengths (public, one per chain); None: free chains. Required
+    # with strata (the chains' biases depend on their lengths).
+    chain_lengths: tuple | None = None
+
+    @property
+    def n_strata(self) -> int:
+        """``S``: the number of length strata (0 without them)."""
+        return len(self.strata) + 1 if self.strata else 0
 
     @property
     def dim(self) -> int:
-        return self.d * self.hidden + self.d + self.hidden
+        return self.d * self.hidden + self.d + self.hidden + self.n_strata * self.d
 
     def unpack(self, theta):
+        """``(W, b, c)`` (the strata offsets: :meth:`offsets`)."""
         d, m = self.d, self.hidden
         W = theta[: d * m].reshape(d, m)
-        return W, theta[d * m: d * m + d], theta[d * m + d:]
+        return W, theta[d * m: d * m + d], theta[d * m + d: d * m + d + m]
+
+    def offsets(self, theta) -> np.ndarray:
+        """``A`` (S, d): each length stratum's offset of the visible bias."""
+        d, m = self.d, self.hidden
+        return theta[d * m + d + m:].reshape(self.n_strata, d)
+
+    def stratum(self, lengths) -> np.ndarray:
+        """The stratum of records of these lengths (``searchsorted`` of the interior edges)."""
+        return np.searchsorted(np.asarray(self.strata, dtype=np.int64),
+                               np.asarray(lengths, dtype=np.int64), side="right")
+
+    def visible_bias(self, theta, lengths, dtype=np.float64) -> np.ndarray:
+        """Per record the visible bias ``b + A_{s(m)}`` (n, d) for records of these lengths."""
+        b = np.asarray(self.unpack(theta)[1])
+        if not self.strata:
+            return np.broadcast_to(b.astype(dtype), (np.asarray(lengths).size, self.d))
+        return (b[None, :] + self.offsets(theta)[self.stratum(lengths)]).astype(dtype)
+
+    def lr_scales(self) -> np.ndarray | None:
+        """Per parameter, its Adam rate's multiple of the model's rate: :data:`STRATA_LR` for the
+        strata offsets (each row learns from its stratum's share of a batch only), 1 elsewhere;
+        None without strata. A choice of the optimiser on released gradients: post-processing."""
+        if not self.strata:
+            return None
+        out = np.ones(self.dim)
+        out[self.d * self.hidden + self.d + self.hidden:] = STRATA_LR
+        return out
 
     def init(self, rng: np.random.Generator, visible_logit: float = 0.0) -> np.ndarray:
         """Data-independent start: ``W ~ N(0, 0.01^2)``, ``b = visible_logit``, ``c = 0``."""
@@ -134,8 +188,21 @@ class RBM:
 
     def init_state(self, rng: np.random.Generator, theta: np.ndarray | None = None):
         """Persistent chains, data-independent: Bernoulli(``sigmoid(b)``) of the starting
-        parameters (public), or Bernoulli(``chain_init_p``) without them."""
-        return self._start(self.chains, rng, theta)
+        parameters (public), or Bernoulli(``chain_init_p``) without them. With
+        ``chain_lengths``: ``(V, lengths)``, each chain drawn given its length from the starting
+        parameters' visible biases (:func:`conditional_bernoulli`)."""
+        if self.chain_lengths is None:
+            if self.strata:
+                raise ValueError("an RBM with length strata needs chain_lengths (its chains' fixed lengths)")
+            return self._start(self.chains, rng, theta)
+        m = np.asarray(self.chain_lengths, dtype=np.int64)
+        if m.shape != (self.chains,):
+            raise ValueError(f"chain_lengths must hold one length per chain ({self.chains}); got {m.size}")
+        if theta is None:
+            L = np.full((m.size, self.d), np.log(self.chain_init_p / (1.0 - self.chain_init_p)))
+        else:
+            L = np.array(self.visible_bias(theta, m))
+        return conditional_bernoulli(L, m, rng), m
 
     def _start(self, n: int, rng: np.random.Generator, theta: np.ndarray | None):
         p = self.chain_init_p if theta is None else _sigmoid(self.unpack(theta)[1])
@@ -143,8 +210,13 @@ class RBM:
 
     # ------------------------------------------------------------------ energies and gradients
 
+    def _lengths(self, V: np.ndarray) -> np.ndarray:
+        return np.rint(np.asarray(V, dtype=np.float64).sum(axis=1)).astype(np.int64)
+
     def free_energy(self, V: np.ndarray, theta: np.ndarray) -> np.ndarray:
         W, b, c = self.unpack(theta)
+        if self.strata:
+            return -(V * self.visible_bias(theta, self._lengths(V))).sum(axis=1) - _softplus(V @ W + c).sum(axis=1)
         return -(V @ b) - _softplus(V @ W + c).sum(axis=1)
 
     def per_example_grads(self, V: np.ndarray, theta: np.ndarray, rng=None) -> np.ndarray:
@@ -152,7 +224,12 @@ class RBM:
         W, b, c = self.unpack(theta)
         H = _sigmoid(V @ W + c)
         G = np.einsum("ni,nj->nij", V, H).reshape(V.shape[0], -1)
-        return -np.concatenate([G, V, H], axis=1)
+        parts = [G, V, H]
+        if self.strata:
+            A = np.zeros((V.shape[0], self.n_strata, self.d))
+            A[np.arange(V.shape[0]), self.stratum(self._lengths(V))] = V
+            parts.append(A.reshape(V.shape[0], -1))
+        return -np.concatenate(parts, axis=1)
 
     def clipped_sum(self, V: np.ndarray, theta: np.ndarray, clip: float | None, rng=None):
         """``(sum_i f_i grad F(v_i), squared norms)``; ``clip=None``: no clipping (f = 1)."""
@@ -162,13 +239,19 @@ class RBM:
         vv = np.einsum("ij,ij->i", V, V)
         hh = np.einsum("ij,ij->i", H, H)
         sq = vv * hh + vv + hh
+        if self.strata:
+            sq = sq + vv  # the record's own stratum's offsets: -v
         f = np.ones(V.shape[0]) if clip is None else clip_factors(sq, clip)
         Hf = H * f[:, None]
         out = np.empty(self.dim)
         d, m = self.d, self.hidden
         out[: d * m] = -(V.T @ Hf).ravel()
         out[d * m: d * m + d] = -(f @ V)
-        out[d * m + d:] = -Hf.sum(axis=0)
+        out[d * m + d: d * m + d + m] = -Hf.sum(axis=0)
+        if self.strata:
+            S = np.zeros((V.shape[0], self.n_strata))
+            S[np.arange(V.shape[0]), self.stratum(np.rint(vv).astype(np.int64))] = f
+            out[d * m + d + m:] = -(S.T @ V).ravel()
         return out, sq
 
     def model_term(self, theta: np.ndarray, state: np.ndarray, rng: np.random.Generator,
@@ -181,6 +264,15 @@ class RBM:
         distribution, and training drifts (every unit's probability fell from
         0.33 to 0.18 in a two-cluster test).
         """
+        if isinstance(state, tuple):  # chains of fixed lengths: h | v, then v | h, |v| = m
+            chains, lengths = state
+            W, _, c = self.unpack(theta)
+            B = self.visible_bias(theta, lengths)
+            for _ in range(int(self.gibbs_steps)):
+                H = (rng.random((chains.shape[0], self.hidden)) < _sigmoid(chains @ W + c)).astype(np.float64)
+                chains = conditional_bernoulli(H @ W.T + B, lengths, rng)
+            g, _ = self.clipped_sum(chains, theta, clip)
+            return -g / chains.shape[0], (chains, lengths)
         chains = self.gibbs(theta, state, self.gibbs_steps, rng)
         g, _ = self.clipped_sum(chains, theta, clip)
         return -g / chains.shape[0], chains
@@ -202,6 +294,10 @@ class RBM:
         (float32 arithmetic: post-processing, only the speed matters). ``lengths`` (n,): the
         number of ones of each record; then ``sweeps`` more sweeps draw ``v | h`` given it
         (:func:`conditional_bernoulli`), so the records are the model's given their lengths."""
+        if self.strata:
+            if lengths is None:
+                raise ValueError("an RBM with length strata samples given record lengths: pass lengths")
+            return self._sample_strata(theta, int(n), rng, burn_in, lengths, sweeps)
         V0 = self._start(n, rng, theta)  # from the model's visible biases: shorter burn-in
         V = self.gibbs(theta, V0, burn_in, rng, dtype=np.float32)
         if lengths is None:
@@ -214,4 +310,21 @@ class RBM:
         for _ in range(max(int(sweeps), 1)):
             H = (rng.random((V.shape[0], self.hidden), dtype=np.float32) < _sigmoid(V @ W + c)).astype(np.float32)
             V = conditional_bernoulli(H @ W.T + b, lengths, rng)
+        return V.astype(np.float64)
+
+    def _sample_strata(self, theta, n: int, rng, burn_in: int, lengths, sweeps: int) -> np.ndarray:
+        """:meth:`sample` with length strata: each record's visible bias is its length's
+        ``b + A_s``; ``burn_in`` free sweeps at that bias, then ``sweeps`` given the length."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if lengths.shape != (n,):
+            raise ValueError(f"lengths must have shape ({n},), got {lengths.shape}")
+        W, _, c = (np.asarray(a, dtype=np.float32) for a in self.unpack(theta))
+        B = self.visible_bias(theta, lengths, np.float32)
+        V = (rng.random((n, self.d), dtype=np.float32) < _sigmoid(B)).astype(np.float32)
+        for _ in range(int(burn_in)):
+            H = (rng.random((n, self.hidden), dtype=np.float32) < _sigmoid(V @ W + c)).astype(np.float32)
+            V = (rng.random((n, self.d), dtype=np.float32) < _sigmoid(H @ W.T + B)).astype(np.float32)
+        for _ in range(max(int(sweeps), 1)):
+            H = (rng.random((n, self.hidden), dtype=np.float32) < _sigmoid(V @ W + c)).astype(np.float32)
+            V = conditional_bernoulli(H @ W.T + B, lengths, rng)
         return V.astype(np.float64)

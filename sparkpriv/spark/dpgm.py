@@ -30,12 +30,13 @@ __all__ = ["train_clusters"]
 
 def train_clusters(df, columns: Sequence[str], centers: np.ndarray, sizes: np.ndarray,
                    plan: "_dpgm.DPGMPlan", seed: int, row_bound: float, *,
-                   fill: float | None = None, masses=None) -> np.ndarray:
+                   fill: float | None = None, masses=None, chain_lengths=None) -> np.ndarray:
     """``(k, dim)`` parameters: cluster ``j`` trained on the rows nearest ``centers[j]``.
 
     ``centers`` (k, d) and ``sizes`` (k,) are the released k-means centres and
     noisy sizes; rows are clipped to [0, 1] (the declared box) before use.
-    ``masses``: the rbm's starting masses (as in the numpy ``train_clusters``).
+    ``masses``, ``chain_lengths``: the rbm's starting masses and chain lengths (as in the numpy
+    ``train_clusters``).
     """
     from sparkpriv.spark.engine import SparkEngine
 
@@ -47,6 +48,7 @@ def train_clusters(df, columns: Sequence[str], centers: np.ndarray, sizes: np.nd
     # the train function appends the final clip (quantile clipping)
     width = dim + int(plan.quantile)
     out = engine.train_groups(source, _dpgm._group_fn(centres, row_bound),
-                              _dpgm._train_fn(plan, np.asarray(sizes, dtype=np.float64), centres, seed, masses),
+                              _dpgm._train_fn(plan, np.asarray(sizes, dtype=np.float64), centres, seed, masses,
+                                              chain_lengths),
                               k, width, d, order=_dpgm.training_order(sizes))
     return np.ascontiguousarray(np.asarray(out, dtype=np.float64)[:, :dim])

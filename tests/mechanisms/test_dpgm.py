@@ -66,7 +66,7 @@ def _toy_model(sizes, biases):
     thetas = np.zeros((len(sizes), gen.dim))
     for j, b in enumerate(biases):
         thetas[j, d * h: d * h + d] = b
-    params = dpgm.DPGMParams(k=len(sizes), hidden=h)
+    params = dpgm.DPGMParams(k=len(sizes), hidden=h, length_strata=0)
     return dpgm.DPGMModel(params, d, thetas, np.asarray(sizes, float), np.zeros((len(sizes), d)))
 
 
@@ -170,7 +170,9 @@ def test_release_on_the_local_engine_equals_the_numpy_reference(monkeypatch):
     assert sgd.event.event.noise_multiplier == plan.noise_multiplier / 2
     assert plan.step_noise.dp_event().noise_multiplier >= plan.noise_multiplier / 2
     assert rel.epsilon == epsilon_of(rel.events, 1e-5) <= 4.0
-    assert rel.epsilon >= plan.epsilon_spent()  # never states less than the realized noise spends
+    # never states less than the realized noise spends (its multiplier is at least the recorded one,
+    # asserted exactly above; the RDP accountant is monotone in it only to about 1e-11)
+    assert rel.epsilon >= plan.epsilon_spent() - 1e-9
     assert rel.df.column_names == ["cluster", "size", "center"] and rel.df.num_rows == 2
     assert set(rel.files) == {dpgm.MODEL_FILE}
 
@@ -205,7 +207,7 @@ def test_a_release_records_the_source_types_and_synthesizes_a_table_in_them(tmp_
         rel = release_dpgm(_typed_table(), columns=cols, **TYPED)
     assert rel.model.types == ("int", "boolean", "double", "bigint", "float")
     assert rel.receipt()["mechanism_details"]["model"]["column_types"] == list(rel.model.types)
-    assert rel.receipt()["mechanism_details"]["model"]["format_version"] == dpgm.FORMAT_VERSION == 4
+    assert rel.receipt()["mechanism_details"]["model"]["format_version"] == dpgm.FORMAT_VERSION == 5
     t = dpgm.synthesize_table(rel.model, 500, seed=1)
     assert t.column_names == cols
     assert [t.schema.field(c).type for c in cols] == [pa.int32(), pa.bool_(), pa.float64(), pa.int64(), pa.float32()]

@@ -150,7 +150,7 @@ def test_synthesis_draws_the_lengths_from_the_histograms(tmp_path):
     std = 10.0
     H = np.array([[0, 0, 500, 0, 0, 0, 15],  # cluster 0: length 2; 15 < 2 std: empty
                   [0, 0, 0, 0, 0, 0, 0.0]])  # cluster 1: nothing left: the model's own lengths
-    model = dpgm.DPGMModel(dpgm.DPGMParams(k=2, hidden=2), 6, thetas, np.array([700.0, 300.0]), np.zeros((2, 6)),
+    model = dpgm.DPGMModel(dpgm.DPGMParams(k=2, hidden=2, length_strata=0), 6, thetas, np.array([700.0, 300.0]), np.zeros((2, 6)),
                            lengths=H, length_edges=edges, length_std=std)
     rng = np.random.default_rng(0)
     S = model.sample_cluster(gen, 0, 400, rng)
@@ -210,12 +210,14 @@ def test_a_format_3_model_loads_without_lengths(tmp_path):
 
     gen = RBM(6, 2)
     thetas = np.stack([gen.init(np.random.default_rng(j)) for j in range(2)])
-    m = dpgm.DPGMModel(dpgm.DPGMParams(k=2, hidden=2), 6, thetas, np.array([7.0, 3.0]), np.zeros((2, 6)))
+    m = dpgm.DPGMModel(dpgm.DPGMParams(k=2, hidden=2, length_strata=0), 6, thetas, np.array([7.0, 3.0]),
+                       np.zeros((2, 6)))
     z = np.load(io.BytesIO(m.to_bytes()))
     header = json.loads(bytes(z["header"]).decode())
-    assert header["format_version"] == 4 and header["lengths"] is None
+    assert header["format_version"] == 5 and header["lengths"] is None
     header["format_version"] = 3
-    del header["lengths"]
+    del header["lengths"], header["length_strata"]
+    header["params"].pop("length_strata")
     path = tmp_path / "v3.npz"
     np.savez(path, header=np.frombuffer(json.dumps(header).encode(), np.uint8), thetas=z["thetas"],
              sizes=z["sizes"], centers=z["centers"])
