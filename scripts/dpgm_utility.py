@@ -111,6 +111,8 @@ def main(argv=None):
     ap.add_argument("--synthetic", type=int, default=None, help="synthetic people (answers scaled to n)")
     ap.add_argument("--baseline-seeds", type=int, default=1)
     ap.add_argument("--min-batch", type=int, default=None, help="DPGMParams.min_batch (per-cluster rates)")
+    ap.add_argument("--length-strata", default=None,
+                    help="DPGMParams.length_strata: comma-separated interior edges, or 0 for none (default: the library's)")
     args = ap.parse_args(argv)
     threadpool_limits(1)
     t0 = time.perf_counter()
@@ -151,6 +153,8 @@ def main(argv=None):
                             sampling_rate=args.sampling_rate, epochs=args.epochs * args.epochs_scale,
                             learning_rate=args.lr, hidden=args.hidden, accountant="pld" if eps < 100 else "rdp",
                             min_batch=args.min_batch,
+                            length_strata=None if args.length_strata is None else
+                            tuple(int(v) for v in args.length_strata.split(",")),
                             **({} if args.average_tail is None else {"average_tail": args.average_tail}))
         model, plan = fit_dpgm_array(X, params, seed=args.seed)
         print(f"  DPGM plan: noise multiplier {plan.noise_multiplier:.3f}, steps {plan.steps}, "

@@ -108,6 +108,8 @@ LENGTH_STAGE = 25  # stream(seed, LENGTH_STAGE): the noise of the length histogr
 CHAIN_STAGE = 26  # stream(seed, CHAIN_STAGE, j): the fixed lengths of cluster j's persistent chains (public draw)
 # the rbm's default length strata (interior edges; docs/dpgm.md, "Length strata")
 DEFAULT_LENGTH_STRATA = (3, 6, 13)
+# a cluster trains its strata offsets when the noise of its averaged gradient is at most this
+STRATA_NOISE_MAX = 0.03
 # share of epsilon the histograms of record lengths are calibrated to (docs/dpgm.md, "Record lengths")
 DEFAULT_LENGTH_SHARE = {"rbm": 0.1, "vae": 0.0}
 LENGTH_KEEP_STDS = 2.0  # synthesis: a noisy bin below this many noise stds counts as empty
@@ -474,9 +476,27 @@ class DPGMPlan:
         p = self.params
         if p.learning_rate is not None or p.model != "rbm":
             return p.lr
+        return p.lr * min(max(self.gradient_noise_for(n_pub) / LR_NOISE_REF, 1.0), LR_MAX_FACTOR)
+
+    def gradient_noise_for(self, n_pub: float) -> float:
+        """``tau = sigma C / (sqrt(m) q max(n_pub, 1))``: the per-coordinate noise of an update's
+        averaged gradient for a cluster of public (noisy) size ``n_pub`` (``C`` the declared or
+        starting clip). Public."""
+        p = self.params
         m = self.batches_for(n_pub)
-        tau = self.noise_multiplier * p.clip / (math.sqrt(m) * p.sampling_rate * max(float(n_pub), 1.0))
-        return p.lr * min(max(tau / LR_NOISE_REF, 1.0), LR_MAX_FACTOR)
+        return self.noise_multiplier * p.clip / (math.sqrt(m) * p.sampling_rate * max(float(n_pub), 1.0))
+
+    def strata_for(self, n_pub: float) -> bool:
+        """Whether a cluster of public size ``n_pub`` trains its length strata: the model has strata
+        and the cluster's gradient noise ``tau`` (:meth:`gradient_noise_for`) is at most
+        :data:`STRATA_NOISE_MAX`. A noisier cluster trains the plain RBM (its offsets stay 0, its
+        chains are free): there the offsets would be mostly noise (docs/dpgm.md, "Length strata").
+        Public: a function of released sizes and declared parameters."""
+        return bool(length_strata(self.params, self.d)) and self.gradient_noise_for(n_pub) <= STRATA_NOISE_MAX
+
+    def strata_trained(self, sizes) -> list:
+        """Per cluster, :meth:`strata_for` of its noisy size: the model's record."""
+        return [self.strata_for(max(float(s), 1.0)) for s in sizes]
 
     def learning_rates(self, sizes) -> list:
         """Each cluster's rate (:meth:`learning_rate_for` of its noisy size): the model's record."""
@@ -495,6 +515,9 @@ class DPGMPlan:
         return {"interior_edges": list(edges), "strata": len(edges) + 1, "offsets_learning_rate_factor": STRATA_LR,
                 "chains": f"each cluster's {self.params.chains} persistent chains keep fixed lengths drawn from "
                           "its released length histogram (stream CHAIN_STAGE; post-processing)",
+                "noisy_clusters": f"a cluster whose averaged gradient's noise sigma C / (sqrt(m) q n_j) exceeds "
+                                  f"{STRATA_NOISE_MAX:g} trains the plain RBM (offsets 0, free chains); the "
+                                  "model's strata_trained says which",
                 "note": "each stratum's offsets A_s are added to the visible biases of records of its lengths; "
                         "they are parameters like the others: in the per-example gradient, clipped and noised "
                         "(no extra privacy cost)"}
@@ -893,6 +916,8 @@ def model_public(plan: DPGMPlan, sizes, clips=None, masses=None) -> dict:
     if plan.params.model == "rbm" and masses is not None:
         out["start_masses"] = [float(v) for v in masses]
     out["learning_rates"] = plan.learning_rates(sizes)
+    if length_strata(plan.params, plan.d):
+        out["strata_trained"] = plan.strata_trained(sizes)
     out["batches"] = plan.batches(sizes)
     out["updates"] = [dpsgd.updates(plan.steps, m) for m in out["batches"]]
     if plan.quantile:
@@ -939,25 +964,28 @@ def train_clusters(X: np.ndarray, labels: np.ndarray, sizes: np.ndarray, centers
     gen = _make_model(params, d)
     clusters = range(params.k) if clusters is None else clusters
     masses = visible_masses(plan, None) if masses is None else np.asarray(masses, dtype=np.float64)
-    if getattr(gen, "strata", ()) and chain_lengths is None:  # no histograms: every chain at its start mass
+    strata = params.model == "rbm" and bool(gen.strata)
+    if strata and chain_lengths is None:  # no histograms: every chain at its start mass
         longest = max_length(params, d)
         chain_lengths = np.repeat(np.clip(np.rint(masses), 1, longest).astype(np.int64)[:, None], params.chains, 1)
     thetas = np.zeros((params.k, gen.dim))
     for j in clusters:
         Xj = X[labels == j]
-        gj = gen if chain_lengths is None or params.model != "rbm" else \
-            dataclasses.replace(gen, chain_lengths=tuple(int(v) for v in chain_lengths[j]))
+        n_pub = max(float(sizes[j]), 1.0)
+        gj = gen
+        if strata:  # with its strata and chains of fixed lengths; a noisy cluster: the plain RBM, offsets 0
+            gj = dataclasses.replace(gen, chain_lengths=tuple(int(v) for v in chain_lengths[j])) \
+                if plan.strata_for(n_pub) else dataclasses.replace(gen, strata=())
         theta0 = gj.init(stream(seed, 2, j))
         if params.model == "rbm":  # start at the cluster's released centre, its noise projected away
             theta0[d * params.hidden: d * params.hidden + d] = visible_init(centers[j], masses[j])
         info = {}
-        n_pub = max(float(sizes[j]), 1.0)
-        thetas[j] = dpsgd.train(gj, Xj, theta0, clip=params.clip, sampling_rate=params.sampling_rate,
-                                steps=plan.steps, noise=plan.step_noise, n_pub=n_pub,
-                                seed=seed, cluster=j, lr=plan.learning_rate_for(n_pub),
-                                on_step=None if on_step is None else (lambda t, T, j=j: on_step(j, t, T)),
-                                adaptive=plan.adaptive(), info=info, schedule=params.lr_schedule,
-                                average=params.average_tail, batches=plan.batches_for(n_pub))
+        thetas[j, : gj.dim] = dpsgd.train(gj, Xj, theta0, clip=params.clip, sampling_rate=params.sampling_rate,
+                                          steps=plan.steps, noise=plan.step_noise, n_pub=n_pub,
+                                          seed=seed, cluster=j, lr=plan.learning_rate_for(n_pub),
+                                          on_step=None if on_step is None else (lambda t, T, j=j: on_step(j, t, T)),
+                                          adaptive=plan.adaptive(), info=info, schedule=params.lr_schedule,
+                                          average=params.average_tail, batches=plan.batches_for(n_pub))
         if clips is not None:
             clips[j] = float(info["clip"])
         if log is not None:

@@ -119,3 +119,27 @@ def test_a_release_learns_what_the_length_says_about_the_items():
     print(share)
     assert share[None] > 0.9
     assert share[0] < 0.75
+
+
+def test_a_noisy_cluster_trains_the_plain_rbm_and_a_quiet_one_its_strata():
+    """The rule is public (the noisy size): a cluster whose averaged gradient's noise is above
+    STRATA_NOISE_MAX is trained exactly as without strata, its offsets 0; a quieter one trains them."""
+    rng = np.random.default_rng(5)
+    X = _by_length(3000, rng)
+    labels = (np.arange(3000) % 2).astype(int)
+    params = _params(epsilon=1.0, k=2, row_bound=2.0, sampling_rate=0.1, epochs=2, hidden=3, chains=20)
+    plan = dpgm.plan_dpgm(params, n=3000, d=12)
+    quiet = plan.noise_multiplier * params.clip / (params.sampling_rate * dpgm.STRATA_NOISE_MAX) * 1.01
+    sizes = np.array([quiet, 1500.0])  # cluster 1's noise is far above the threshold
+    assert plan.strata_trained(sizes) == [True, False]
+    centers = np.full((2, 12), 0.15)
+    chains = np.tile(np.array([1, 4] * 10), (2, 1))
+    with_strata = dpgm.train_clusters(X, labels, sizes, centers, plan, seed=3, chain_lengths=chains)
+    plain_plan = dpgm.plan_dpgm(_params(epsilon=1.0, k=2, row_bound=2.0, sampling_rate=0.1, epochs=2, hidden=3,
+                                        chains=20, length_strata=0), n=3000, d=12)
+    assert plain_plan.noise_multiplier == plan.noise_multiplier
+    plain = dpgm.train_clusters(X, labels, sizes, centers, plain_plan, seed=3)
+    k = plain.shape[1]
+    np.testing.assert_array_equal(with_strata[1, :k], plain[1])
+    assert np.all(with_strata[1, k:] == 0.0)
+    assert np.any(with_strata[0, k:] != 0.0) and not np.array_equal(with_strata[0, :k], plain[0])
