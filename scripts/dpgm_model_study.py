@@ -190,7 +190,8 @@ def main(argv=None):
                 lengths = plan.lengths.release(np.stack([plan.lengths.histogram(X[labels == j])
                                                          for j in range(params.k)]), a.seed)
             thetas = dpgm.train_clusters(X, labels, sizes, centers, plan, a.seed,
-                                         masses=dpgm.visible_masses(plan, lengths))
+                                         masses=dpgm.visible_masses(plan, lengths),
+                                         chain_lengths=dpgm.chain_lengths(plan, lengths, a.seed))
             public = plan.to_public_dict()
             model = dpgm._model(params, d, thetas, sizes, centers, public, plan, lengths)
             W = thetas[:, : d * params.hidden]

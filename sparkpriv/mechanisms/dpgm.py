@@ -705,7 +705,8 @@ class DPGMModel:
 
     def sample_cluster(self, gen, j: int, n: int, rng: np.random.Generator) -> np.ndarray:
         """``n`` records of cluster ``j``'s model; with the length histograms, each record's length
-        drawn from cluster ``j``'s (:func:`synthetic_lengths`), then the record given it."""
+        drawn from cluster ``j``'s (:func:`synthetic_lengths`; a model with length strata falls back
+        to the pooled histogram, then ``L``: :func:`draw_lengths`), then the record given it."""
         lengths = None
         if self.lengths is not None:
             longest = max_length(self.params, self.d) if getattr(gen, "strata", ()) else None
@@ -955,8 +956,9 @@ def train_clusters(X: np.ndarray, labels: np.ndarray, sizes: np.ndarray, centers
     ``masses``: the rbm's starting mass per cluster (:func:`visible_masses` of the released length
     histograms; None: the longest record the bounds admit, for every cluster).
     ``chain_lengths`` (k, chains): the fixed lengths of each cluster's persistent chains for an rbm
-    with length strata (:func:`chain_lengths` of the released histograms; None: every chain at its
-    cluster's starting mass, rounded).
+    with length strata (:func:`chain_lengths` of the released histograms). None: no cluster trains
+    its strata (the plain RBM, offsets 0): a stratum without chains would have no model term, and
+    its offsets would only climb.
     ``on_step(j, t, steps)``: called after DP-SGD step ``t`` of cluster ``j`` (progress).
     ``clips`` (a dict), when given, receives cluster ``j``'s final clip (quantile clipping: a
     function of released counts; else the declared clip)."""
@@ -965,17 +967,15 @@ def train_clusters(X: np.ndarray, labels: np.ndarray, sizes: np.ndarray, centers
     clusters = range(params.k) if clusters is None else clusters
     masses = visible_masses(plan, None) if masses is None else np.asarray(masses, dtype=np.float64)
     strata = params.model == "rbm" and bool(gen.strata)
-    if strata and chain_lengths is None:  # no histograms: every chain at its start mass
-        longest = max_length(params, d)
-        chain_lengths = np.repeat(np.clip(np.rint(masses), 1, longest).astype(np.int64)[:, None], params.chains, 1)
     thetas = np.zeros((params.k, gen.dim))
     for j in clusters:
         Xj = X[labels == j]
         n_pub = max(float(sizes[j]), 1.0)
         gj = gen
-        if strata:  # with its strata and chains of fixed lengths; a noisy cluster: the plain RBM, offsets 0
+        if strata:  # with its strata and chains of fixed lengths; a noisy cluster, or no chain lengths:
+            # the plain RBM, offsets 0
             gj = dataclasses.replace(gen, chain_lengths=tuple(int(v) for v in chain_lengths[j])) \
-                if plan.strata_for(n_pub) else dataclasses.replace(gen, strata=())
+                if chain_lengths is not None and plan.strata_for(n_pub) else dataclasses.replace(gen, strata=())
         theta0 = gj.init(stream(seed, 2, j))
         if params.model == "rbm":  # start at the cluster's released centre, its noise projected away
             theta0[d * params.hidden: d * params.hidden + d] = visible_init(centers[j], masses[j])

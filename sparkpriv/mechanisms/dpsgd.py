@@ -493,6 +493,9 @@ def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate
     (Polyak-Ruppert tail averaging). Both are functions of public step counts and of the released
     gradients: post-processing.
 
+    A ``model`` with ``lr_scales()`` (the RBM with length strata) scales each parameter's rate by
+    it (a choice of the optimiser on released gradients: post-processing).
+
     ``on_step(u, steps)`` is called after each update, ``u`` the base steps made so far
     (progress; public counts only).
     ``adaptive``: quantile clipping (:func:`dp_step_quantile`) starting at ``C_0 = clip``

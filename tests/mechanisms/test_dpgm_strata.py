@@ -143,3 +143,8 @@ def test_a_noisy_cluster_trains_the_plain_rbm_and_a_quiet_one_its_strata():
     np.testing.assert_array_equal(with_strata[1, :k], plain[1])
     assert np.all(with_strata[1, k:] == 0.0)
     assert np.any(with_strata[0, k:] != 0.0) and not np.array_equal(with_strata[0, :k], plain[0])
+    # without chains of released lengths no cluster trains its strata (a stratum with no chain would
+    # have no model term)
+    no_chains = dpgm.train_clusters(X, labels, sizes, centers, plan, seed=3)
+    np.testing.assert_array_equal(no_chains[:, :k], plain)
+    assert np.all(no_chains[:, k:] == 0.0)
