@@ -90,14 +90,19 @@ def kmeans(X, params, plan, d: int, seed: int):
     return centers, np.maximum(np.asarray(km.counts, float), 0.0), labels
 
 
-def oracle_sample(X, labels, k: int, S: int, rng) -> np.ndarray:
+def oracle_sample(X, labels, k: int, S: int, rng, strata=None) -> np.ndarray:
     """NOT private, a yardstick: ``S`` records from the mixture of the clusters (by their real sizes)
     where cluster ``j``'s record has a real record's length and, given it, independent items at the
     cluster's real marginals (the conditional Bernoulli): what clusters, lengths and marginals
-    alone give, with no model of which items go together."""
+    alone give, with no model of which items go together. ``strata`` (interior edges of record
+    lengths): the groups are (cluster, length stratum) instead, each with its own marginals
+    (docs/dpgm.md, "Length strata")."""
     from sparkpriv.mechanisms.rbm import conditional_bernoulli
 
     n, d = X.shape
+    if strata:
+        s = np.searchsorted(np.asarray(strata), np.diff(X.indptr), side="right")
+        labels, k = labels * (len(strata) + 1) + s, k * (len(strata) + 1)
     counts = np.bincount(labels, minlength=k)
     take = rng.multinomial(S, counts / n)
     out = []
@@ -175,6 +180,7 @@ def main(argv=None):
                   row_bound=math.sqrt(a.max_items))
         kw.update(v)
         oracle = kw.pop("oracle", False)
+        oracle_strata = kw.pop("oracle_strata", None)  # with "oracle": marginals per (cluster, stratum)
         burn_in = kw.pop("burn_in", None)
         sweeps = kw.pop("sweeps", None)
         params = dpgm.DPGMParams(**kw)
@@ -183,7 +189,7 @@ def main(argv=None):
         t2 = time.time()
         wstats = {}
         if oracle:  # NOT private: each cluster's real marginals, records given their real lengths
-            V = csr_matrix(oracle_sample(X, labels, params.k, S, np.random.default_rng(11)))
+            V = csr_matrix(oracle_sample(X, labels, params.k, S, np.random.default_rng(11), oracle_strata))
         else:
             lengths = None  # released before training, as the library does (they set each RBM's start)
             if plan.lengths is not None:
