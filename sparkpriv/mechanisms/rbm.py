@@ -38,7 +38,7 @@ Bernoullis and keeps the rows whose sum is ``m``: an exact draw, whatever ``t``.
 Block Gibbs sweeps ``h | v``, ``v | h, |v| = m`` then leave ``p(v, h | |v| = m)``
 invariant.
 
-Length strata (docs/dpgm.md, "Length strata"; docs/math.md section 5): with public
+Length strata (docs/dpgm.md, "Length strata"; docs/math.md section 5.3): with public
 interior edges ``e_1 < ... < e_{S-1}`` (``strata``), a record of length ``m = |v|``
 lies in stratum ``s(m)`` (``[0, e_1)``, ``[e_1, e_2)``, ..., ``[e_{S-1}, inf)``) and
 its visible bias is ``b + A_{s(m)}``:
