@@ -225,7 +225,7 @@ def length_strata(params: DPGMParams, d: int, caller: str = "dpgm") -> tuple:
         longest = max_length(params, d)
         return tuple(e for e in DEFAULT_LENGTH_STRATA if e <= longest)
     vals = (v,) if isinstance(v, (int, float)) else tuple(v)
-    if len(vals) == 1 and float(vals[0]) == 0.0:
+    if not vals or (len(vals) == 1 and float(vals[0]) == 0.0):
         return ()
     if not has_lengths:
         raise ParameterError(f"The 'length_strata' parameter of {caller} applies to model='rbm' with length "

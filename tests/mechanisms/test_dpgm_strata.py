@@ -25,6 +25,7 @@ def test_the_default_strata_and_none():
     assert dpgm.length_strata(_params(), d=30) == (3, 6, 13)  # L = 16
     assert dpgm.length_strata(_params(row_bound=2.5), d=30) == (3, 6)  # L = 6: 13 dropped
     assert dpgm.length_strata(_params(length_strata=0), d=30) == ()
+    assert dpgm.length_strata(_params(length_strata=()), d=30) == ()
     assert dpgm.length_strata(_params(length_strata=(2, 5)), d=30) == (2, 5)
     assert dpgm.length_strata(_params(length_share=0), d=30) == ()  # no histograms: no strata
     assert dpgm.length_strata(_params(model="vae", length_share=None), d=30) == ()
