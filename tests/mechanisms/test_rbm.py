@@ -9,16 +9,24 @@ from sparkpriv.mechanisms.rbm import RBM
 from sparkpriv.privacy.random import stream
 
 
-def _setup(d=5, m=3, n=4, seed=0):
+def _setup(d=5, m=3, n=4, seed=0, strata=()):
+    """``strata``: the RBM with length strata (test_rbm_strata.py); two rows of lengths 0 and d."""
     rng = np.random.default_rng(seed)
-    model = RBM(d, m)
+    model = RBM(d, m, strata=strata)
     theta = rng.normal(0, 0.7, model.dim)
     V = (rng.random((n, d)) < 0.5).astype(float)
+    if strata:
+        V[0] = 0.0  # length 0: the first stratum
+        V[1, :] = 1.0  # length d: the last stratum
     return model, theta, V
 
 
-def test_per_example_gradient_matches_finite_differences():
-    model, theta, V = _setup()
+STRATA = ((), (2, 4))  # without, and with strata [0, 2), [2, 4), [4, inf)
+
+
+@pytest.mark.parametrize("strata", STRATA)
+def test_per_example_gradient_matches_finite_differences(strata):
+    model, theta, V = _setup(n=8 if strata else 4, strata=strata)
     G = model.per_example_grads(V, theta)
     h = 1e-6
     for i in range(V.shape[0]):
@@ -30,9 +38,10 @@ def test_per_example_gradient_matches_finite_differences():
         np.testing.assert_allclose(G[i], fd, rtol=1e-6, atol=1e-8)
 
 
+@pytest.mark.parametrize("strata", STRATA)
 @pytest.mark.parametrize("clip", [None, 0.5, 1.5])
-def test_clipped_sum_and_norms_without_materialising(clip):
-    model, theta, V = _setup(d=7, m=4, n=9, seed=1)
+def test_clipped_sum_and_norms_without_materialising(clip, strata):
+    model, theta, V = _setup(d=7, m=4, n=9, seed=1, strata=strata)
     G = model.per_example_grads(V, theta)
     s, sq = model.clipped_sum(V, theta, clip)
     norms = np.linalg.norm(G, axis=1)

@@ -1,6 +1,7 @@
-"""The RBM with length strata (docs/dpgm.md, "Length strata"): the energy, per-example gradients
-against finite differences, the clipped sum and norms, chains of fixed lengths, the strata rates,
-and that training learns what a record's length says about its items."""
+"""The RBM with length strata (docs/dpgm.md, "Length strata"): the energy, the clipped sum across
+strata, chains of fixed lengths, the strata rates, and that training learns what a record's length
+says about its items. Per-example gradients against finite differences and the clipped sum against
+the materialised gradients: test_rbm.py, parametrized over strata."""
 
 from __future__ import annotations
 
@@ -39,32 +40,6 @@ def test_layout_and_energy_closed_form():
         F = -(b + A[s]) @ v - np.sum(np.log1p(np.exp(c + v @ W)))
         assert model.free_energy(v[None, :], theta)[0] == pytest.approx(F, rel=1e-12)
     np.testing.assert_array_equal(model.stratum([0, 1, 2, 3, 4, 40]), [0, 0, 1, 1, 2, 2])
-
-
-def test_per_example_gradient_matches_finite_differences():
-    model, theta, V = _setup()
-    G = model.per_example_grads(V, theta)
-    h = 1e-6
-    for i in range(V.shape[0]):
-        fd = np.empty(model.dim)
-        for k in range(model.dim):
-            e = np.zeros(model.dim)
-            e[k] = h
-            fd[k] = (model.free_energy(V[i:i + 1], theta + e)[0] - model.free_energy(V[i:i + 1], theta - e)[0]) / (2 * h)
-        np.testing.assert_allclose(G[i], fd, rtol=1e-6, atol=1e-8)
-
-
-@pytest.mark.parametrize("clip", [None, 0.5, 2.5])
-def test_clipped_sum_and_norms_without_materialising(clip):
-    model, theta, V = _setup(d=7, m=4, n=12, seed=1)
-    G = model.per_example_grads(V, theta)
-    s, sq = model.clipped_sum(V, theta, clip)
-    norms = np.linalg.norm(G, axis=1)
-    np.testing.assert_allclose(sq, norms**2, rtol=1e-12)
-    f = np.ones(len(norms)) if clip is None else np.minimum(1.0, clip / norms)
-    np.testing.assert_allclose(s, (G * f[:, None]).sum(axis=0), rtol=1e-12, atol=1e-12)
-    if clip is not None:
-        assert np.all(np.linalg.norm(G * f[:, None], axis=1) <= clip * (1 + 1e-12))
 
 
 def test_one_record_moves_the_clipped_sum_by_at_most_C_across_strata():
