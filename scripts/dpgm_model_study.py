@@ -181,6 +181,7 @@ def main(argv=None):
         kw.update(v)
         oracle = kw.pop("oracle", False)
         oracle_strata = kw.pop("oracle_strata", None)  # with "oracle": marginals per (cluster, stratum)
+        kmeans_sizes = kw.pop("kmeans_sizes", False)  # the k-means' counts as sizes (before format 6)
         burn_in = kw.pop("burn_in", None)
         sweeps = kw.pop("sweeps", None)
         params = dpgm.DPGMParams(**kw)
@@ -195,6 +196,8 @@ def main(argv=None):
             if plan.lengths is not None:
                 lengths = plan.lengths.release(np.stack([plan.lengths.histogram(X[labels == j])
                                                          for j in range(params.k)]), a.seed)
+            if not kmeans_sizes:  # the library's: each cluster's size as trained
+                sizes = dpgm.cluster_sizes(sizes, lengths)
             thetas = dpgm.train_clusters(X, labels, sizes, centers, plan, a.seed,
                                          masses=dpgm.visible_masses(plan, lengths),
                                          chain_lengths=dpgm.chain_lengths(plan, lengths, a.seed))

@@ -89,19 +89,21 @@ from sparkpriv.privacy.calibration import gdp_mu_for
 from sparkpriv.privacy.bounds import Bounds
 from sparkpriv.privacy.random import new_secret_seed, stream
 
-__all__ = ["MODELS", "FORMAT_VERSION", "MODEL_FILE", "DPGMParams", "DPGMPlan", "DPGMModel", "calibrate_dpgm",
+__all__ = ["MODELS", "FORMAT_VERSION", "MODEL_FILE", "DPGMParams", "DPGMPlan", "DPGMModel", "calibrate_dpgm", "cluster_sizes",
            "requested_event", "plan_for_rows", "plan_dpgm", "fit_dpgm_array", "assign_clusters",
            "train_clusters", "assign_sparse", "synthesize", "synthesize_part", "synthesize_table", "synthetic_type",
            "synthetic_arrays", "SYNTHETIC_TYPES", "query_spread", "QuerySpread", "answer_dense",
            "DPGM", "DPGM_MECHANISM"]
 
 MODELS = ("rbm", "vae")
+# 6: "sizes" are the clusters' sizes as trained (:func:`cluster_sizes`: the length histograms' sums when
+# released); before, the k-means' counts (read as written: synthesis from an older file is unchanged);
 # 5: the rbm's length strata (the params' "length_strata", resolved; thetas hold the offsets A);
 # 4: the per-cluster noisy histograms of record lengths ("lengths", with the header's "length_edges");
 # 3: the header holds the event columns of a release on event records (None for a table); 2: the
 # source's column types; 1 (read as all double) had none
-FORMAT_VERSION = 5
-READ_VERSIONS = (1, 2, 3, 4, 5)
+FORMAT_VERSION = 6
+READ_VERSIONS = (1, 2, 3, 4, 5, 6)
 MODEL_FILE = "_dpgm_model.npz"  # the released model, published with the release's table
 SYNTH_STAGE = 31  # stream(seed, SYNTH_STAGE, j) samples cluster j's synthetic records
 LENGTH_STAGE = 25  # stream(seed, LENGTH_STAGE): the noise of the length histograms, drawn once on the driver
@@ -371,6 +373,22 @@ def draw_lengths(noisy: np.ndarray, edges: np.ndarray, std: float, j: int, n: in
         return own
     pooled = synthetic_lengths(noisy.sum(axis=0), edges, float(std) * math.sqrt(noisy.shape[0]), int(n), rng)
     return pooled if pooled is not None else np.full(int(n), int(longest), dtype=np.int64)
+
+
+def cluster_sizes(kmeans_counts, noisy_lengths: np.ndarray | None) -> np.ndarray:
+    """The public size of each cluster as its model trains on it: ``(k,)``, clamped at 0
+    (post-processing of released values; docs/dpgm.md, "Cluster sizes").
+
+    A model trains on the people nearest to its released centre. The k-means' noisy counts are of
+    another population, the last round's clusters (nearest to the centres before that round), and
+    differ from it by up to about 10 % at 4.4 M people. With the length histograms, each row is a
+    noisy histogram of exactly the people the model trains on, so its sum (noise std ``sqrt(B)``
+    times a bin's) is used: as DP-SGD's ``n_pub`` (a size off by a factor ``r`` weighs the data
+    part of the RBM's gradient by ``1 / r`` against the chains' part) and as the mixture weight
+    of synthesis. Without them (``length_share`` 0, the vae), the k-means' counts."""
+    if noisy_lengths is None:
+        return np.maximum(np.asarray(kmeans_counts, dtype=np.float64), 0.0)
+    return np.maximum(np.asarray(noisy_lengths, dtype=np.float64).sum(axis=1), 0.0)
 
 
 def chain_lengths(plan: "DPGMPlan", noisy_lengths: np.ndarray | None, seed: int) -> np.ndarray | None:
@@ -678,7 +696,7 @@ class DPGMModel:
     params: DPGMParams
     d: int
     thetas: np.ndarray  # (k, dim)
-    sizes: np.ndarray  # (k,) noisy cluster sizes, clamped at 0
+    sizes: np.ndarray  # (k,) noisy sizes of the clusters as trained (cluster_sizes), clamped at 0
     centers: np.ndarray  # (k, d) k-means centres
     plan_public: dict = field(default_factory=dict)
     # the synthetic type of each column (SYNTHETIC_TYPES; from the source's schema), None: all double
@@ -876,14 +894,15 @@ def fit_dpgm_array(X, params: DPGMParams, *, seed: int | None = None, log=None) 
     kmodel, _ = fit_from_stats(plan.kmeans, fmap, centres0, lambda c: cluster_stats(Z, c),
                                lambda c: cluster_stats(Z, c, Xc), seed)
     centers = np.asarray(kmodel.centers, float)
-    sizes = np.maximum(np.asarray(kmodel.counts, float), 0.0)
     # 2. internal assignment to the released centres (never released)
     labels = assign_clusters(X, centers, _bounds(params, d, caller).row_bound)
-    # 3. the length histograms of the same clusters, noised once (they also set where each rbm starts)
+    # 3. the length histograms of the same clusters, noised once (they also set where each rbm starts,
+    # and their sums the size of each cluster as trained)
     lengths = None
     if plan.lengths is not None:
         lengths = plan.lengths.release(np.stack([plan.lengths.histogram(X[labels == j]) for j in range(params.k)]),
                                        seed)
+    sizes = cluster_sizes(kmodel.counts, lengths)
     masses = visible_masses(plan, lengths)
     chains = chain_lengths(plan, lengths, seed)
     # 4. one model per cluster, same (q, sigma, T)
@@ -1433,7 +1452,6 @@ class DPGM(_proto.Mechanism):
                                              lambda c: cache.aggregate(stats_fn(c), k * (dim + 1)),
                                              None, seed, log)
             centers = np.asarray(kmodel.centers, float)
-            sizes = np.maximum(np.asarray(kmodel.counts, float), 0.0)
             lengths = None
             if dplan.lengths is not None:  # the exact (k, B) histograms in one pass, noised here once
                 lp, size = dplan.lengths, k * dplan.lengths.bins
@@ -1443,6 +1461,7 @@ class DPGM(_proto.Mechanism):
                 # features (rows also scaled onto the row-bound ball), so its histograms read the source
                 exact = cache.aggregate(lfn, size) if records else engine.aggregate(source, lfn, size)
                 lengths = lp.release(np.asarray(exact, dtype=np.float64).reshape(k, lp.bins), seed)
+            sizes = cluster_sizes(kmodel.counts, lengths)
             masses = visible_masses(dplan, lengths)
             chains = chain_lengths(dplan, lengths, seed)
         finally:

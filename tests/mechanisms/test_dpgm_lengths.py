@@ -139,8 +139,43 @@ def test_in_memory_release_adds_the_noise_to_the_exact_histograms():
             exact[j, np.searchsorted(plan.lengths.edges, v, side="right") - 1] += 1
     noise = plan.lengths.release(np.zeros_like(exact), 11)  # the same stream, on zeros
     np.testing.assert_allclose(model.lengths, exact + noise, atol=1e-9)
+    # each cluster's size is that of the people its model trained on: the auditor's count, noised
+    np.testing.assert_allclose(model.sizes, np.maximum(exact.sum(axis=1) + noise.sum(axis=1), 0.0), atol=1e-9)
+    assert np.all(np.abs(model.sizes - np.bincount(labels, minlength=2)) <= 5 * plan.lengths.noise.std * math.sqrt(
+        plan.lengths.bins))
     assert model.length_std == plan.lengths.noise.std
     assert model.plan_public["lengths"]["edges"] == plan.lengths.edges.tolist()
+
+
+def test_cluster_sizes_closed_form():
+    """With histograms: each row's noisy sum, clamped at 0; without: the k-means' counts, clamped."""
+    H = np.array([[3.0, -1.0, 4.5], [-2.0, 0.5, -0.25], [0.0, 0.0, 0.0]])
+    counts = np.array([10.0, -3.0, 7.0])
+    np.testing.assert_array_equal(dpgm.cluster_sizes(counts, H), [6.5, 0.0, 0.0])
+    np.testing.assert_array_equal(dpgm.cluster_sizes(counts, None), [10.0, 0.0, 7.0])
+
+
+def test_the_sizes_weigh_the_data_part_of_the_rbm_gradient():
+    """Why the sizes must be those of the trained cluster: DP-SGD divides the noisy sum by ``q
+    n_pub``, so a size ``r`` times too large weighs the data part of the RBM's gradient by ``1 /
+    r`` against the chains' part, and the visible marginals it learns fall to about ``1 / r``
+    of the data's (epsilon 1e6, one cluster, independent items, one hidden unit)."""
+    rng = np.random.default_rng(0)
+    p = np.array([0.1, 0.2, 0.3, 0.4, 0.6, 0.8])
+    X = (rng.random((4000, 6)) < p).astype(float)
+    params = dpgm.DPGMParams(k=2, hidden=1, sampling_rate=0.2, epochs=80, clip=4.0, epsilon=1e6, delta=1e-5,
+                             accountant="rdp", length_share=0, learning_rate=0.01, average_tail=0.5)
+    plan = dpgm.plan_dpgm(params, n=4000, d=6)
+    assert plan.noise_multiplier < 0.1  # noise std sigma C / (q n) < 5e-4: negligible; no record is clipped
+    labels = np.zeros(4000, dtype=np.int64)
+    gen = RBM(6, 1)
+    marg = {}
+    for r in (1.0, 1.5):
+        theta = dpgm.train_clusters(X, labels, np.array([4000.0 * r, 0.0]), np.stack([X.mean(axis=0)] * 2), plan, 3,
+                                    clusters=[0])[0]
+        marg[r] = gen.sample(theta, 40_000, np.random.default_rng(4)).mean(axis=0)
+    np.testing.assert_allclose(marg[1.0], X.mean(axis=0), atol=0.03)
+    np.testing.assert_allclose(marg[1.5], X.mean(axis=0) / 1.5, atol=0.05)
 
 
 def test_synthesis_draws_the_lengths_from_the_histograms(tmp_path):
@@ -214,7 +249,7 @@ def test_a_format_3_model_loads_without_lengths(tmp_path):
                        np.zeros((2, 6)))
     z = np.load(io.BytesIO(m.to_bytes()))
     header = json.loads(bytes(z["header"]).decode())
-    assert header["format_version"] == 5 and header["lengths"] is None
+    assert header["format_version"] == 6 and header["lengths"] is None
     header["format_version"] = 3
     del header["lengths"], header["length_strata"]
     header["params"].pop("length_strata")
