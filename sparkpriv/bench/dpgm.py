@@ -241,6 +241,7 @@ def run(*, items: int = 1303, rbm_hidden: int = 32, vae_cols: int = 784, vae_hid
     from threadpoolctl import threadpool_limits
 
     from sparkpriv.mechanisms import dpsgd
+    from sparkpriv.mechanisms.dpgm import DEFAULT_LENGTH_STRATA
     from sparkpriv.mechanisms.rbm import RBM
     from sparkpriv.mechanisms.vae import VAE
     from sparkpriv.privacy.random import stream
@@ -248,12 +249,17 @@ def run(*, items: int = 1303, rbm_hidden: int = 32, vae_cols: int = 784, vae_hid
     rows = []
     with threadpool_limits(1):
         rng = np.random.default_rng(0)
-        for name, model in (("rbm", RBM(items, rbm_hidden)), ("vae", VAE(vae_cols, vae_hidden, 2))):
+        # the rbm with the default length strata: chains of fixed lengths, 1-20 items (docs/dpgm.md,
+        # "Length strata"); its non-private step has the same negative phase
+        strata = RBM(items, rbm_hidden, strata=DEFAULT_LENGTH_STRATA,
+                     chain_lengths=tuple(int(v) for v in np.random.default_rng(1).integers(1, min(items, 20) + 1, 100)))
+        for name, model in (("rbm", RBM(items, rbm_hidden)), ("rbm+strata", strata),
+                            ("vae", VAE(vae_cols, vae_hidden, 2))):
             theta = model.init(rng)
             state = model.init_state(rng)
             noise = dpsgd.step_noise(clip=1.0, noise_multiplier=1.0, dim=model.dim, max_abs=1e7)
             for B in batches:
-                if name == "rbm":
+                if name.startswith("rbm"):
                     X = (rng.random((B, items)) < 11.0 / items).astype(np.float64)
                 else:
                     X = rng.random((B, vae_cols))

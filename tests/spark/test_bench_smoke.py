@@ -103,3 +103,15 @@ def test_busy_cpu_seconds_counts_this_process_work():
         pass
     own = time.process_time() - c0
     assert _busy_cpu_seconds() - b0 >= 0.8 * own
+
+
+def test_bench_dpgm_step_smoke(capsys):
+    """The step benchmark (no Spark) times the RBM, the RBM with length strata and the VAE."""
+    from sparkpriv.bench.dpgm import run
+
+    res = run(items=40, rbm_hidden=4, vae_cols=20, vae_hidden=8, batches=(32,), repeats=1)
+    assert [r["model"] for r in res["rows"]] == ["rbm", "rbm+strata", "vae"]
+    assert _last_json(capsys) == json.loads(json.dumps(res))
+    strata = res["rows"][1]
+    assert strata["params"] == 40 * 4 + 40 + 4 + 4 * 40  # W, b, c and the offsets of 4 strata
+    assert all(r["overhead"] > 0 and r["dp_examples_per_s"] > 0 for r in res["rows"])
