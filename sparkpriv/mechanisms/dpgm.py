@@ -97,7 +97,9 @@ __all__ = ["MODELS", "FORMAT_VERSION", "MODEL_FILE", "DPGMParams", "DPGMPlan", "
 
 MODELS = ("rbm", "vae")
 # 6: "sizes" are the clusters' sizes as trained (:func:`cluster_sizes`: the length histograms' sums when
-# released); before, the k-means' counts (read as written: synthesis from an older file is unchanged);
+# released), and a length is drawn within its bin from an exponential shape (the header's lengths'
+# "within_bin"); before, the k-means' counts and uniform (read as written: an older file's synthesis
+# is unchanged);
 # 5: the rbm's length strata (the params' "length_strata", resolved; thetas hold the offsets A);
 # 4: the per-cluster noisy histograms of record lengths ("lengths", with the header's "length_edges");
 # 3: the header holds the event columns of a release on event records (None for a table); 2: the
@@ -310,7 +312,8 @@ class LengthPlan:
         return {"share_of_epsilon": self.share, "edges": [int(e) for e in self.edges],
                 "sensitivity_l2": math.sqrt(2.0), "noise": self.noise.to_public_dict(), "std": self.noise.std,
                 "synthesis": f"bins below {LENGTH_KEEP_STDS:g} noise stds count as empty; a record's length "
-                             "is drawn from its cluster's bins, uniform within a bin; a cluster with no bin "
+                             "is drawn from its cluster's bins, within a bin from an exponential shape whose "
+                             "slope comes from the neighbouring bins' densities; a cluster with no bin "
                              "left keeps its model's own lengths"}
 
 
@@ -337,41 +340,99 @@ def _kept_bins(noisy: np.ndarray, std: float) -> np.ndarray:
     return np.where(noisy >= LENGTH_KEEP_STDS * float(std), noisy, 0.0)
 
 
-def expected_length(noisy: np.ndarray, edges: np.ndarray, std: float) -> float | None:
+WITHIN_BIN = ("exponential", "uniform")  # how a length is drawn within its bin; "uniform": model files
+# before format 6
+SLOPE_MAX = 1.0  # |beta| at most 1: within a bin, neighbouring lengths' weights differ by at most e
+
+
+def bin_slopes(w: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Per bin, the slope ``beta_b`` of the log density within it (docs/math.md section 5.2,
+    "Within a bin"): with ``d_b = w_b / width_b`` and bin centres ``c_b``, the central difference
+    ``(log d_{b+1} - log d_{b-1}) / (c_{b+1} - c_{b-1})``; one-sided with the bin itself where one
+    neighbour is empty; 0 where both are, for a bin of width 1 and for an empty bin; clipped to
+    ``[-SLOPE_MAX, SLOPE_MAX]``. ``w``: kept bin counts (:func:`_kept_bins`), >= 0."""
+    w = np.asarray(w, dtype=np.float64)
+    edges = np.asarray(edges, dtype=np.float64)
+    width = np.diff(edges)
+    centre = (edges[:-1] + edges[1:] - 1.0) / 2.0
+    with np.errstate(divide="ignore"):
+        logd = np.where(w > 0, np.log(np.where(w > 0, w, 1.0) / width), np.nan)
+    beta = np.zeros(w.size)
+    for b in np.flatnonzero((w > 0) & (width > 1)):
+        left = logd[b - 1] if b > 0 else np.nan
+        right = logd[b + 1] if b + 1 < w.size else np.nan
+        if np.isfinite(left) and np.isfinite(right):
+            beta[b] = (right - left) / (centre[b + 1] - centre[b - 1])
+        elif np.isfinite(left):
+            beta[b] = (logd[b] - left) / (centre[b] - centre[b - 1])
+        elif np.isfinite(right):
+            beta[b] = (right - logd[b]) / (centre[b + 1] - centre[b])
+    return np.clip(beta, -SLOPE_MAX, SLOPE_MAX)
+
+
+def _within_cdfs(w: np.ndarray, edges: np.ndarray, within: str) -> list:
+    """Per bin, the cumulative distribution of ``length - lo`` within it: ``exp(beta i)``
+    normalised (``within="exponential"``), or flat (``"uniform"``)."""
+    if within not in WITHIN_BIN:
+        raise ParameterError(f"within must be one of {', '.join(WITHIN_BIN)}; got {within!r}.")
+    edges = np.asarray(edges, dtype=np.int64)
+    beta = bin_slopes(w, edges) if within == "exponential" else np.zeros(edges.size - 1)
+    out = []
+    for b in range(edges.size - 1):
+        p = np.exp(beta[b] * np.arange(int(edges[b + 1] - edges[b])))
+        c = np.cumsum(p / p.sum())
+        c[-1] = 1.0
+        out.append(c)
+    return out
+
+
+def expected_length(noisy: np.ndarray, edges: np.ndarray, std: float, within: str = "exponential") -> float | None:
     """The mean length of the records :func:`synthetic_lengths` draws from this noisy histogram
-    (a bin by its kept noisy count, a length uniform within the bin: ``(lo + hi - 1) / 2``);
-    None when no bin is left. Post-processing of the released histogram."""
+    (a bin by its kept noisy count, a length within it by :func:`bin_slopes`' exponential shape,
+    or uniform: ``(lo + hi - 1) / 2``); None when no bin is left. Post-processing of the
+    released histogram."""
     w = _kept_bins(noisy, std)
     if not np.any(w > 0):
         return None
-    edges = np.asarray(edges, dtype=np.float64)
-    return float(np.dot(w, (edges[:-1] + edges[1:] - 1.0) / 2.0) / w.sum())
+    edges = np.asarray(edges, dtype=np.int64)
+    means = [float(edges[b]) + float(np.dot(np.diff(c, prepend=0.0), np.arange(c.size)))
+             for b, c in enumerate(_within_cdfs(w, edges, within))]
+    return float(np.dot(w, means) / w.sum())
 
 
 def synthetic_lengths(noisy: np.ndarray, edges: np.ndarray, std: float, n: int,
-                      rng: np.random.Generator) -> np.ndarray | None:
+                      rng: np.random.Generator, within: str = "exponential") -> np.ndarray | None:
     """``n`` record lengths from one cluster's noisy histogram (post-processing): bins below
-    ``LENGTH_KEEP_STDS`` noise stds are empty, a bin by its noisy count, a length uniform within
-    its bin. None when no bin is left (the model keeps its own lengths)."""
+    ``LENGTH_KEEP_STDS`` noise stds are empty, a bin by its noisy count, a length within its bin
+    by the exponential shape of :func:`bin_slopes` (``within="uniform"``: uniform, as model files
+    before format 6). None when no bin is left (the model keeps its own lengths)."""
     w = _kept_bins(noisy, std)
     if not np.any(w > 0):
         return None
+    edges = np.asarray(edges, dtype=np.int64)
     b = rng.choice(w.size, size=int(n), p=w / w.sum())
-    lo, hi = edges[:-1][b], edges[1:][b]
-    return lo + np.floor(rng.random(int(n)) * (hi - lo)).astype(np.int64)
+    u = rng.random(int(n))
+    cdfs = _within_cdfs(w, edges, within)
+    out = np.empty(int(n), dtype=np.int64)
+    for k in np.unique(b):
+        sel = b == k
+        i = np.searchsorted(cdfs[k], u[sel], side="right")
+        out[sel] = edges[k] + np.minimum(i, cdfs[k].size - 1)
+    return out
 
 
 def draw_lengths(noisy: np.ndarray, edges: np.ndarray, std: float, j: int, n: int, rng: np.random.Generator,
-                 longest: int | None = None) -> np.ndarray | None:
+                 longest: int | None = None, within: str = "exponential") -> np.ndarray | None:
     """``n`` lengths for cluster ``j`` from the released ``(k, B)`` histograms (post-processing):
     :func:`synthetic_lengths` of its own; with ``longest`` (a model with length strata, which needs
     lengths), when it has no bin left, of the sum of the k histograms (noise std ``sqrt(k)`` times),
     then ``longest`` for every record. None: no bin left and no ``longest``."""
     noisy = np.asarray(noisy, dtype=np.float64)
-    own = synthetic_lengths(noisy[j], edges, std, int(n), rng)
+    own = synthetic_lengths(noisy[j], edges, std, int(n), rng, within)
     if own is not None or longest is None:
         return own
-    pooled = synthetic_lengths(noisy.sum(axis=0), edges, float(std) * math.sqrt(noisy.shape[0]), int(n), rng)
+    pooled = synthetic_lengths(noisy.sum(axis=0), edges, float(std) * math.sqrt(noisy.shape[0]), int(n), rng,
+                               within)
     return pooled if pooled is not None else np.full(int(n), int(longest), dtype=np.int64)
 
 
@@ -709,6 +770,8 @@ class DPGMModel:
     lengths: np.ndarray | None = None
     length_edges: np.ndarray | None = None
     length_std: float = math.nan
+    # how synthesis draws a length within its bin (WITHIN_BIN): "uniform" for files before format 6
+    length_within: str = "exponential"
 
     def __post_init__(self):
         dim = self.generator().dim
@@ -728,7 +791,8 @@ class DPGMModel:
         lengths = None
         if self.lengths is not None:
             longest = max_length(self.params, self.d) if getattr(gen, "strata", ()) else None
-            lengths = draw_lengths(self.lengths, self.length_edges, self.length_std, j, int(n), rng, longest)
+            lengths = draw_lengths(self.lengths, self.length_edges, self.length_std, j, int(n), rng, longest,
+                                   self.length_within)
         if lengths is None:
             return gen.sample(self.thetas[j], int(n), rng)
         return gen.sample(self.thetas[j], int(n), rng, lengths=lengths)
@@ -768,7 +832,8 @@ class DPGMModel:
                   "column_types": list(self.types),
                   "events": None if self.events is None else self.events.to_header(),
                   "lengths": None if self.lengths is None else
-                  {"edges": [int(e) for e in self.length_edges], "std": float(self.length_std)}}
+                  {"edges": [int(e) for e in self.length_edges], "std": float(self.length_std),
+                   "within_bin": self.length_within}}
         arrays = {} if self.lengths is None else {"lengths": np.asarray(self.lengths, dtype=np.float64)}
         buf = io.BytesIO()
         np.savez(buf, header=np.frombuffer(json.dumps(header, default=float).encode(), np.uint8),
@@ -795,8 +860,12 @@ class DPGMModel:
             if version >= 3 and header.get("events") is not None:
                 events = EventColumns.from_header(header["events"], d, str(path))
             lengths = edges = None  # versions 1 to 3: no length histograms
-            std = math.nan
+            std, within = math.nan, "exponential"
             if version >= 4 and header.get("lengths") is not None:
+                within = str(header["lengths"].get("within_bin", "uniform"))  # before 6: uniform
+                if within not in WITHIN_BIN:
+                    raise ParameterError(f"{path}: the model's lengths are drawn {within!r} within a bin, "
+                                         f"not one of {', '.join(WITHIN_BIN)}: not a released model.")
                 edges = np.asarray(header["lengths"]["edges"], dtype=np.int64)
                 lengths, std = np.asarray(z["lengths"], dtype=np.float64), float(header["lengths"]["std"])
                 if lengths.shape != (z["thetas"].shape[0], edges.size - 1) or np.any(np.diff(edges) <= 0):
@@ -809,7 +878,7 @@ class DPGMModel:
             elif tuple(length_strata(DPGMParams(**params), d)) != tuple(header.get("length_strata") or ()):
                 params["length_strata"] = list(header.get("length_strata") or ()) or 0
             return cls(DPGMParams(**params), d, z["thetas"], z["sizes"], z["centers"],
-                       header.get("public", {}), types, events, lengths, edges, std)
+                       header.get("public", {}), types, events, lengths, edges, std, within)
 
 
 INIT_FLOOR = 1e-3  # an RBM's starting visible probabilities lie in [INIT_FLOOR, 1 - INIT_FLOOR]
