@@ -129,7 +129,9 @@ def main(argv=None):
     ap.add_argument("--sampling-rate", type=float, default=None, help="default: 880 / (n / k) per step")
     ap.add_argument("--epochs", type=float, default=None, help="default: 400 steps")
     ap.add_argument("--variants", default='[{"name": "defaults"}]',
-                    help="JSON list of {name, and DPGMParams fields to change}")
+                    help="JSON list of {name, and DPGMParams fields to change}; study-only keys: oracle, "
+                         "oracle_strata (the yardsticks), kmeans_sizes (true: the k-means' counts as the "
+                         "clusters' sizes, as before model format 6), burn_in, sweeps")
     ap.add_argument("--out", default=None, help="append one JSON line per variant here")
     ap.add_argument("--cache", default=None, help="a .npz file: the generated table, made once and read after")
     a = ap.parse_args(argv)
