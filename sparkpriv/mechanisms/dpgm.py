@@ -89,8 +89,8 @@ from sparkpriv.privacy.calibration import gdp_mu_for
 from sparkpriv.privacy.bounds import Bounds
 from sparkpriv.privacy.random import new_secret_seed, stream
 
-__all__ = ["MODELS", "FORMAT_VERSION", "MODEL_FILE", "DPGMParams", "DPGMPlan", "DPGMModel", "calibrate_dpgm", "cluster_sizes",
-           "requested_event", "plan_for_rows", "plan_dpgm", "fit_dpgm_array", "assign_clusters",
+__all__ = ["MODELS", "FORMAT_VERSION", "MODEL_FILE", "DPGMParams", "DPGMPlan", "DPGMModel", "calibrate_dpgm",
+           "cluster_sizes", "requested_event", "plan_for_rows", "plan_dpgm", "fit_dpgm_array", "assign_clusters",
            "train_clusters", "assign_sparse", "synthesize", "synthesize_part", "synthesize_table", "synthetic_type",
            "synthetic_arrays", "SYNTHETIC_TYPES", "query_spread", "QuerySpread", "answer_dense",
            "DPGM", "DPGM_MECHANISM"]
