@@ -87,7 +87,7 @@ def kmeans(X, params, plan, d: int, seed: int):
     km, _ = fit_from_stats(plan.kmeans, fmap, c0, stats, None, seed)
     centers = np.asarray(km.centers, float)
     labels = np.concatenate([dpgm.assign_sparse(b, centers) for b in blocks])
-    return centers, np.maximum(np.asarray(km.counts, float), 0.0), labels
+    return centers, np.maximum(np.asarray(km.counts, float), 0.0), labels, float(km.count_std)
 
 
 def oracle_sample(X, labels, k: int, S: int, rng, strata=None) -> np.ndarray:
@@ -188,7 +188,7 @@ def main(argv=None):
         sweeps = kw.pop("sweeps", None)
         params = dpgm.DPGMParams(**kw)
         plan = dpgm.plan_dpgm(params, n=n, d=d, caller="study")
-        centers, sizes, labels = kmeans(X, params, plan, d, a.seed)
+        centers, sizes, labels, kstd = kmeans(X, params, plan, d, a.seed)
         t2 = time.time()
         wstats = {}
         if oracle:  # NOT private: each cluster's real marginals, records given their real lengths
@@ -199,7 +199,7 @@ def main(argv=None):
                 lengths = plan.lengths.release(np.stack([plan.lengths.histogram(X[labels == j])
                                                          for j in range(params.k)]), a.seed)
             if not kmeans_sizes:  # the library's: each cluster's size as trained
-                sizes = dpgm.cluster_sizes(sizes, lengths)
+                sizes = dpgm.cluster_sizes(sizes, lengths, kstd, plan.lengths.noise.std if plan.lengths else 0.0)
             thetas = dpgm.train_clusters(X, labels, sizes, centers, plan, a.seed,
                                          masses=dpgm.visible_masses(plan, lengths),
                                          chain_lengths=dpgm.chain_lengths(plan, lengths, a.seed))

@@ -436,20 +436,32 @@ def draw_lengths(noisy: np.ndarray, edges: np.ndarray, std: float, j: int, n: in
     return pooled if pooled is not None else np.full(int(n), int(longest), dtype=np.int64)
 
 
-def cluster_sizes(kmeans_counts, noisy_lengths: np.ndarray | None) -> np.ndarray:
+def cluster_sizes(kmeans_counts, noisy_lengths: np.ndarray | None, kmeans_std: float = 0.0,
+                  lengths_std: float = 0.0) -> np.ndarray:
     """The public size of each cluster as its model trains on it: ``(k,)``, clamped at 0
-    (post-processing of released values; docs/dpgm.md, "Cluster sizes").
+    (post-processing of released values; docs/dpgm.md, "Cluster sizes"; docs/math.md section 5,
+    "Which ``n_j``").
 
-    A model trains on the people nearest to its released centre. The k-means' noisy counts are of
-    another population, the last round's clusters (nearest to the centres before that round), and
-    differ from it by up to about 10 % at 4.4 M people. With the length histograms, each row is a
-    noisy histogram of exactly the people the model trains on, so its sum (noise std ``sqrt(B)``
-    times a bin's) is used: as DP-SGD's ``n_pub`` (a size off by a factor ``r`` weighs the data
-    part of the RBM's gradient by ``1 / r`` against the chains' part) and as the mixture weight
-    of synthesis. Without them (``length_share`` 0, the vae), the k-means' counts."""
+    A model trains on the people nearest to its released centre. The k-means' noisy count ``K_j``
+    (std ``kmeans_std``) is of another set, the last round's cluster (nearest to the centres
+    before that round); they differ by up to about 10 % at 4.4 M people. With the length
+    histograms, the sum ``H_j`` of row ``j`` counts exactly the people the model trains on, but
+    with more noise (std ``sqrt(B) lengths_std``, about 3x ``kmeans_std``). The size is ``K_j``
+    moved towards ``H_j`` by the positive-part James-Stein factor of their difference ``D_j = H_j
+    - K_j``: ``K_j + D_j max(0, 1 - s^2 / D_j^2)``, ``s^2`` the variance of ``D_j``. All the way
+    where the two sets differ by far more than the noise (large clusters), ``K_j`` where the
+    difference is noise (small ones). Used as DP-SGD's ``n_pub`` (a size off by a factor ``r``
+    weighs the data part of the RBM's gradient by ``1 / r`` against the chains' part) and as the
+    mixture weight of synthesis. Without the histograms (``length_share`` 0, the vae): ``K``."""
+    K = np.asarray(kmeans_counts, dtype=np.float64)
     if noisy_lengths is None:
-        return np.maximum(np.asarray(kmeans_counts, dtype=np.float64), 0.0)
-    return np.maximum(np.asarray(noisy_lengths, dtype=np.float64).sum(axis=1), 0.0)
+        return np.maximum(K, 0.0)
+    H = np.asarray(noisy_lengths, dtype=np.float64)
+    D = H.sum(axis=1) - K
+    var = float(kmeans_std) ** 2 + H.shape[1] * float(lengths_std) ** 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        factor = np.where(D != 0.0, np.maximum(0.0, 1.0 - var / (D * D)), 0.0)
+    return np.maximum(K + D * factor, 0.0)
 
 
 def chain_lengths(plan: "DPGMPlan", noisy_lengths: np.ndarray | None, seed: int) -> np.ndarray | None:
@@ -971,14 +983,14 @@ def fit_dpgm_array(X, params: DPGMParams, *, seed: int | None = None, log=None) 
     if plan.lengths is not None:
         lengths = plan.lengths.release(np.stack([plan.lengths.histogram(X[labels == j]) for j in range(params.k)]),
                                        seed)
-    sizes = cluster_sizes(kmodel.counts, lengths)
+    sizes = cluster_sizes(kmodel.counts, lengths, kmodel.count_std, plan.lengths.noise.std if plan.lengths else 0.0)
     masses = visible_masses(plan, lengths)
     chains = chain_lengths(plan, lengths, seed)
     # 4. one model per cluster, same (q, sigma, T)
     clips: dict = {}
     thetas = train_clusters(X, labels, sizes, centers, plan, seed, log=log, clips=clips, masses=masses,
                             chain_lengths=chains)
-    public = model_public(plan, sizes, [clips[j] for j in range(params.k)], masses)
+    public = model_public(plan, sizes, [clips[j] for j in range(params.k)], masses, kmodel)
     return _model(params, d, thetas, sizes, centers, public, plan, lengths), plan
 
 
@@ -997,11 +1009,16 @@ def training_order(sizes) -> list:
     return [int(j) for j in np.argsort(-np.asarray(sizes, dtype=np.float64), kind="stable")]
 
 
-def model_public(plan: DPGMPlan, sizes, clips=None, masses=None) -> dict:
+def model_public(plan: DPGMPlan, sizes, clips=None, masses=None, kmeans=None) -> dict:
     """The model file's public record: the plan's, each cluster's learning rate and batches per
     update ``m_j`` (functions of the noisy sizes), the rbm's starting masses (:func:`visible_masses`),
-    and with quantile clipping each cluster's final ``clips`` (:func:`final_clips_public`)."""
+    with quantile clipping each cluster's final ``clips`` (:func:`final_clips_public`), and
+    ``kmeans`` (the k-means model): its noisy counts and their std, which :func:`cluster_sizes` read."""
     out = plan.to_public_dict()
+    if kmeans is not None:
+        out["kmeans_sizes"] = {"values": [float(v) for v in kmeans.counts], "count_std": float(kmeans.count_std),
+                               "note": "the k-means' noisy counts of its last round's clusters; the sizes "
+                                       "are these moved towards the length histograms' sums (cluster_sizes)"}
     if plan.params.model == "rbm" and masses is not None:
         out["start_masses"] = [float(v) for v in masses]
     out["learning_rates"] = plan.learning_rates(sizes)
@@ -1530,7 +1547,8 @@ class DPGM(_proto.Mechanism):
                 # features (rows also scaled onto the row-bound ball), so its histograms read the source
                 exact = cache.aggregate(lfn, size) if records else engine.aggregate(source, lfn, size)
                 lengths = lp.release(np.asarray(exact, dtype=np.float64).reshape(k, lp.bins), seed)
-            sizes = cluster_sizes(kmodel.counts, lengths)
+            sizes = cluster_sizes(kmodel.counts, lengths, kmodel.count_std,
+                                  dplan.lengths.noise.std if dplan.lengths else 0.0)
             masses = visible_masses(dplan, lengths)
             chains = chain_lengths(dplan, lengths, seed)
         finally:
@@ -1544,7 +1562,7 @@ class DPGM(_proto.Mechanism):
                                      what="dpgm training", order=training_order(sizes))
         thetas = np.asarray(thetas, float)
         # quantile clipping: each cluster's final clip rides after its theta
-        public_record = model_public(dplan, sizes, thetas[:, gen_dim] if dplan.quantile else None, masses)
+        public_record = model_public(dplan, sizes, thetas[:, gen_dim] if dplan.quantile else None, masses, kmodel)
         thetas = np.ascontiguousarray(thetas[:, :gen_dim])
         model = _model(params, d, thetas, sizes, centers, public_record, dplan, lengths, st.column_types or None,
                        st.events)

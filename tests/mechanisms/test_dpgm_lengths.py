@@ -139,20 +139,30 @@ def test_in_memory_release_adds_the_noise_to_the_exact_histograms():
             exact[j, np.searchsorted(plan.lengths.edges, v, side="right") - 1] += 1
     noise = plan.lengths.release(np.zeros_like(exact), 11)  # the same stream, on zeros
     np.testing.assert_allclose(model.lengths, exact + noise, atol=1e-9)
-    # each cluster's size is that of the people its model trained on: the auditor's count, noised
-    np.testing.assert_allclose(model.sizes, np.maximum(exact.sum(axis=1) + noise.sum(axis=1), 0.0), atol=1e-9)
-    assert np.all(np.abs(model.sizes - np.bincount(labels, minlength=2)) <= 5 * plan.lengths.noise.std * math.sqrt(
-        plan.lengths.bins))
+    # each cluster's size: the k-means' count moved towards the auditor's count plus the noise
+    km = model.plan_public["kmeans_sizes"]
+    K, H = np.array(km["values"]), exact.sum(axis=1) + noise.sum(axis=1)
+    var = km["count_std"] ** 2 + plan.lengths.bins * plan.lengths.noise.std ** 2
+    np.testing.assert_allclose(model.sizes, np.maximum(K + (H - K) * np.maximum(0, 1 - var / (H - K) ** 2), 0),
+                               atol=1e-9)
     assert model.length_std == plan.lengths.noise.std
     assert model.plan_public["lengths"]["edges"] == plan.lengths.edges.tolist()
 
 
 def test_cluster_sizes_closed_form():
-    """With histograms: each row's noisy sum, clamped at 0; without: the k-means' counts, clamped."""
-    H = np.array([[3.0, -1.0, 4.5], [-2.0, 0.5, -0.25], [0.0, 0.0, 0.0]])
+    """Without histograms: the k-means' counts, clamped at 0. With them: ``K + D max(0, 1 - s^2 /
+    D^2)``, ``D`` the histogram sum minus ``K``, ``s^2 = kmeans_std^2 + B lengths_std^2``: the
+    histogram sum where the difference is far above the noise, ``K`` where it is within it."""
     counts = np.array([10.0, -3.0, 7.0])
-    np.testing.assert_array_equal(dpgm.cluster_sizes(counts, H), [6.5, 0.0, 0.0])
-    np.testing.assert_array_equal(dpgm.cluster_sizes(counts, None), [10.0, 0.0, 7.0])
+    np.testing.assert_array_equal(dpgm.cluster_sizes(counts, None, 1.0, 1.0), [10.0, 0.0, 7.0])
+    H = np.array([[3.0, -1.0, 4.5], [-2.0, 0.5, -0.25], [2.0, 3.0, 2.0]])  # sums 6.5, -1.75, 7
+    # noise free: the histogram sums exactly
+    np.testing.assert_array_equal(dpgm.cluster_sizes(counts, H), [6.5, 0.0, 7.0])
+    # s^2 = 1 + 3 * 1 = 4: D = -3.5 -> factor 1 - 4 / 12.25; D = 1.25 -> 0; D = 0 -> K
+    got = dpgm.cluster_sizes(counts, H, 1.0, 1.0)
+    np.testing.assert_allclose(got, [10.0 - 3.5 * (1 - 4 / 12.25), 0.0, 7.0])
+    big = np.array([[1e5, 0.0], [2e5, 0.0]])  # the sets differ by far more than the noise
+    np.testing.assert_allclose(dpgm.cluster_sizes([1.1e5, 1.9e5], big, 80.0, 56.0), [1e5, 2e5], rtol=2e-5)
 
 
 def test_the_sizes_weigh_the_data_part_of_the_rbm_gradient():

@@ -233,10 +233,11 @@ def test_dpgm_with_quantile_clipping_meets_the_request():
     clips = model.plan_public["final_clips"]["values"]
     assert len(clips) == 2 and all(c < 10.0 for c in clips)  # RBM positive-phase norms are well below 10
     assert model.plan_public["final_clips"]["adapted"] == [True, True]
-    # at q = 0.2 the expected batches (about 35) are too small for the count's noise: the clip stays
-    small = dataclasses.replace(params, sampling_rate=0.2)
+    # at q = 0.1 the expected batches (about 20) are too small for the count's noise: the clip stays
+    small = dataclasses.replace(params, sampling_rate=0.1)
     m2, p2 = dpgm.fit_dpgm_array(_binary(), small, seed=3)
-    assert not any(dpsgd.clip_adapts(p2.count_noise.std, 0.2, s) for s in m2.sizes)
+    assert not any(dpsgd.clip_adapts(p2.count_noise.std, 0.1, s) for s in m2.sizes)
+    assert not dpsgd.clip_adapts(p2.count_noise.std, 0.1, 200.0)  # nor at the clusters' true sizes
     assert m2.plan_public["final_clips"] == dict(model.plan_public["final_clips"], values=[10.0, 10.0],
                                                  adapted=[False, False])
     assert model.plan_public["quantile_clipping"]["count_noise_std"] == plan.count_std()

@@ -105,9 +105,13 @@ def test_dpgm_on_bounded_event_records(spark, monkeypatch):
     for h in exact:
         np.testing.assert_array_equal(h, want)
     np.testing.assert_allclose(rel.model.lengths, dense.model.lengths, atol=1e-9)
-    # the sizes are those of the clusters as trained: the auditor's counts plus the histograms' noise
-    noise = rel.model.lengths - want
-    np.testing.assert_allclose(rel.model.sizes, np.maximum(want.sum(axis=1) + noise.sum(axis=1), 0.0), atol=1e-9)
+    # the sizes: the k-means' counts moved towards the auditor's counts plus the histograms' noise
+    km, H = rel.model.plan_public["kmeans_sizes"], rel.model.lengths.sum(axis=1)
+    K = np.array(km["values"])
+    var = km["count_std"] ** 2 + (edges.size - 1) * rel.model.length_std ** 2
+    np.testing.assert_allclose(H - (rel.model.lengths - want).sum(axis=1), want.sum(axis=1))
+    np.testing.assert_allclose(rel.model.sizes, np.maximum(K + (H - K) * np.maximum(0, 1 - var / (H - K) ** 2), 0),
+                               atol=1e-9)
     assert rel.public["model"]["cluster_sizes"] == pytest.approx(list(rel.model.sizes))
     assert rel.model.plan_public["start_masses"] == pytest.approx(dense.model.plan_public["start_masses"])
     assert rel.model.plan_public["start_masses"] == pytest.approx(
