@@ -68,8 +68,10 @@ def answers(X, Q) -> np.ndarray:
     return out
 
 
-def kmeans(X, params, plan, d: int, seed: int):
-    """The release's DP k-means (linear) on the sparse records: the mechanism's own stats."""
+def kmeans(X, params, plan, d: int, seed: int, previous: bool = False):
+    """The release's DP k-means (linear) on the sparse records: the mechanism's own stats.
+    ``previous``: label each record by the centres its last round assigned with (the last round's
+    clusters) instead of by the released centres."""
     from sparkpriv.mechanisms import dpgm
     from sparkpriv.mechanisms.kmeans import fit_from_stats, initial_centres, make_feature_map
     from sparkpriv.mechanisms.protocol import SparseRows
@@ -80,13 +82,16 @@ def kmeans(X, params, plan, d: int, seed: int):
     blocks = [SparseRows(X.indptr[s:s + 500_001] - X.indptr[s], X.indices[X.indptr[s]:X.indptr[min(s + 500_000, X.shape[0])]],
                          None, d) for s in range(0, X.shape[0], 500_000)]
 
+    seen = {}
+
     def stats(c):
+        seen["last"] = np.array(c, dtype=np.float64)
         fn = dpgm._records_stats_fn(c)
         return sum(fn(b) for b in blocks)
 
     km, _ = fit_from_stats(plan.kmeans, fmap, c0, stats, None, seed)
     centers = np.asarray(km.centers, float)
-    labels = np.concatenate([dpgm.assign_sparse(b, centers) for b in blocks])
+    labels = np.concatenate([dpgm.assign_sparse(b, seen["last"] if previous else centers) for b in blocks])
     return centers, np.maximum(np.asarray(km.counts, float), 0.0), labels, float(km.count_std)
 
 
@@ -130,8 +135,10 @@ def main(argv=None):
     ap.add_argument("--epochs", type=float, default=None, help="default: 400 steps")
     ap.add_argument("--variants", default='[{"name": "defaults"}]',
                     help="JSON list of {name, and DPGMParams fields to change}; study-only keys: oracle, "
-                         "oracle_strata (the yardsticks), kmeans_sizes (true: the k-means' counts as the "
-                         "clusters' sizes, as before model format 6), burn_in, sweeps")
+                         "oracle_strata (the yardsticks), previous (false: format 6's training clusters, "
+                         "nearest the released centres, and James-Stein sizes; by default the library's "
+                         "since model format 7, the k-means' last round's clusters with inverse-variance sizes), kmeans_sizes (with previous false: "
+                         "the k-means' counts as sizes, as before format 6), burn_in, sweeps")
     ap.add_argument("--out", default=None, help="append one JSON line per variant here")
     ap.add_argument("--cache", default=None, help="a .npz file: the generated table, made once and read after")
     a = ap.parse_args(argv)
@@ -184,11 +191,12 @@ def main(argv=None):
         oracle = kw.pop("oracle", False)
         oracle_strata = kw.pop("oracle_strata", None)  # with "oracle": marginals per (cluster, stratum)
         kmeans_sizes = kw.pop("kmeans_sizes", False)  # the k-means' counts as sizes (before format 6)
+        previous = kw.pop("previous", True)  # the last k-means round's clusters (the library's since format 7)
         burn_in = kw.pop("burn_in", None)
         sweeps = kw.pop("sweeps", None)
         params = dpgm.DPGMParams(**kw)
         plan = dpgm.plan_dpgm(params, n=n, d=d, caller="study")
-        centers, sizes, labels, kstd = kmeans(X, params, plan, d, a.seed)
+        centers, sizes, labels, kstd = kmeans(X, params, plan, d, a.seed, previous)
         t2 = time.time()
         wstats = {}
         if oracle:  # NOT private: each cluster's real marginals, records given their real lengths
@@ -198,8 +206,13 @@ def main(argv=None):
             if plan.lengths is not None:
                 lengths = plan.lengths.release(np.stack([plan.lengths.histogram(X[labels == j])
                                                          for j in range(params.k)]), a.seed)
-            if not kmeans_sizes:  # the library's: each cluster's size as trained
+            if previous:  # the library's: K and H count the same set, inverse-variance weights
                 sizes = dpgm.cluster_sizes(sizes, lengths, kstd, plan.lengths.noise.std if plan.lengths else 0.0)
+            elif not kmeans_sizes and lengths is not None:  # format 6: K moved towards H (James-Stein)
+                D = lengths.sum(axis=1) - sizes
+                var = kstd ** 2 + lengths.shape[1] * plan.lengths.noise.std ** 2
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    sizes = np.maximum(sizes + D * np.where(D != 0, np.maximum(0.0, 1 - var / (D * D)), 0.0), 0.0)
             thetas = dpgm.train_clusters(X, labels, sizes, centers, plan, a.seed,
                                          masses=dpgm.visible_masses(plan, lengths),
                                          chain_lengths=dpgm.chain_lengths(plan, lengths, a.seed))

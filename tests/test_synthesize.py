@@ -345,7 +345,7 @@ def test_event_model_header_round_trip_and_older_files(tmp_path):
         assert back.events == m.events and back.events.vocabulary.ids == m.events.vocabulary.ids
         np.testing.assert_array_equal(back.thetas, m.thetas)
     header = json.loads(bytes(np.load(io.BytesIO(_event_model().to_bytes()))["header"]).decode())
-    assert dpgm.FORMAT_VERSION == 6 and header["format_version"] == 6 and header["lengths"] is None
+    assert dpgm.FORMAT_VERSION == 7 and header["format_version"] == 7 and header["lengths"] is None
     assert header["events"] == {"person_column": "caller_id", "item_column": "tower_id", "item_type": "int",
                                 "vocabulary": {"ids": list(EV_IDS), "source": "declared list"}}
     assert dpgm.DPGMModel.load(io.BytesIO(_model().to_bytes())).events is None

@@ -1,9 +1,11 @@
 """DP mixture of generative models (Acs et al., Alg. 1 and 4; docs/math.md section 5).
 
 1. DP k-means (:mod:`~sparkpriv.mechanisms.kmeans`, ``linear`` variant on the
-   declared box ``[0, 1]^d`` and row bound) partitions the records; each
-   record's assignment to its nearest released centre is internal (never
-   released).
+   declared box ``[0, 1]^d`` and row bound) partitions the records: a model
+   trains on its last round's cluster (the records nearest to the centres
+   that round assigned with, :func:`last_round_centres`), whose noisy mean
+   and count are the released centre and size. The assignment is internal
+   (never released).
 2. One generative model per cluster (:class:`~sparkpriv.mechanisms.rbm.RBM`
    for binary records, :class:`~sparkpriv.mechanisms.vae.VAE` for binary or
    continuous columns), trained with DP-SGD (:mod:`~sparkpriv.mechanisms.dpsgd`)
@@ -15,8 +17,8 @@
    a cluster makes ``m_j`` of its ``T`` steps at once (its own rate ``m_j q``,
    ``m_j`` from its noisy size; docs/dpgm.md, "Per-cluster sampling rates"):
    each step keeps its own batch and noise, so the event is the same.
-3. Released: the k models' parameters, the noisy cluster sizes (the k-means
-   counts), the k-means centres and (rbm, by default) each cluster's noisy
+3. Released: the k models' parameters, the noisy cluster sizes
+   (:func:`cluster_sizes`), the k-means centres and (rbm, by default) each cluster's noisy
    histogram of record lengths (the number of ones of a record, in bins;
    :class:`LengthPlan`), which synthesis draws each record's length from, in a versioned ``.npz`` file
    (:meth:`DPGMModel.save`), with the source's column types (its schema,
@@ -48,8 +50,9 @@ that makes ``m_j`` steps per update (``min_batch``) releases the same ``T``
 noisy sums and adds them (post-processing); pairing step ``u`` of cluster ``a``
 with step ``u`` of cluster ``b`` covers two clusters with different ``m``
 (docs/math.md section 5, "Per-cluster rates as batches of base steps"). The
-assignment depends on the data only through the released centres
-(post-processing), and clusters never exchange anything.
+assignment depends on the data only through the centres the k-means' last
+round assigned with (post-processing of its earlier rounds, or data-independent
+for one round), and clusters never exchange anything.
 
 The noise multiplier ``sigma`` is calibrated on the composition, so the
 accountant's epsilon of the whole release is at most the request.
@@ -96,6 +99,9 @@ __all__ = ["MODELS", "FORMAT_VERSION", "MODEL_FILE", "DPGMParams", "DPGMPlan", "
            "DPGM", "DPGM_MECHANISM"]
 
 MODELS = ("rbm", "vae")
+# 7: each model trains on the k-means' last round's cluster (:func:`last_round_centres`), which the
+# k-means' noisy count and the length histograms both count, and "sizes" are their inverse-variance
+# mean (:func:`cluster_sizes`); the file's layout is that of 6;
 # 6: "sizes" are the clusters' sizes as trained (:func:`cluster_sizes`: the length histograms' sums when
 # released), and a length is drawn within its bin from an exponential shape (the header's lengths'
 # "within_bin"); before, the k-means' counts and uniform (read as written: an older file's synthesis
@@ -104,8 +110,8 @@ MODELS = ("rbm", "vae")
 # 4: the per-cluster noisy histograms of record lengths ("lengths", with the header's "length_edges");
 # 3: the header holds the event columns of a release on event records (None for a table); 2: the
 # source's column types; 1 (read as all double) had none
-FORMAT_VERSION = 6
-READ_VERSIONS = (1, 2, 3, 4, 5, 6)
+FORMAT_VERSION = 7
+READ_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 MODEL_FILE = "_dpgm_model.npz"  # the released model, published with the release's table
 SYNTH_STAGE = 31  # stream(seed, SYNTH_STAGE, j) samples cluster j's synthetic records
 LENGTH_STAGE = 25  # stream(seed, LENGTH_STAGE): the noise of the length histograms, drawn once on the driver
@@ -442,26 +448,37 @@ def cluster_sizes(kmeans_counts, noisy_lengths: np.ndarray | None, kmeans_std: f
     (post-processing of released values; docs/dpgm.md, "Cluster sizes"; docs/math.md section 5,
     "Which ``n_j``").
 
-    A model trains on the people nearest to its released centre. The k-means' noisy count ``K_j``
-    (std ``kmeans_std``) is of another set, the last round's cluster (nearest to the centres
-    before that round); they differ by up to about 10 % at 4.4 M people. With the length
-    histograms, the sum ``H_j`` of row ``j`` counts exactly the people the model trains on, but
-    with more noise (std ``sqrt(B) lengths_std``, about 3x ``kmeans_std``). The size is ``K_j``
-    moved towards ``H_j`` by the positive-part James-Stein factor of their difference ``D_j = H_j
-    - K_j``: ``K_j + D_j max(0, 1 - s^2 / D_j^2)``, ``s^2`` the variance of ``D_j``. All the way
-    where the two sets differ by far more than the noise (large clusters), ``K_j`` where the
-    difference is noise (small ones). Used as DP-SGD's ``n_pub`` (a size off by a factor ``r``
-    weighs the data part of the RBM's gradient by ``1 / r`` against the chains' part) and as the
-    mixture weight of synthesis. Without the histograms (``length_share`` 0, the vae): ``K``."""
+    A model trains on the k-means' last round's cluster (:func:`last_round_centres`), which the
+    k-means' noisy count ``K_j`` (std ``kmeans_std``) counts. With the length histograms, the sum
+    ``H_j`` of row ``j`` is a second noisy count of the same people (std ``sqrt(B) lengths_std``,
+    about 3x ``kmeans_std``, independent noise), so the size is their inverse-variance weighted
+    mean ``(K_j / v_K + H_j / v_H) / (1 / v_K + 1 / v_H)``, the least-variance unbiased
+    combination. Without the histograms (``length_share`` 0, the vae): ``K``. Used as DP-SGD's
+    ``n_pub`` (a size off by a factor ``r`` weighs the data part of the RBM's gradient by ``1 /
+    r`` against the chains' part) and as the mixture weight of synthesis."""
     K = np.asarray(kmeans_counts, dtype=np.float64)
     if noisy_lengths is None:
         return np.maximum(K, 0.0)
-    H = np.asarray(noisy_lengths, dtype=np.float64)
-    D = H.sum(axis=1) - K
-    var = float(kmeans_std) ** 2 + H.shape[1] * float(lengths_std) ** 2
-    with np.errstate(divide="ignore", invalid="ignore"):
-        factor = np.where(D != 0.0, np.maximum(0.0, 1.0 - var / (D * D)), 0.0)
-    return np.maximum(K + D * factor, 0.0)
+    H = np.asarray(noisy_lengths, dtype=np.float64).sum(axis=1)
+    vk, vh = float(kmeans_std) ** 2, np.asarray(noisy_lengths).shape[1] * float(lengths_std) ** 2
+    if vk == 0.0 or vh == 0.0:  # one count is exact: it alone (both exact: they agree)
+        return np.maximum(K if vk == 0.0 else H, 0.0)
+    return np.maximum((K / vk + H / vh) / (1.0 / vk + 1.0 / vh), 0.0)
+
+
+def last_round_centres(iteration_stats):
+    """``(stats, seen)``: ``iteration_stats`` that keeps, in ``seen["centres"]``, the centres of its
+    last call, i.e. the centres the k-means' last round assigned with. Its clusters (the people
+    nearest to them) are the ones each model trains on: the released centre is their noisy mean
+    and the k-means' released count their noisy size (docs/dpgm.md, "Cluster sizes"). Internal,
+    never released: with one k-means round they are the data-independent initial centres."""
+    seen: dict = {}
+
+    def stats(c):
+        seen["centres"] = np.array(c, dtype=np.float64, copy=True)
+        return iteration_stats(c)
+
+    return stats, seen
 
 
 def chain_lengths(plan: "DPGMPlan", noisy_lengths: np.ndarray | None, seed: int) -> np.ndarray | None:
@@ -972,11 +989,12 @@ def fit_dpgm_array(X, params: DPGMParams, *, seed: int | None = None, log=None) 
     fmap = make_feature_map("linear", _bounds(params, d, caller), caller=caller)
     centres0 = initial_centres(fmap, params.k, stream(seed, 1), None, caller)
     Z, Xc, _ = fmap.features(X)
-    kmodel, _ = fit_from_stats(plan.kmeans, fmap, centres0, lambda c: cluster_stats(Z, c),
+    iteration_stats, seen = last_round_centres(lambda c: cluster_stats(Z, c))
+    kmodel, _ = fit_from_stats(plan.kmeans, fmap, centres0, iteration_stats,
                                lambda c: cluster_stats(Z, c, Xc), seed)
     centers = np.asarray(kmodel.centers, float)
-    # 2. internal assignment to the released centres (never released)
-    labels = assign_clusters(X, centers, _bounds(params, d, caller).row_bound)
+    # 2. internal: the last round's clusters, whose noisy means and counts the k-means released
+    labels = assign_clusters(X, seen["centres"], _bounds(params, d, caller).row_bound)
     # 3. the length histograms of the same clusters, noised once (they also set where each rbm starts,
     # and their sums the size of each cluster as trained)
     lengths = None
@@ -1017,8 +1035,14 @@ def model_public(plan: DPGMPlan, sizes, clips=None, masses=None, kmeans=None) ->
     out = plan.to_public_dict()
     if kmeans is not None:
         out["kmeans_sizes"] = {"values": [float(v) for v in kmeans.counts], "count_std": float(kmeans.count_std),
-                               "note": "the k-means' noisy counts of its last round's clusters; the sizes "
-                                       "are these moved towards the length histograms' sums (cluster_sizes)"}
+                               "note": "the k-means' noisy counts of its last round's clusters, which the "
+                                       "models train on; with the length histograms the sizes are the "
+                                       "inverse-variance mean of these and the histograms' sums "
+                                       "(cluster_sizes)"}
+        out["training_clusters"] = ("the k-means' last round's clusters: each record trains the model of "
+                                    "the centre nearest to it among those that round assigned with (internal, "
+                                    "never released); the released centre and count are that cluster's noisy "
+                                    "mean and size")
     if plan.params.model == "rbm" and masses is not None:
         out["start_masses"] = [float(v) for v in masses]
     out["learning_rates"] = plan.learning_rates(sizes)
@@ -1044,7 +1068,7 @@ def final_clips_public(clips, plan: DPGMPlan, sizes) -> dict:
 
 
 def assign_clusters(X: np.ndarray, centers: np.ndarray, row_bound: float) -> np.ndarray:
-    """The nearest released centre of each row after the k-means clip (box [0, 1], then the
+    """The nearest of ``centers`` to each row after the k-means clip (box [0, 1], then the
     row bound): internal, never released. The Spark path calls the same function per block."""
     from sparkpriv.mechanisms.kmeans import assign_nearest, project_to_ball
 
@@ -1332,7 +1356,8 @@ def _records_stats_fn(centers: np.ndarray):
 
 
 def _group_fn(centers: np.ndarray, row_bound: float):
-    """Block -> (each row's nearest released centre, the rows clipped to the box [0, 1]); internal.
+    """Block -> (each row's nearest of ``centers``, the last round's: :func:`last_round_centres`;
+    the rows clipped to the box [0, 1]); internal.
     Bounded event records stay sparse (the engine ships them so, and a cluster trains on a CSR
     matrix whose sampled batches alone are made dense)."""
     centers = np.array(centers, dtype=np.float64, copy=True)
@@ -1347,7 +1372,7 @@ def _group_fn(centers: np.ndarray, row_bound: float):
 
 
 def _lengths_fn(centers: np.ndarray, row_bound: float, lplan: LengthPlan):
-    """Block -> the ``k B`` exact length histograms of its rows by nearest released centre (the
+    """Block -> the ``k B`` exact length histograms of its rows by nearest of ``centers`` (the
     rows and assignment training uses: :func:`_group_fn`), summed over blocks and noised once on
     the driver."""
     group_fn, k, bins = _group_fn(centers, row_bound), int(np.asarray(centers).shape[0]), lplan.bins
@@ -1534,15 +1559,15 @@ class DPGM(_proto.Mechanism):
             def log(t, counts):
                 progress.step("kmeans iteration", t, kplan.iterations)
 
-            kmodel, history = fit_from_stats(kplan, fmap, centres0,
-                                             lambda c: cache.aggregate(stats_fn(c), k * (dim + 1)),
-                                             None, seed, log)
+            iteration_stats, seen = last_round_centres(lambda c: cache.aggregate(stats_fn(c), k * (dim + 1)))
+            kmodel, history = fit_from_stats(kplan, fmap, centres0, iteration_stats, None, seed, log)
             centers = np.asarray(kmodel.centers, float)
+            train_centres = seen["centres"]  # the last round's: internal, never released
             lengths = None
             if dplan.lengths is not None:  # the exact (k, B) histograms in one pass, noised here once
                 lp, size = dplan.lengths, k * dplan.lengths.bins
                 progress.log("dpgm: histograms of record lengths, %d clusters x %d bins (one pass)", k, lp.bins)
-                lfn = _lengths_fn(centers, bounds.row_bound, lp)
+                lfn = _lengths_fn(train_centres, bounds.row_bound, lp)
                 # event records: the cached records are the training rows; a table's cache holds its
                 # features (rows also scaled onto the row-bound ball), so its histograms read the source
                 exact = cache.aggregate(lfn, size) if records else engine.aggregate(source, lfn, size)
@@ -1555,7 +1580,7 @@ class DPGM(_proto.Mechanism):
             cache.release()
         progress.log("dpgm: training %d %s model(s), %d DP-SGD steps each", k, params.model, dplan.steps)
         gen_dim = _make_model(params, d).dim
-        thetas = engine.train_groups(source, _group_fn(centers, bounds.row_bound),
+        thetas = engine.train_groups(source, _group_fn(train_centres, bounds.row_bound),
                                      _train_fn(dplan, sizes, centers, seed, masses, chains), k,
                                      gen_dim + int(dplan.quantile), d,
                                      on_train=_training_progress(progress, dplan, plan.epsilon),

@@ -207,7 +207,7 @@ def test_a_release_records_the_source_types_and_synthesizes_a_table_in_them(tmp_
         rel = release_dpgm(_typed_table(), columns=cols, **TYPED)
     assert rel.model.types == ("int", "boolean", "double", "bigint", "float")
     assert rel.receipt()["mechanism_details"]["model"]["column_types"] == list(rel.model.types)
-    assert rel.receipt()["mechanism_details"]["model"]["format_version"] == dpgm.FORMAT_VERSION == 6
+    assert rel.receipt()["mechanism_details"]["model"]["format_version"] == dpgm.FORMAT_VERSION == 7
     t = dpgm.synthesize_table(rel.model, 500, seed=1)
     assert t.column_names == cols
     assert [t.schema.field(c).type for c in cols] == [pa.int32(), pa.bool_(), pa.float64(), pa.int64(), pa.float32()]

@@ -126,12 +126,30 @@ def _two_groups(n=600, d=10, seed=0):
     return X
 
 
+def _last_round_labels(X, params, plan, seed):
+    """The auditor's training clusters: the library's k-means (tested on its own) rerun with the
+    release's plan and test seed, keeping the centres its last round assigned with, and each row's
+    nearest of them by its own arithmetic."""
+    from sparkpriv.mechanisms.kmeans import cluster_stats, fit_from_stats, initial_centres, make_feature_map
+
+    fmap = make_feature_map("linear", dpgm._bounds(params, X.shape[1], "t"), caller="t")
+    Z = fmap.features(X)[0]
+    seen = []
+
+    def stats(c):
+        seen.append(np.array(c))
+        return cluster_stats(Z, c)
+
+    fit_from_stats(plan.kmeans, fmap, initial_centres(fmap, params.k, stream(seed, 1), None, "t"), stats, None, seed)
+    c = seen[-1]
+    return np.argmin((c * c).sum(1)[None, :] - 2 * X @ c.T, axis=1)
+
+
 def test_in_memory_release_adds_the_noise_to_the_exact_histograms():
     X = _two_groups()
     model, plan = dpgm.fit_dpgm_array(X, P, seed=11)
-    # the auditor's histograms: its own nearest-centre assignment and lengths
-    c = np.asarray(model.centers)
-    labels = np.argmin((c * c).sum(1)[None, :] - 2 * X @ c.T, axis=1)
+    # the auditor's histograms: the last k-means round's clusters and its own lengths
+    labels = _last_round_labels(X, P, plan, 11)
     m = X.sum(axis=1).astype(int)
     exact = np.zeros((2, plan.lengths.bins))
     for j in range(2):
@@ -139,30 +157,58 @@ def test_in_memory_release_adds_the_noise_to_the_exact_histograms():
             exact[j, np.searchsorted(plan.lengths.edges, v, side="right") - 1] += 1
     noise = plan.lengths.release(np.zeros_like(exact), 11)  # the same stream, on zeros
     np.testing.assert_allclose(model.lengths, exact + noise, atol=1e-9)
-    # each cluster's size: the k-means' count moved towards the auditor's count plus the noise
+    # each cluster's size: the inverse-variance mean of the k-means' count and the auditor's count plus
+    # the noise
     km = model.plan_public["kmeans_sizes"]
     K, H = np.array(km["values"]), exact.sum(axis=1) + noise.sum(axis=1)
-    var = km["count_std"] ** 2 + plan.lengths.bins * plan.lengths.noise.std ** 2
-    np.testing.assert_allclose(model.sizes, np.maximum(K + (H - K) * np.maximum(0, 1 - var / (H - K) ** 2), 0),
-                               atol=1e-9)
+    vk, vh = km["count_std"] ** 2, plan.lengths.bins * plan.lengths.noise.std ** 2
+    np.testing.assert_allclose(model.sizes, np.maximum((K * vh + H * vk) / (vk + vh), 0), atol=1e-9)
     assert model.length_std == plan.lengths.noise.std
     assert model.plan_public["lengths"]["edges"] == plan.lengths.edges.tolist()
 
 
 def test_cluster_sizes_closed_form():
-    """Without histograms: the k-means' counts, clamped at 0. With them: ``K + D max(0, 1 - s^2 /
-    D^2)``, ``D`` the histogram sum minus ``K``, ``s^2 = kmeans_std^2 + B lengths_std^2``: the
-    histogram sum where the difference is far above the noise, ``K`` where it is within it."""
+    """Without histograms: the k-means' counts, clamped at 0. With them: the inverse-variance mean
+    ``(K / v_K + H / v_H) / (1 / v_K + 1 / v_H)`` of the k-means' count ``K`` (variance
+    ``kmeans_std^2``) and the histogram sum ``H`` (variance ``B lengths_std^2``), clamped at 0."""
     counts = np.array([10.0, -3.0, 7.0])
     np.testing.assert_array_equal(dpgm.cluster_sizes(counts, None, 1.0, 1.0), [10.0, 0.0, 7.0])
     H = np.array([[3.0, -1.0, 4.5], [-2.0, 0.5, -0.25], [2.0, 3.0, 2.0]])  # sums 6.5, -1.75, 7
-    # noise free: the histogram sums exactly
-    np.testing.assert_array_equal(dpgm.cluster_sizes(counts, H), [6.5, 0.0, 7.0])
-    # s^2 = 1 + 3 * 1 = 4: D = -3.5 -> factor 1 - 4 / 12.25; D = 1.25 -> 0; D = 0 -> K
-    got = dpgm.cluster_sizes(counts, H, 1.0, 1.0)
-    np.testing.assert_allclose(got, [10.0 - 3.5 * (1 - 4 / 12.25), 0.0, 7.0])
-    big = np.array([[1e5, 0.0], [2e5, 0.0]])  # the sets differ by far more than the noise
-    np.testing.assert_allclose(dpgm.cluster_sizes([1.1e5, 1.9e5], big, 80.0, 56.0), [1e5, 2e5], rtol=2e-5)
+    # v_K = 1, v_H = 3 * 1 = 3: weights 3/4 and 1/4
+    np.testing.assert_allclose(dpgm.cluster_sizes(counts, H, 1.0, 1.0),
+                               [0.75 * 10 + 0.25 * 6.5, 0.0, 7.0])
+    # v_K = 4, v_H = 3 * 4 = 12 (stds 2 and 2): the same weights; v_K = 1, v_H = 3 / 12: 0.2 and 0.8
+    np.testing.assert_allclose(dpgm.cluster_sizes(counts, H, 2.0, 2.0), [0.75 * 10 + 0.25 * 6.5, 0.0, 7.0])
+    np.testing.assert_allclose(dpgm.cluster_sizes(counts, H, 1.0, math.sqrt(1 / 12)),
+                               [0.2 * 10 + 0.8 * 6.5, 0.0, 7.0])
+    # an exact count is the size: the histogram sums when they alone are noise free, else the k-means'
+    np.testing.assert_array_equal(dpgm.cluster_sizes(counts, H, 1.0, 0.0), [6.5, 0.0, 7.0])
+    np.testing.assert_array_equal(dpgm.cluster_sizes(counts, H, 0.0, 1.0), [10.0, 0.0, 7.0])
+    np.testing.assert_array_equal(dpgm.cluster_sizes(counts, H), [10.0, 0.0, 7.0])
+
+
+def test_a_model_trains_on_the_last_kmeans_rounds_cluster():
+    """The rows each model trains on are the k-means' last round's cluster (nearest to the centres
+    that round assigned with), so the released count is their noisy size. With one round those
+    centres are the data-independent initial ones, which the auditor draws from the same test
+    seed; the released centres would give other clusters (the test's power)."""
+    from sparkpriv.mechanisms.kmeans import initial_centres, make_feature_map
+
+    rng = np.random.default_rng(3)
+    X = (rng.random((4000, 8)) < np.linspace(0.1, 0.6, 8)).astype(float)
+    p = dpgm.DPGMParams(epsilon=1e6, delta=1e-5, k=3, sampling_rate=0.05, epochs=0.05, hidden=2,
+                        kmeans_iterations=1, length_share=0.0)
+    trained = {}
+    model, _ = dpgm.fit_dpgm_array(X, p, seed=5, log=lambda j, n: trained.__setitem__(j, n))
+    c0 = initial_centres(make_feature_map("linear", dpgm._bounds(p, 8, "t"), caller="t"), 3, stream(5, 1), None, "t")
+    d0 = (c0 * c0).sum(1)[None, :] - 2 * X @ c0.T
+    want = np.bincount(np.argmin(d0, axis=1), minlength=3)
+    got = np.array([trained[j] for j in range(3)])
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(model.sizes, want, atol=0.01)  # epsilon 1e6: the noisy count is exact
+    c = np.asarray(model.centers)
+    by_released = np.bincount(np.argmin((c * c).sum(1)[None, :] - 2 * X @ c.T, axis=1), minlength=3)
+    assert np.abs(by_released - want).sum() > 200
 
 
 def test_the_sizes_weigh_the_data_part_of_the_rbm_gradient():
@@ -310,7 +356,7 @@ def test_a_format_3_model_loads_without_lengths(tmp_path):
                        np.zeros((2, 6)))
     z = np.load(io.BytesIO(m.to_bytes()))
     header = json.loads(bytes(z["header"]).decode())
-    assert header["format_version"] == 6 and header["lengths"] is None
+    assert header["format_version"] == 7 and header["lengths"] is None
     header["format_version"] = 3
     del header["lengths"], header["length_strata"]
     header["params"].pop("length_strata")

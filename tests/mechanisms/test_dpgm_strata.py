@@ -78,7 +78,7 @@ def test_a_model_file_states_its_strata(monkeypatch):
     m = dpgm.DPGMModel(_params(), 30, thetas, np.array([600.0, 400.0]), np.zeros((2, 30)), lengths=H,
                        length_edges=lp.edges, length_std=lp.noise.std)
     header = json.loads(bytes(np.load(io.BytesIO(m.to_bytes()))["header"]).decode())
-    assert header["format_version"] == dpgm.FORMAT_VERSION == 6 and header["length_strata"] == [3, 6, 13]
+    assert header["format_version"] == dpgm.FORMAT_VERSION == 7 and header["length_strata"] == [3, 6, 13]
     back = dpgm.DPGMModel.load(io.BytesIO(m.to_bytes()))
     assert back.params == m.params and back.generator().strata == (3, 6, 13)
     np.testing.assert_array_equal(dpgm.synthesize(back, 300, 4), dpgm.synthesize(m, 300, 4))

@@ -71,6 +71,16 @@ def test_dpgm_on_bounded_event_records(spark, monkeypatch):
     real_release = dpgm.LengthPlan.release
     monkeypatch.setattr(dpgm.LengthPlan, "release", lambda self, h, seed: exact.append(np.array(h)) or
                         real_release(self, h, seed))
+    # the centres the k-means' last round assigned with, as each release's k-means loop passed them
+    last = []
+    real_last = dpgm.last_round_centres
+
+    def recording(stats):
+        out = real_last(stats)
+        last.append(out[1])
+        return out
+
+    monkeypatch.setattr(dpgm, "last_round_centres", recording)
     thetas = []
     for parts in (1, 3):
         with insecure_fixed_seed(31):
@@ -94,8 +104,12 @@ def test_dpgm_on_bounded_event_records(spark, monkeypatch):
     np.testing.assert_allclose(rel.model.centers, dense.model.centers, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(rel.model.sizes, dense.model.sizes, rtol=1e-9, atol=1e-9)
     assert np.isfinite(thetas[0]).all() and np.abs(thetas[0]).sum() > 0
-    # the auditor's histograms: its own nearest-centre assignment and lengths
-    c = np.asarray(rel.model.centers)
+    # the auditor's histograms: its own assignment to the nearest of the last round's centres (the
+    # same in all three releases), and its own lengths
+    assert len(last) == 3
+    c = last[0]["centres"]
+    for other in last[1:]:
+        np.testing.assert_allclose(other["centres"], c, rtol=1e-9, atol=1e-12)
     labels = np.argmin((c * c).sum(1)[None, :] - 2 * X @ c.T, axis=1)
     edges = rel.model.length_edges
     want = np.zeros((2, edges.size - 1))
@@ -105,12 +119,11 @@ def test_dpgm_on_bounded_event_records(spark, monkeypatch):
     for h in exact:
         np.testing.assert_array_equal(h, want)
     np.testing.assert_allclose(rel.model.lengths, dense.model.lengths, atol=1e-9)
-    # the sizes: the k-means' counts moved towards the auditor's counts plus the histograms' noise
+    # the sizes: the inverse-variance mean of the k-means' counts and the histograms' sums
     km, H = rel.model.plan_public["kmeans_sizes"], rel.model.lengths.sum(axis=1)
     K = np.array(km["values"])
-    var = km["count_std"] ** 2 + (edges.size - 1) * rel.model.length_std ** 2
-    np.testing.assert_allclose(rel.model.sizes, np.maximum(K + (H - K) * np.maximum(0, 1 - var / (H - K) ** 2), 0),
-                               atol=1e-9)
+    vk, vh = km["count_std"] ** 2, (edges.size - 1) * rel.model.length_std ** 2
+    np.testing.assert_allclose(rel.model.sizes, np.maximum((K * vh + H * vk) / (vk + vh), 0), atol=1e-9)
     assert rel.public["model"]["cluster_sizes"] == pytest.approx(list(rel.model.sizes))
     assert rel.model.plan_public["start_masses"] == pytest.approx(dense.model.plan_public["start_masses"])
     assert rel.model.plan_public["start_masses"] == pytest.approx(
