@@ -82,16 +82,14 @@ def kmeans(X, params, plan, d: int, seed: int, previous: bool = False):
     blocks = [SparseRows(X.indptr[s:s + 500_001] - X.indptr[s], X.indices[X.indptr[s]:X.indptr[min(s + 500_000, X.shape[0])]],
                          None, d) for s in range(0, X.shape[0], 500_000)]
 
-    seen = {}
-
-    def stats(c):
-        seen["last"] = np.array(c, dtype=np.float64)
+    def stats_of(c):
         fn = dpgm._records_stats_fn(c)
         return sum(fn(b) for b in blocks)
 
+    stats, seen = dpgm.last_round_centres(stats_of)
     km, _ = fit_from_stats(plan.kmeans, fmap, c0, stats, None, seed)
     centers = np.asarray(km.centers, float)
-    labels = np.concatenate([dpgm.assign_sparse(b, seen["last"] if previous else centers) for b in blocks])
+    labels = np.concatenate([dpgm.assign_sparse(b, seen["centres"] if previous else centers) for b in blocks])
     return centers, np.maximum(np.asarray(km.counts, float), 0.0), labels, float(km.count_std)
 
 
@@ -137,8 +135,9 @@ def main(argv=None):
                     help="JSON list of {name, and DPGMParams fields to change}; study-only keys: oracle, "
                          "oracle_strata (the yardsticks), previous (false: format 6's training clusters, "
                          "nearest the released centres, and James-Stein sizes; by default the library's "
-                         "since model format 7, the k-means' last round's clusters with inverse-variance sizes), kmeans_sizes (with previous false: "
-                         "the k-means' counts as sizes, as before format 6), burn_in, sweeps")
+                         "since model format 7, the k-means' last round's clusters with inverse-variance "
+                         "sizes), kmeans_sizes (with previous false: the k-means' counts as sizes, as before "
+                         "format 6), burn_in, sweeps")
     ap.add_argument("--out", default=None, help="append one JSON line per variant here")
     ap.add_argument("--cache", default=None, help="a .npz file: the generated table, made once and read after")
     a = ap.parse_args(argv)

@@ -5,15 +5,17 @@ The release (``sparkpriv.api.release_dpgm``) runs the mechanism of
 training is the Spark engine's ``train_groups`` call
 (:meth:`sparkpriv.spark.engine.SparkEngine.train_groups`): the executors assign
 each row of the declared columns to its cluster of the k-means' last round
-(nearest to the centres that round assigned with; internal, never written), the rows of cluster ``j`` go to their own partition
-(``repartition(k, key)``, one task per cluster, largest noisy size first,
-clusters in parallel) in source order
-(partition id, block number, row: a retried task samples the same batches),
+(nearest to the centres that round assigned with; internal, never written),
+the rows of cluster ``j`` go to their own partition (``repartition(k, key)``,
+one task per cluster, largest noisy size first, clusters in parallel) in
+source order (partition id, block number, row: a retried task samples the
+same batches),
 and the numpy DP-SGD of that cluster runs alone (its keyed streams ``(seed,
 stage, j, step)``). Only the ``k`` parameter vectors reach the driver.
 
-:func:`train_clusters` is that step alone, given the centres and sizes: the Spark twin of :func:`sparkpriv.mechanisms.dpgm.train_clusters`
-(equal to it for a test seed).
+:func:`train_clusters` is that step alone, given the centres and sizes: the
+Spark twin of :func:`sparkpriv.mechanisms.dpgm.train_clusters` (equal to it
+for a test seed).
 """
 
 from __future__ import annotations
