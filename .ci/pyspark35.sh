@@ -52,7 +52,10 @@ export SPARK_LOCAL_IP=127.0.0.1
 unset PYTHONPATH SPARK_HOME
 start=$(date +%s)
 set +e
-"$VENV/bin/python" -m pytest -p no:cacheprovider tests/spark tests/cluster tests/deploy tests/test_cli.py "$@"
+# tests marked main_leg (killed workers and drivers, the benchmark harness, the projection
+# demo) exercise Spark's process handling, not a PySpark API: the 4.x leg runs them
+"$VENV/bin/python" -m pytest -p no:cacheprovider -m "not main_leg" tests/spark tests/cluster tests/deploy \
+  tests/test_cli.py "$@"
 rc=$?
 set -e
 echo "== PySpark 3.5 tests took $(( $(date +%s) - start )) s, exit code $rc"

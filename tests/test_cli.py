@@ -129,6 +129,7 @@ def test_demo_command(tmp_path):
 
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.main_leg
 def test_demo_projection_command(tmp_path):
     env = _env(tmp_path)
     r = subprocess.run([sys.executable, "-m", "sparkpriv.cli", "demo", "projection", "--workdir",

@@ -1,12 +1,18 @@
 """Releases submitted with spark-submit to a real standalone cluster (issue 7).
 
-Every registered mechanism is released by ``spark-submit --master
-spark://127.0.0.1:PORT ... jobs/release.py --config CFG``, with the package
-shipped as a zip on ``--py-files`` to executors whose Python does not have
-sparkpriv installed (see conftest.py). Fault tests kill a Python worker or an
-executor JVM in the middle of a release (the job must finish through task
-retry with output identical to an undisturbed run with the same test seed),
-kill the driver before publishing, and make a job fail before publishing.
+Jobs are submitted with ``spark-submit --master spark://127.0.0.1:PORT ...
+jobs/release.py --config CFG``, with the package shipped as a zip on
+``--py-files`` to executors whose Python does not have sparkpriv installed (see
+conftest.py). Every registered mechanism is released on the cluster through the
+job's entry point, all in one application (``every_release_app.py``: starting
+the JVMs and Python workers once, not once per mechanism). Fault tests kill a
+Python worker and then an executor JVM in the middle of a release (the job must
+finish through task retry with output identical to an undisturbed run with the
+same test seed), kill the driver before publishing, and make a job fail before
+publishing.
+
+Tests marked ``main_leg`` exercise Spark's process handling, not a PySpark
+API: CI runs them in its PySpark 4 leg only (``.ci/pyspark35.sh``).
 
 The retry tests need two runs that draw the same secrets: they submit the test
 app ``fixed_seed_app.py``, which sets a fixed seed explicitly in its own code
@@ -22,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -203,28 +210,48 @@ def test_executor_python_has_no_sparkpriv_of_its_own(shipped, tmp_path):
     assert r.returncode != 0 and "No module named 'sparkpriv'" in r.stderr, r.stderr
 
 
-def test_executors_import_the_shipped_package(cluster, shipped, tmp_path):
-    app = tmp_path / "where.py"
-    app.write_text(
-        "import json, os, sys\n"
-        "from pyspark.sql import SparkSession\n"
-        "spark = SparkSession.builder.getOrCreate()\n"
-        "def where(_):\n"
-        "    import sparkpriv\n"
-        "    yield (sparkpriv.__file__, sys.executable, os.getcwd())\n"
-        "rows = spark.sparkContext.parallelize(range(8), 8).mapPartitions(where).collect()\n"
-        "import sparkpriv\n"
-        "with open(sys.argv[1], 'w') as f:\n"
-        "    json.dump({'executors': rows, 'driver': sparkpriv.__file__}, f)\n"
-        "spark.stop()\n"
-    )
-    # The result goes to its own file: stdout and Spark's stderr log share the submit log,
-    # and a buffered print can be split by a log line written in the middle of it.
-    result = tmp_path / "where.json"
-    log = tmp_path / "where.log"
-    rc = wait(start_submit(submit_cmd(cluster, shipped, app, str(result)), log), log)
+# --------------------------------------------------------------------------- every mechanism
+
+EVERY_RELEASE_APP = Path(__file__).resolve().parent / "every_release_app.py"
+
+
+@pytest.fixture(scope="module")
+def small_table(tmp_path_factory):
+    return write_blobs(tmp_path_factory.mktemp("input") / "blobs", files=4, rows_per_file=250)
+
+
+@dataclass
+class EveryRelease:
+    root: Path  # one directory per mechanism: nightly.toml, ledger.sqlite, release/
+    result: dict  # every_release_app.py's RESULT.json
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def every_release(cluster, shipped, small_table, tmp_path_factory) -> EveryRelease:
+    """Every mechanism of MECHANISM_OPTIONS released by the job's entry point, in ONE
+    spark-submit application of every_release_app.py (its docstring says why), each with its
+    own ledger and output directory."""
+    root = tmp_path_factory.mktemp("every")
+    configs = []
+    for mechanism, spec in MECHANISM_OPTIONS.items():
+        d = root / mechanism
+        d.mkdir()
+        ledger = f"sqlite:///{d / 'ledger.sqlite'}"
+        set_budget(ledger)
+        values = {"input": str(small_table), "output": str(d / "release"), "columns": COLS,
+                  "ledger": ledger, "table_id": TABLE_ID, **spec["options"]}
+        configs.append(str(write_config(d / "nightly.toml", mechanism,
+                                        {k: v for k, v in values.items() if v is not None})))  # None: not its own
+    result, log = root / "result.json", root / "submit.log"
+    rc = wait(start_submit(submit_cmd(cluster, shipped, EVERY_RELEASE_APP, str(result), *configs), log), log,
+              timeout=SUBMIT_TIMEOUT * 3)
     assert rc == 0, tail(log)
-    res = json.loads(result.read_text())
+    return EveryRelease(root=root, result=json.loads(result.read_text()), log=log)
+
+
+def test_executors_import_the_shipped_package(cluster, shipped, every_release):
+    res = every_release.result
     for file, exe, cwd in res["executors"]:
         # the copy Spark fetched into the executor's working directory, not the repository
         file = os.path.normpath(os.path.join(cwd, file))  # sys.path holds the zip relative to the cwd
@@ -234,30 +261,17 @@ def test_executors_import_the_shipped_package(cluster, shipped, tmp_path):
     assert res["driver"].endswith(os.path.join("sparkpriv.zip", "sparkpriv", "__init__.py"))
 
 
-# --------------------------------------------------------------------------- every mechanism
-
-
-@pytest.fixture(scope="module")
-def small_table(tmp_path_factory):
-    return write_blobs(tmp_path_factory.mktemp("input") / "blobs", files=4, rows_per_file=250)
-
-
 @pytest.mark.parametrize("mechanism", registered_mechanisms())
-def test_release_every_mechanism(cluster, shipped, small_table, tmp_path, mechanism):
+def test_release_every_mechanism(every_release, mechanism):
     if mechanism not in MECHANISM_OPTIONS:
         pytest.skip(f"no cluster config for mechanism {mechanism!r}: add its options to "
                     "MECHANISM_OPTIONS in tests/cluster/test_cluster.py")
     spec = MECHANISM_OPTIONS[mechanism]
-    ledger = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    set_budget(ledger)
-    out = tmp_path / "release"
-    values = {"input": str(small_table), "output": str(out), "columns": COLS,
-              "ledger": ledger, "table_id": TABLE_ID, **spec["options"]}
-    cfg = write_config(tmp_path / "nightly.toml", mechanism,
-                       {key: v for key, v in values.items() if v is not None})  # None: not this mechanism's
-    log = tmp_path / "submit.log"
-    rc = run_release(cluster, shipped, cfg, log)
-    assert rc == 0, tail(log)
+    d = every_release.root / mechanism
+    rc = every_release.result["exit_codes"][str(d / "nightly.toml")]
+    assert rc == 0, f"the {mechanism} release exited {rc}; log tail:\n{tail(every_release.log)}"
+    ledger = f"sqlite:///{d / 'ledger.sqlite'}"
+    out = d / "release"
 
     receipt = json.loads((out / "_privacy_receipt.json").read_text())
     opts = spec["options"]
@@ -327,38 +341,41 @@ def undisturbed(cluster, shipped, big_table, tmp_path_factory):
     return read_sorted(d / "release")
 
 
-@pytest.mark.parametrize("victim", ["python-worker", "executor-jvm"])
-def test_killed_worker_is_retried_with_identical_output(cluster, shipped, big_table, undisturbed, tmp_path,
-                                                        victim):
+@pytest.mark.main_leg
+def test_killed_python_worker_and_executor_are_retried_with_identical_output(cluster, shipped, big_table,
+                                                                            undisturbed, tmp_path):
+    """One release, two faults in turn: a Python worker killed in the middle of a task, then an
+    executor JVM. The job finishes through task retry with the undisturbed run's output."""
     wait_for_idle_cluster(cluster)
     out = tmp_path / "release"
     cfg = _fault_config(tmp_path / "cfg.toml", big_table, out, None)
     log = tmp_path / "submit.log"
     proc = start_fixed_seed_release(cluster, shipped, cfg, log)
-    killed = []
-    marker = "Lost task" if victim == "python-worker" else "Lost executor"
     deadline = time.monotonic() + SUBMIT_TIMEOUT
-    # kill until the driver reports a lost task/executor (a Python worker killed while idle is
-    # replaced silently, without a task failure); the write job has 160 tasks, so there is time
-    while proc.poll() is None and marker not in log.read_text(errors="replace") and len(killed) < 5:
-        if time.monotonic() > deadline:
-            break
-        targets = cluster.python_workers()
-        if targets and victim == "executor-jvm":
-            targets = cluster.executor_pids()
-        if targets:
-            os.kill(targets[0], signal.SIGKILL)
-            killed.append(targets[0])
-            t0 = time.monotonic()
-            while proc.poll() is None and marker not in log.read_text(errors="replace") \
-                    and time.monotonic() - t0 < 5:
-                time.sleep(0.2)
-        else:
-            time.sleep(0.1)
+    killed = {}
+    for victim, marker in [("python-worker", "Lost task"), ("executor-jvm", "Lost executor")]:
+        killed[victim] = []
+        # kill until the driver reports a lost task/executor (a Python worker killed while idle is
+        # replaced silently, without a task failure); the write job has 160 tasks, so there is time
+        while proc.poll() is None and marker not in log.read_text(errors="replace") and len(killed[victim]) < 5:
+            if time.monotonic() > deadline:
+                break
+            targets = cluster.python_workers()  # the write job is running
+            if targets and victim == "executor-jvm":
+                targets = cluster.executor_pids()
+            if targets:
+                os.kill(targets[0], signal.SIGKILL)
+                killed[victim].append(targets[0])
+                t0 = time.monotonic()
+                while proc.poll() is None and marker not in log.read_text(errors="replace") \
+                        and time.monotonic() - t0 < 5:
+                    time.sleep(0.2)
+            else:
+                time.sleep(0.1)
+        assert killed[victim], f"no {victim} was killed: the job finished first; log tail:\n{tail(log)}"
+        assert marker in log.read_text(errors="replace"), \
+            f"killing a {victim} caused no {marker!r}; log tail:\n{tail(log)}"
     rc = wait(proc, log)
-    text = log.read_text(errors="replace")
-    assert killed, "nothing was killed: the job finished before its Python workers appeared"
-    assert marker in text, f"the kill caused no task failure; log tail:\n{tail(log)}"
     assert rc == 0, tail(log)
     got = read_sorted(out)
     assert got.shape == undisturbed.shape
@@ -386,6 +403,7 @@ def test_job_refuses_the_test_seed_variable(cluster, shipped, small_table, tmp_p
     assert ledger_entries(ledger) == []
 
 
+@pytest.mark.main_leg
 def test_driver_killed_before_publishing(cluster, shipped, big_table, tmp_path):
     wait_for_idle_cluster(cluster)
     ledger = f"sqlite:///{tmp_path / 'ledger.sqlite'}"

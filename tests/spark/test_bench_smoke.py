@@ -67,6 +67,7 @@ def test_bench_cdr_smoke(spark, tmp_path, capsys):
         assert 0 < cpu <= ncpu * secs + 0.2
 
 
+@pytest.mark.main_leg
 def test_bench_dpgm_release_runs_on_a_local_cluster(spark, tmp_path, capsys):
     """``bench dpgm --release-people``: a whole release in its own process on a standalone
     ``local-cluster`` (a worker JVM launching the executor), its JSON line, the model file written."""
