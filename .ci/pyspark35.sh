@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The PySpark 3.5 leg of CI: a second virtual environment with pyspark 3.5,
-# then the Spark, cluster, CLI and jobs tests in it. Called by .ci/run.
+# then the Spark, cluster, CLI and jobs tests in it. Called by .ci/run, which runs it
+# beside the 4.x leg's tests.
 #
 # The environment lives in .ci-local/ (not committed; PYSPARK35_VENV moves it)
 # and is rebuilt when pyproject.toml or this script changes. It holds this
@@ -50,14 +51,17 @@ EOF
 export PYSPARK_PYTHON="$VENV/bin/python"
 export SPARK_LOCAL_IP=127.0.0.1
 unset PYTHONPATH SPARK_HOME
+# its own pytest base directory: the 4.x leg's pytest runs at the same time (.ci/run)
+basetemp=$(mktemp -d "${TMPDIR:-/tmp}/sparkpriv-pyspark35-XXXXXX")
 start=$(date +%s)
 set +e
 # tests marked main_leg (killed workers and drivers, the benchmark harness, the projection
 # demo) exercise Spark's process handling, not a PySpark API: the 4.x leg runs them
-"$VENV/bin/python" -m pytest -p no:cacheprovider -m "not main_leg" tests/spark tests/cluster tests/deploy \
+"$VENV/bin/python" -m pytest -p no:cacheprovider --basetemp "$basetemp" -m "not main_leg" tests/spark tests/cluster tests/deploy \
   tests/test_cli.py "$@"
 rc=$?
 set -e
+if [ "$rc" -eq 0 ]; then rm -rf "$basetemp"; fi  # kept for a look when a test failed
 echo "== PySpark 3.5 tests took $(( $(date +%s) - start )) s, exit code $rc"
 if [ "$rc" -eq 5 ]; then
   echo "PySpark 3.5 leg: pytest collected no tests: failing" >&2
