@@ -140,7 +140,7 @@ def _memoize_calibration():
 
 def dpgm_per_label(Xtr, ytr, *, epsilon, delta, per_label, seed, latent=2, hidden=200, k=2,
                    epochs=10.0, sampling_rate=0.1, clip=10.0, learning_rate=0.01, kmeans_share=0.1,
-                   kmeans_iterations=4):
+                   kmeans_iterations=4, average_tail=None):
     """Ten DPGM releases (one per label) through the public API and ``per_label`` synthetic
     digits of each (pixel means of the decoder, mixture weights the released noisy sizes).
     Returns ``(X_syn, y_syn, info)``."""
@@ -155,7 +155,8 @@ def dpgm_per_label(Xtr, ytr, *, epsilon, delta, per_label, seed, latent=2, hidde
             rel = release_dpgm(Xl, epsilon=epsilon, delta=delta, model="vae", k=k, hidden=hidden,
                                latent=latent, epochs=epochs, sampling_rate=sampling_rate, clip=clip,
                                learning_rate=learning_rate, kmeans_share=kmeans_share,
-                               kmeans_iterations=kmeans_iterations)
+                               kmeans_iterations=kmeans_iterations,
+                               **({} if average_tail is None else {"average_tail": average_tail}))
         m = rel.model
         g = rel.receipt()["guarantee"]
         info["releases"].append({"label": lab, "rows": int(Xl.shape[0]), "accounted_epsilon": g["epsilon"],
@@ -190,7 +191,7 @@ def diffprivlib_accuracy(Xtr, ytr, Xte, yte, epsilon, seed):
 
 
 def run(*, small=False, epsilons=(1.0, 4.0, HUGE_EPSILON), latents=(2, 16), delta=1e-5, seed=1, epochs=None,
-        dpgm_epochs=None, per_label=None, hidden=200, log=print):
+        dpgm_epochs=None, per_label=None, hidden=200, average_tail=None, log=print):
     """Every number of the evaluation (a JSON-ready dict) and the sample grids per (latent, epsilon)."""
     from threadpoolctl import threadpool_limits
 
@@ -207,6 +208,7 @@ def run(*, small=False, epsilons=(1.0, 4.0, HUGE_EPSILON), latents=(2, 16), delt
                        "seed": seed, "classifier": "softmax regression (Adam, 256 per batch, l2 1e-4)",
                        "classifier_epochs": epochs, "dpgm_epochs": dpgm_epochs, "dpgm_hidden": hidden,
                        "dpgm_k": 2, "dpgm_sampling_rate": 0.1, "dpgm_clip": 10.0, "dpgm_kmeans_share": 0.1,
+                       "dpgm_average_tail": "library default" if average_tail is None else average_tail,
                        "synthetic_per_label": per_label, "dpsgd_clip": 1.0, "dpsgd_sampling_rate": 0.01,
                        "small": bool(small)},
            "rows": []}
@@ -232,7 +234,8 @@ def run(*, small=False, epsilons=(1.0, 4.0, HUGE_EPSILON), latents=(2, 16), delt
             for eps in epsilons:
                 t0 = time.perf_counter()
                 Xs, ys, info = dpgm_per_label(Xtr, ytr, epsilon=eps, delta=delta, per_label=per_label, seed=seed,
-                                              latent=lat, hidden=hidden, epochs=dpgm_epochs)
+                                              latent=lat, hidden=hidden, epochs=dpgm_epochs,
+                                              average_tail=average_tail)
                 W = train_softmax(Xs, ys, epochs=epochs, seed=seed)
                 res["rows"].append({"method": "DPGM (VAE) synthetic", "epsilon": eps, "latent": lat,
                                     "accuracy": accuracy(W, Xte, yte),
@@ -260,12 +263,14 @@ def main():
     ap.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 4.0, HUGE_EPSILON])
     ap.add_argument("--latents", type=int, nargs="+", default=[2, 16])
     ap.add_argument("--dpgm-epochs", type=float, default=None, help="DP-SGD epochs of every VAE (default 10)")
+    ap.add_argument("--average-tail", type=float, default=None,
+                    help="DPGMParams.average_tail of every VAE (default: the library's)")
     ap.add_argument("--delta", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", default="dpgm_mnist.json", help="where to write every number")
     a = ap.parse_args()
     res, _ = run(small=a.small, epsilons=tuple(a.epsilons), latents=tuple(a.latents), delta=a.delta, seed=a.seed,
-                  dpgm_epochs=a.dpgm_epochs)
+                  dpgm_epochs=a.dpgm_epochs, average_tail=a.average_tail)
     print(table(res))
     with open(a.json, "w") as f:
         json.dump(res, f, indent=1)

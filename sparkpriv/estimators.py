@@ -208,7 +208,7 @@ class DPGMSynthesizer(BaseEstimator):
                  row_bound=None,
                  clip: float = 10.0, clip_quantile=None, clip_lr: float = 0.2, clip_count_share: float = 0.05,
                  sampling_rate: float = 0.05, epochs: float = 20.0, min_batch=None, learning_rate=None,
-                 lr_schedule: str = "constant", average_tail: float = 0.5,
+                 lr_schedule: str = "constant", average_tail=None,
                  hidden: int = 64, latent: int = 2, chains: int = 100, gibbs_steps: int = 1,
                  accountant: str = "pld", fill=None, columns=None, ledger=None, table_id=None):
         self.epsilon = epsilon

@@ -125,6 +125,9 @@ DEFAULT_LENGTH_SHARE = {"rbm": 0.1, "vae": 0.0}
 LENGTH_KEEP_STDS = 2.0  # synthesis: a noisy bin below this many noise stds counts as empty
 _POS = Interval("real", 0, None, "neither")
 DEFAULT_LEARNING_RATE = {"rbm": 0.002, "vae": 0.01}  # docs/dpgm.md, "Training: a first study"
+# the share of the last iterates each model is released as the mean of (docs/dpgm.md, "Training: a second
+# study"; the vae's last iterate: "MNIST: samples and classifier accuracy")
+DEFAULT_AVERAGE_TAIL = {"rbm": 0.5, "vae": 0.0}
 # the rbm's default rate grows with the noise of a cluster's averaged gradient, tau = sigma C / (q n_j),
 # from LR_NOISE_REF up, by at most LR_MAX_FACTOR (docs/dpgm.md, "Training: a first study")
 LR_NOISE_REF = 0.03
@@ -187,10 +190,11 @@ class DPGMParams(_proto.Params):
         doc_default="rbm: 0.002 .. 0.01 by cluster; vae: 0.01", constraints=[_POS])
     lr_schedule: str = _proto.option("constant", help="the learning rate over the steps: constant, or falling "
                                      "linearly or along a half cosine towards 0", constraints=[Options(dpsgd.SCHEDULES)])
-    average_tail: float = _proto.option(0.5, help="release each model as the mean of its last ceil(average_tail "
-                                        "T) iterates (Polyak-Ruppert; post-processing), in [0, 1); 0: the last iterate "
-                                        "(docs/dpgm.md, 'Training: a second study')",
-                                        constraints=[Interval("real", 0, 1, "left")])
+    average_tail: float | None = _proto.option(
+        None, help="release each model as the mean of its last ceil(average_tail T) iterates (Polyak-Ruppert; "
+        "post-processing), in [0, 1); 0: the last iterate; unset: the model's default (docs/dpgm.md, "
+        "'Training: a second study')", doc_default="rbm: 0.5; vae: 0",
+        constraints=[Interval("real", 0, 1, "left")])
     hidden: int = _proto.option(64, help="hidden units (rbm) or hidden layer width (vae; the paper: 200)",
                                 constraints=[Interval("integer", 1, 100_000, "both")])
     latent: int = _proto.option(2, help="vae latent dimension", constraints=[Interval("integer", 1, 1000, "both")])
@@ -215,6 +219,11 @@ class DPGMParams(_proto.Params):
     def lr(self) -> float:
         """The Adam learning rate used: ``learning_rate``, or the model's default when unset."""
         return float(self.learning_rate) if self.learning_rate is not None else DEFAULT_LEARNING_RATE[self.model]
+
+    @property
+    def tail(self) -> float:
+        """The share of the last iterates averaged: ``average_tail`` or the model's default."""
+        return float(self.average_tail) if self.average_tail is not None else DEFAULT_AVERAGE_TAIL[self.model]
 
     @property
     def lengths_share(self) -> float:
@@ -1046,6 +1055,7 @@ def model_public(plan: DPGMPlan, sizes, clips=None, masses=None, kmeans=None) ->
     if plan.params.model == "rbm" and masses is not None:
         out["start_masses"] = [float(v) for v in masses]
     out["learning_rates"] = plan.learning_rates(sizes)
+    out["average_tail"] = plan.params.tail  # the share of the last iterates each model is the mean of
     if length_strata(plan.params, plan.d):
         out["strata_trained"] = plan.strata_trained(sizes)
     out["batches"] = plan.batches(sizes)
@@ -1114,7 +1124,7 @@ def train_clusters(X: np.ndarray, labels: np.ndarray, sizes: np.ndarray, centers
                                           seed=seed, cluster=j, lr=plan.learning_rate_for(n_pub),
                                           on_step=None if on_step is None else (lambda t, T, j=j: on_step(j, t, T)),
                                           adaptive=plan.adaptive(), info=info, schedule=params.lr_schedule,
-                                          average=params.average_tail, batches=plan.batches_for(n_pub))
+                                          average=params.tail, batches=plan.batches_for(n_pub))
         if clips is not None:
             clips[j] = float(info["clip"])
         if log is not None:

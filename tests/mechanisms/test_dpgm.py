@@ -299,9 +299,13 @@ def test_a_release_records_each_clusters_learning_rate():
 
 def test_schedule_and_tail_mean_reach_every_clusters_trainer(monkeypatch):
     """``lr_schedule`` and ``average_tail`` are passed to DP-SGD for every cluster (their effect on
-    the iterates is checked against a plain loop in test_dpsgd.py); the default is the tail mean."""
-    assert dpgm.DPGMParams().average_tail == 0.5 and dpgm.DPGMParams().lr_schedule == "constant"
+    the iterates is checked against a plain loop in test_dpsgd.py); by default the rbm is the mean of
+    the last half of its iterates, the vae its last iterate (docs/dpgm.md, "MNIST")."""
     import dataclasses
+
+    assert dpgm.DPGMParams().average_tail is None and dpgm.DPGMParams().lr_schedule == "constant"
+    assert dpgm.DPGMParams(model="rbm").tail == 0.5 and dpgm.DPGMParams(model="vae").tail == 0.0
+    assert dpgm.DPGMParams(model="vae", average_tail=0.25).tail == 0.25
 
     p = dataclasses.replace(P, lr_schedule="cosine", average_tail=0.25)
     plan = dpgm.plan_dpgm(p, n=400, d=10)
@@ -317,6 +321,12 @@ def test_schedule_and_tail_mean_reach_every_clusters_trainer(monkeypatch):
     dpgm.train_clusters(X, (np.arange(400) % 2).astype(int), np.array([200.0, 200.0]), np.full((2, 10), 0.3),
                         plan, seed=7)
     assert seen == [("cosine", 0.25), ("cosine", 0.25)]
+    for model, want in (("rbm", 0.5), ("vae", 0.0)):  # unset: the model's default reaches the trainer
+        seen.clear()
+        q = dataclasses.replace(P, model=model, average_tail=None)
+        dpgm.train_clusters(X, (np.arange(400) % 2).astype(int), np.array([200.0, 200.0]), np.full((2, 10), 0.3),
+                            dpgm.plan_dpgm(q, n=400, d=10), seed=7)
+        assert [a for _, a in seen] == [want, want], model
     with pytest.raises(ParameterError, match="average_tail"):
         dpgm.plan_dpgm(dataclasses.replace(P, average_tail=1.0), n=400, d=10)
     with pytest.raises(ParameterError, match="lr_schedule"):
@@ -325,14 +335,15 @@ def test_schedule_and_tail_mean_reach_every_clusters_trainer(monkeypatch):
 
 def test_a_model_file_from_before_the_tail_mean_says_it_kept_the_last_iterate(tmp_path):
     """Files written before ``average_tail`` existed have no such key: their models are the last
-    iterate, so they load with 0.0, not with today's default; today's files keep what they say."""
+    iterate, so they load with 0.0, not with today's default; today's files keep what they say
+    (unset: the model's default)."""
     import io
     import json
 
     m = _toy_model([5.0, 2.0], [[1.0, -1.0], [0.5, 0.5]])
     z = np.load(io.BytesIO(m.to_bytes()))
     header = json.loads(bytes(z["header"]).decode())
-    assert header["params"]["average_tail"] == 0.5
+    assert "average_tail" in header["params"] and header["params"]["average_tail"] is None  # the default
     for key in ("average_tail", "lr_schedule"):
         del header["params"][key]
     buf = io.BytesIO()
@@ -342,4 +353,5 @@ def test_a_model_file_from_before_the_tail_mean_says_it_kept_the_last_iterate(tm
     back = dpgm.DPGMModel.load(tmp_path / "old.npz")
     assert back.params.average_tail == 0.0 and back.params.lr_schedule == "constant"
     (tmp_path / "new.npz").write_bytes(m.to_bytes())
-    assert dpgm.DPGMModel.load(tmp_path / "new.npz").params.average_tail == 0.5
+    new = dpgm.DPGMModel.load(tmp_path / "new.npz").params
+    assert new.average_tail is None and new.tail == 0.5  # the rbm's default
