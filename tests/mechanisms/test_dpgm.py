@@ -324,9 +324,11 @@ def test_schedule_and_tail_mean_reach_every_clusters_trainer(monkeypatch):
     for model, want in (("rbm", 0.5), ("vae", 0.0)):  # unset: the model's default reaches the trainer
         seen.clear()
         q = dataclasses.replace(P, model=model, average_tail=None)
+        qplan = dpgm.plan_dpgm(q, n=400, d=10)
         dpgm.train_clusters(X, (np.arange(400) % 2).astype(int), np.array([200.0, 200.0]), np.full((2, 10), 0.3),
-                            dpgm.plan_dpgm(q, n=400, d=10), seed=7)
+                            qplan, seed=7)
         assert [a for _, a in seen] == [want, want], model
+        assert dpgm.model_public(qplan, [200.0, 200.0])["average_tail"] == want  # the model file says which
     with pytest.raises(ParameterError, match="average_tail"):
         dpgm.plan_dpgm(dataclasses.replace(P, average_tail=1.0), n=400, d=10)
     with pytest.raises(ParameterError, match="lr_schedule"):
