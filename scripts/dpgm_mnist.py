@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import time
 
 import numpy as np
@@ -184,7 +185,9 @@ def diffprivlib_accuracy(Xtr, ytr, Xte, yte, epsilon, seed):
     try:
         from diffprivlib.models import LogisticRegression
     except Exception as e:  # not a dependency; this sklearn breaks its import
-        return None, f"diffprivlib unavailable: {type(e).__name__}: {e}"
+        # the message without the machine's paths (a shared JSON file keeps it)
+        msg = re.sub(r"\(/[^)]*\)", "(...)", str(e))
+        return None, f"diffprivlib unavailable: {type(e).__name__}: {msg}"
     clf = LogisticRegression(epsilon=epsilon, data_norm=float(np.sqrt(784)), random_state=seed, max_iter=200)
     clf.fit(Xtr, ytr)
     return float(np.mean(clf.predict(Xte) == yte)), None
