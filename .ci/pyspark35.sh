@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The PySpark 3.5 leg of CI: a second virtual environment with pyspark 3.5,
-# then the Spark, cluster, CLI and jobs tests in it. Called by .ci/run, which runs it
+# then the Spark, cluster, CLI, jobs and synthesis tests in it. Called by .ci/run, which runs it
 # beside the 4.x leg's tests.
 #
 # The environment lives in .ci-local/ (not committed; PYSPARK35_VENV moves it)
@@ -55,10 +55,11 @@ unset PYTHONPATH SPARK_HOME
 basetemp=$(mktemp -d "${TMPDIR:-/tmp}/sparkpriv-pyspark35-XXXXXX")
 start=$(date +%s)
 set +e
-# tests marked main_leg (killed workers and drivers, the benchmark harness, the projection
-# demo) exercise Spark's process handling, not a PySpark API: the 4.x leg runs them
+# tests marked main_leg exercise Spark's process handling (killed workers and drivers), a
+# harness (the benchmarks but one), or an end-to-end run of pieces this leg tests one by
+# one (the demos, the command line's generate-release-job run): the 4.x leg runs them
 "$VENV/bin/python" -m pytest -p no:cacheprovider --basetemp "$basetemp" -m "not main_leg" tests/spark tests/cluster tests/deploy \
-  tests/test_cli.py "$@"
+  tests/test_cli.py tests/test_synthesize.py "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 0 ]; then rm -rf "$basetemp"; fi  # kept for a look when a test failed

@@ -43,6 +43,7 @@ def test_unknown_config_key_exit_2(tmp_path, capsys):
 
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.main_leg
 def test_cli_generate_release_and_job_end_to_end(tmp_path):
     env = _env(tmp_path)
     data = tmp_path / "blobs"
@@ -104,6 +105,7 @@ def test_cli_generate_release_and_job_end_to_end(tmp_path):
 
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.main_leg
 def test_demo_command(tmp_path):
     """The README's first command: a DPGM release of a generated call-detail table, its synthetic
     table, and the counting-query errors beside the per-tower counts baseline and an empty release."""

@@ -1,7 +1,9 @@
 """Every Spark benchmark runs end to end on a tiny table and prints its JSON line.
 
 Smoke tests only: they catch a benchmark that no longer runs (the figures in the
-docs come from real runs); nothing here looks at timings.
+docs come from real runs); nothing here looks at timings. CI's PySpark 3.5 leg runs
+only the projection benchmark (the harness, and MLlib's RowMatrix on 3.5): the others
+are marked ``main_leg``.
 """
 
 import json
@@ -18,6 +20,7 @@ def _last_json(capsys) -> dict:
     return json.loads(out[-1])
 
 
+@pytest.mark.main_leg
 def test_bench_dprp_smoke(spark, tmp_path, capsys):
     from sparkpriv.bench import dprp
 
@@ -27,6 +30,7 @@ def test_bench_dprp_smoke(spark, tmp_path, capsys):
     assert res["release_rows_per_s"] > 0 and res["mapinarrow_gram_ratio_vs_mllib"] > 0
 
 
+@pytest.mark.main_leg
 def test_bench_kmeans_smoke(spark, tmp_path, capsys):
     from sparkpriv.bench import kmeans
 
@@ -44,6 +48,7 @@ def test_bench_projection_smoke(spark, tmp_path, capsys):
         assert res["times_s"][name] == [secs]
 
 
+@pytest.mark.main_leg
 def test_bench_cdr_smoke(spark, tmp_path, capsys):
     from sparkpriv.bench import cdr
 
