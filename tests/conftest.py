@@ -12,7 +12,7 @@ os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
 # test starts, which inherit the environment) compile with C1 only and collect with the serial
 # collector: they are short-lived and work on small tables, where C2's compiler threads and the
 # parallel collector's threads cost more CPU than they save (measured on 2 cores: a quarter less
-# CPU time for the CLI, Spark and contract tests). Tests never assert timings; a value set by the
+# CPU time for test_cli.py, two files of tests/spark and tests/contract). Tests never assert timings; a value set by the
 # user is kept. Not used outside the tests.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
