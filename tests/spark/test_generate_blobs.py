@@ -31,7 +31,7 @@ def test_blobs_follow_their_centres_and_do_not_depend_on_the_partitioning(spark)
     X = a[["f0", "f1", "f2"]].to_numpy()
     for lab in (0, 1):
         sel = a["label"].to_numpy() == lab
-        assert 0.45 * rows < sel.sum() < 0.55 * rows  # labels uniform: 10 binomial sds either side
+        assert 0.45 * rows < sel.sum() < 0.55 * rows  # labels uniform: 14 binomial standard deviations either side
         dev = X[sel] - centres[lab]
         # the mean within 5 standard errors, the standard deviation within 3 %
         np.testing.assert_array_less(np.abs(dev.mean(axis=0)), 5 * std / np.sqrt(sel.sum()))
