@@ -20,6 +20,7 @@ want=$(cat pyproject.toml .ci/pyspark35.sh | sha256sum | cut -c1-16)
 
 if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   echo "== PySpark 3.5: creating $VENV"
+  t_env=$(date +%s)
   rm -rf "$VENV"
   "$PY" -m venv "$VENV"
   # the test extra without its pyspark entries (read from pyproject.toml: one list of test tools)
@@ -38,6 +39,7 @@ EOF
 )
   "$VENV/bin/pip" install -q --disable-pip-version-check -e . 'pyspark==3.5.*' "${extra[@]}"
   echo "$want" > "$STAMP"
+  echo "== PySpark 3.5: environment created in $(( $(date +%s) - t_env )) s"
 fi
 "$VENV/bin/python" - <<'EOF'
 import numpy, pandas, pyarrow, pyspark, py4j, sys

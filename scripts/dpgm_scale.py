@@ -70,6 +70,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--kind", default="cdr", choices=["cdr", "transit"])
     ap.add_argument("--epsilons", default="1", help="comma-separated epsilons")
     ap.add_argument("--synthetic", type=int, default=500_000, help="synthetic people per release")
+    ap.add_argument("--also-synthetic", type=int, default=None,
+                    help="also synthesize this many people from each release (and a real sample of that size)")
     ap.add_argument("--max-items", type=int, default=32)
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--sampling-rate", type=float, default=0.002)
@@ -139,6 +141,9 @@ def main(argv=None) -> dict:
         if not args.no_baselines:  # a uniform random sample of the real people, as many as synthesized
             frac = min(1.0, args.synthetic / n)
             sample_a, n_sample = answer_release(truth.sample(False, frac, seed=1), qs.matrix, items_col="items")
+            if args.also_synthetic:
+                big = answer_release(truth.sample(False, min(1.0, args.also_synthetic / n), seed=2), qs.matrix,
+                                     items_col="items")
     finally:
         truth.unpersist()
     out.update(n=int(n), d=d, longest=longest, truth_seconds=time.perf_counter() - t0)
@@ -152,6 +157,9 @@ def main(argv=None) -> dict:
     if sample_a is not None:
         out["real_sample"] = dict(summary(sample_a, n / max(n_sample, 1)), people=int(n_sample))
         print("real sample of the synthetic size:", json.dumps(out["real_sample"]), flush=True)
+        if args.also_synthetic:
+            out["real_sample_also"] = dict(summary(big[0], n / max(big[1], 1)), people=int(big[1]))
+            print("real sample of the --also-synthetic size:", json.dumps(out["real_sample_also"]), flush=True)
     delta = 1.0 / n
     for eps, variant in [(float(e), v) for e in args.epsilons.split(",") for v in variants]:
         o = {**{a: getattr(args, a) for a in allowed}, **variant}
@@ -183,6 +191,15 @@ def main(argv=None) -> dict:
         run["answer_seconds"] = time.perf_counter() - t
         run["dpgm"] = summary(syn_a, n / max(n_syn, 1))
         run["dpgm_items"] = _items_profile(syn_df)
+        if args.also_synthetic:
+            t = time.perf_counter()
+            big_dir = os.path.join(args.workdir, f"synthetic-also-{eps:g}")
+            shutil.rmtree(big_dir, ignore_errors=True)
+            big_syn = synthesize_dpgm(rel_dir, rows=args.also_synthetic, output=big_dir)
+            big_a, n_big = answer_release(spark.read.parquet(big_syn.output), qs.matrix, items_col="items",
+                                          item_ids=vocabulary)
+            run["dpgm_also"] = dict(summary(big_a, n / max(n_big, 1)), people=int(n_big),
+                                    seconds=time.perf_counter() - t)
         run["kmeans_bernoulli"] = summary(*_bernoulli_answers(rel.model, args.synthetic, qs, n))
         if not args.no_baselines and not variant:
             t = time.perf_counter()
