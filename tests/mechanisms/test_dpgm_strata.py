@@ -84,7 +84,7 @@ def test_a_model_file_states_its_strata(monkeypatch):
     np.testing.assert_array_equal(dpgm.synthesize(back, 300, 4), dpgm.synthesize(m, 300, 4))
     # the file's resolved strata win over a default that has changed since
     written = m.to_bytes()
-    monkeypatch.setattr(dpgm, "DEFAULT_LENGTH_STRATA", (2,))
+    monkeypatch.setattr(dpgm._params, "DEFAULT_LENGTH_STRATA", (2,))
     assert dpgm.length_strata(_params(), 30) == (2,)
     assert dpgm.DPGMModel.load(io.BytesIO(written)).generator().strata == (3, 6, 13)
     # parameters that do not match the thetas are named

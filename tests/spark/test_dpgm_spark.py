@@ -80,7 +80,7 @@ def test_dpgm_on_bounded_event_records(spark, monkeypatch):
         last.append(out[1])
         return out
 
-    monkeypatch.setattr(dpgm, "last_round_centres", recording)
+    monkeypatch.setattr(dpgm._mechanism, "last_round_centres", recording)  # the release's k-means loop
     thetas = []
     for parts in (1, 3):
         with insecure_fixed_seed(31):
