@@ -55,7 +55,8 @@ class DPGMParams(_proto.Params):
     epsilon: float = _proto.option(help="the total epsilon of the release (k-means + DP-SGD)", constraints=[_POS])
     delta: float = _proto.option(help="the total delta of the release, in (0, 1) (at most 1/n is advised)",
                                  constraints=[Interval("real", 0, 1, "neither")])
-    k: int = _proto.option(10, help="clusters of the DP k-means (2 .. floor(sqrt(rows)))",
+    k: int = _proto.option(10, help="clusters of the DP k-means (2 .. floor(sqrt(rows))); for millions of "
+                           "rows 20-30, with sampling_rate near 880 k / rows (docs/dpgm.md, 'Choosing k')",
                            constraints=[Interval("integer", 2, None, "left")])
     model: str = _proto.option("rbm", help="generative model per cluster: rbm (binary records) or vae",
                                constraints=[Options(MODELS)])
