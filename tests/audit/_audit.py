@@ -250,7 +250,10 @@ def weaken_noise(monkeypatch, factor: float = CONTROL_FACTOR) -> None:
 
     for name in ("calibrate_laplace_noise", "calibrate_gaussian_noise", "gaussian_noise_from_multiplier"):
         monkeypatch.setattr(nz, name, wrap(getattr(nz, name)))
-    monkeypatch.setattr(km, "calibrate_stats_noise", wrap(km.calibrate_stats_noise))
+    # the k-means plan calls it in its own module; DPGM's length noise imports it from the package
+    weakened_stats = wrap(km.calibrate_stats_noise)
+    monkeypatch.setattr(km, "calibrate_stats_noise", weakened_stats)
+    monkeypatch.setattr(km._plan, "calibrate_stats_noise", weakened_stats)
 
 
 def sign_vectors(k: int) -> np.ndarray:

@@ -13,6 +13,7 @@ from sparkpriv.api import release_kmeans
 from sparkpriv.errors import ParameterError
 from sparkpriv.mechanisms import kmeans as km
 from sparkpriv.mechanisms.kmeans_model import KMeansModel
+from sparkpriv.privacy import noise as nz
 from sparkpriv.privacy.accounting import epsilon_of
 from sparkpriv.privacy.bounds import Bounds
 from sparkpriv.privacy.calibration import gdp_epsilon_delta, gdp_mu_for
@@ -81,8 +82,8 @@ def test_noisy_update_adds_noise_once_with_the_planned_scale(monkeypatch):
     plan = km.plan_kmeans(fmap, k=2, epsilon=1.0, delta=1e-5, iterations=4)
     stats = np.array([10.0, 1, 2, 3, 5.0, 4, 5, 6])
     calls = []
-    real = km._noise.add_noise
-    monkeypatch.setattr(km._noise, "add_noise", lambda *a, **kw: calls.append(a) or real(*a, **kw))
+    real = nz.add_noise
+    monkeypatch.setattr(nz, "add_noise", lambda *a, **kw: calls.append(a) or real(*a, **kw))
     draws = []
     for s in range(400):
         c, n = km.noisy_update(stats, plan.iter_noise, plan.feature_bound, 2, np.random.default_rng(s))

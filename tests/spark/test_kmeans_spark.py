@@ -9,6 +9,7 @@ import pytest
 
 from sparkpriv.errors import InputError, ParameterError, SchemaError
 from sparkpriv.mechanisms import kmeans as km
+from sparkpriv.privacy import noise as nz
 from sparkpriv.mechanisms.kmeans_model import MODEL_FILE, KMeansModel
 from sparkpriv.privacy.accounting import epsilon_of
 from sparkpriv.privacy.bounds import Bounds
@@ -98,13 +99,13 @@ def test_release_noise_once_per_iteration_on_the_driver(spark, table, monkeypatc
                                                         test_seed):
     df, _, X, y, _ = table
     calls = []
-    real = km._noise.add_noise
+    real = nz.add_noise
 
     def counting(values, noise, rng, **kw):
         calls.append(np.asarray(values).size)
         return real(values, noise, rng, **kw)
 
-    monkeypatch.setattr(km._noise, "add_noise", counting)  # runs on the driver only
+    monkeypatch.setattr(nz, "add_noise", counting)  # runs on the driver only
     caplog.set_level("INFO", logger="sparkpriv.kmeans")
     T = 4
     rel = release_kmeans(df, columns=_cols(), k=K, epsilon=4.0, delta=1e-5, iterations=T,
