@@ -124,11 +124,11 @@ def _release(records, **kw):
         seeds[purpose] = s
         return s
 
-    mc.new_secret_seed = recording
+    mc._mechanism.new_secret_seed = recording
     try:
         rel = release_counts(records, **kw)
     finally:
-        mc.new_secret_seed = real
+        mc._mechanism.new_secret_seed = real
     return rel, seeds
 
 
@@ -177,7 +177,7 @@ def test_large_domain_path_noises_every_key_once_per_block(spark, weights, monke
     import sparkpriv.mechanisms.counts as mc
     from sparkpriv.mechanisms.counts import noisy_values
 
-    monkeypatch.setattr(mc, "BLOCK_KEYS", 40)  # 288 keys: 7 blocks of 40 and one of 8
+    monkeypatch.setattr(mc._mechanism, "BLOCK_KEYS", 40)  # 288 keys: 7 blocks of 40 and one of 8
     rng = np.random.default_rng(3)
     rows = _events(rng, max_keys=3)
     dom = KeyDomain.product(("tower", "hour"), [range(100, 112), range(0, 24)])
@@ -223,7 +223,7 @@ def test_large_domain_path_empty_input_and_unvisited_blocks(spark, tmp_path, mon
     import sparkpriv.mechanisms.counts as mc
     from sparkpriv import release_counts
 
-    monkeypatch.setattr(mc, "BLOCK_KEYS", 3)
+    monkeypatch.setattr(mc._mechanism, "BLOCK_KEYS", 3)
     dom = KeyDomain.product("tower", range(0, 10))
     df = spark.createDataFrame([], "caller long, tower long, hour int")
     rel = release_counts(bound_keys(df, person="caller", domain=dom, max_keys=2), domain=dom, epsilon=1.0,
