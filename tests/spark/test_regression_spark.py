@@ -195,7 +195,8 @@ def test_jvm_partition_counts_only_for_file_scans(spark, tmp_path):
     projection the optimizer evaluates on the driver; a shuffle) keep the Python count."""
     import pandas as pd
 
-    from sparkpriv.spark.engine import SparkEngine, _jvm_partition_counts
+    from sparkpriv.spark.engine import SparkEngine
+    from sparkpriv.spark.sources import _jvm_partition_counts
 
     path = str(tmp_path / "t.parquet")
     _table(spark, 4).write.parquet(path)
