@@ -21,16 +21,13 @@ import contextlib
 import json
 import logging
 import math
-import numbers
 import os
 import random
-import re
 import socket
 import time
 import uuid
 from dataclasses import dataclass, field
 from fractions import Fraction
-from datetime import datetime, timezone
 from typing import Any, Mapping, Protocol, Sequence
 
 from dp_accounting import dp_event as _ev
@@ -39,18 +36,17 @@ from sparkpriv._validation import Interval, check_param
 from sparkpriv.errors import BudgetExceededError, LedgerError, ParameterError
 from sparkpriv.ledger.events import (EVENT_FORMAT, InvalidEvent, Spend, UnknownFormat, encode_event,
                                      spend_of_stored)
+from sparkpriv.ledger.checks import (DEFAULT_LEDGER_ENV, DEFAULT_LEDGER_URL, default_ledger_url, redact_url, _now,
+                                     _check_table_id, _check_text, _json_without_secrets, _printable, _corrupt_message,
+                                     _label, _json_float, _no_budget_message, _refusal_message)
 
 __all__ = ["DEFAULT_LEDGER_ENV", "DEFAULT_LEDGER_URL", "EVENT_FORMAT", "SCHEMA_VERSION", "Ledger", "Reservation",
            "TableStatus", "default_ledger_url", "composed_epsilon", "event_epsilon", "redact_url"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LEDGER_ENV = "SPARKPRIV_LEDGER"
-DEFAULT_LEDGER_URL = "sqlite:///~/.sparkpriv/ledger.sqlite"
 SCHEMA_VERSION = 1
 
-_TABLE_ID = re.compile(r"[A-Za-z0-9_.:/-]+")
-_SECRET_WORDS = ("seed", "secret", "key", "matrix")
 COUNTED_STATES = ("reserved", "committed")
 _POS_FINITE = Interval("real", 0, None, closed="neither")  # rejects inf
 _DELTA = Interval("real", 0, 1, closed="left")
@@ -59,7 +55,6 @@ _DELTA = Interval("real", 0, 1, closed="left")
 _OPTIMISTIC_ROUNDS = 6
 #: Attempts of one transaction that the server aborted as a serialization failure or deadlock.
 _TRANSIENT_ATTEMPTS = 10
-_MAX_DEPTH = 64  # of recorded parameters
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS sparkpriv_meta (
@@ -557,184 +552,3 @@ def composed_epsilon(events_json: Sequence[str], delta: float) -> float:
 # -- helpers -----------------------------------------------------------------------
 
 
-def default_ledger_url() -> str:
-    """``$SPARKPRIV_LEDGER`` if set, else ``sqlite:///~/.sparkpriv/ledger.sqlite``."""
-    return os.environ.get(DEFAULT_LEDGER_ENV) or DEFAULT_LEDGER_URL
-
-
-def redact_url(url: str) -> str:
-    """``url`` without its password (for messages and ``ledger show``)."""
-    url = re.sub(r"(?i)(password=)[^&\s]*", r"\1***", url)
-    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/:@]*):[^/@]*@", r"\1:***@", url)
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
-
-
-def _check_table_id(table_id: Any, caller: str) -> None:
-    if not isinstance(table_id, str) or not _TABLE_ID.fullmatch(table_id) or len(table_id) > 256:
-        raise ParameterError(
-            f"The 'table_id' parameter of {caller} must be a non-empty string of letters, digits "
-            f"and _ . : / - (at most 256 characters), e.g. 'cdr.daily_towers'. Got {table_id!r} instead."
-        )
-
-
-def _check_text(value: Any, name: str, caller: str, max_len: int) -> None:
-    """A str that any database can store: valid Unicode (no lone surrogates), no NUL, at most ``max_len``."""
-    problem = None
-    if not isinstance(value, str):
-        problem = f"Got a {type(value).__name__} instead."
-    elif len(value) > max_len:
-        problem = f"Got {len(value)} characters instead."
-    elif "\x00" in value:
-        problem = "Got a string with a NUL character instead."
-    else:
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            problem = "Got a string with an unpaired surrogate character (not valid Unicode) instead."
-    if problem:
-        raise ParameterError(
-            f"The {name!r} parameter of {caller} must be a string of valid Unicode without NUL characters, "
-            f"at most {max_len} characters long. {problem}"
-        )
-
-
-def _walk_plain(value: Any, name: str, caller: str) -> list[str]:
-    """Check a parameters value (depth, strings) and list the keys that look like secrets."""
-    secret: list[str] = []
-    stack = [(value, name, 0)]
-    while stack:
-        v, where, depth = stack.pop()
-        if depth > _MAX_DEPTH:
-            raise ParameterError(f"The {name!r} parameter of {caller} is nested more than {_MAX_DEPTH} levels "
-                                 "deep; record a flat summary of the parameters.")
-        if isinstance(v, str):
-            _check_text(v, where, caller, 1 << 20)
-        elif isinstance(v, Mapping):
-            for k, x in v.items():
-                if not isinstance(k, str):
-                    raise ParameterError(f"The {name!r} parameter of {caller} must have string keys; "
-                                         f"{where} has a {type(k).__name__} key.")
-                _check_text(k, f"{where} key", caller, 1024)
-                sub = f"{where}.{k}"
-                if any(word in k.lower() for word in _SECRET_WORDS):
-                    secret.append(sub)
-                stack.append((x, sub, depth + 1))
-        elif isinstance(v, (list, tuple)):
-            for i, x in enumerate(v):
-                stack.append((x, f"{where}[{i}]", depth + 1))
-    return sorted(secret)
-
-
-def _json_without_secrets(value: Any, name: str, caller: str) -> str | None:
-    """JSON text of a parameters dict (None stays None), refusing what looks like a secret."""
-    if value is None and name != "parameters":
-        return None
-    if not isinstance(value, Mapping):
-        raise ParameterError(f"The {name!r} parameter of {caller} must be a dict. Got a {type(value).__name__} "
-                             "instead.")
-    secret = _walk_plain(value, name, caller)
-    if secret:
-        raise LedgerError(
-            f"{caller} refuses to store {', '.join(secret)}: keys containing "
-            f"{', '.join(_SECRET_WORDS)} look like secrets (seeds, keys, projection matrices), and the "
-            "ledger is not a place for secrets. Leave them out of the recorded parameters."
-        )
-
-    def scalar(v: Any) -> Any:  # numpy scalars and other numbers
-        if isinstance(v, numbers.Number) or getattr(v, "ndim", None) == 0:
-            return v.item() if hasattr(v, "item") else float(v)
-        raise LedgerError(
-            f"{caller} cannot store {type(v).__name__} values in {name!r}; record plain numbers, "
-            "strings, lists and dicts."
-        )
-
-    try:
-        return json.dumps(value, sort_keys=True, default=scalar)
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise ParameterError(f"The {name!r} parameter of {caller} cannot be stored as JSON "
-                             f"({type(exc).__name__}); record plain numbers, strings, lists and dicts.") from None
-
-
-def _printable(text: Any) -> str:
-    """``text`` with every non-printable character (newline, control, surrogate) escaped, for display."""
-    text = "" if text is None else str(text)
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode("ascii")
-                   for c in text)
-
-
-def _corrupt_message(url: str, table_id: str, entry_id: Any, why: str) -> str:
-    return (
-        f"Ledger entry {_printable(entry_id)[:64]} of table '{table_id}' in ledger {url} is corrupt: {why}. "
-        f"No release of '{table_id}' is admitted until the entry is repaired (restore it from a backup, or "
-        "ask whoever edited the ledger by hand); other tables are not affected."
-    )
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
-    except (OSError, IndexError):
-        return True
-
-
-def _label(state: str, host: str, pid: int) -> str:
-    if state != "reserved":
-        return state
-    if host != socket.gethostname():
-        return "reserved (unfinished?)"  # no reliable liveness check across hosts
-    return "reserved" if _pid_alive(pid) else "unfinished"
-
-
-def _json_float(x: float) -> float | str:
-    return x if math.isfinite(x) else "inf"
-
-
-def _g(x: float) -> str:
-    return f"{x:.6g}"
-
-
-def _set_budget_hint(url: str, table_id: str) -> str:
-    return f"sparkpriv ledger set-budget --ledger '{url}' --table-id {table_id} --epsilon E --delta D"
-
-
-def _no_budget_message(url: str, table_id: str) -> str:
-    return (
-        f"No privacy budget is set for table '{table_id}' in ledger {url}, so no release of it can be "
-        f"accounted. Set one first: `{_set_budget_hint(url, table_id)}`."
-    )
-
-
-def _refusal_message(url, table_id, budget_eps, budget_delta, before, own, after, counted, pending) -> str:
-    d = _g(budget_delta)
-    lines = [
-        f"Release refused for table '{table_id}' (ledger {url}): it would exceed the table's privacy budget.",
-        f"  budget:    epsilon = {_g(budget_eps)}, delta = {d}",
-        f"  spent:     epsilon = {_g(before)} at delta = {d} ({counted} counted release(s), composed)",
-        f"  requested: epsilon = {_g(own)} at delta = {d} (this release alone)",
-        f"  remaining: epsilon = {_g(max(0.0, budget_eps - before))} at delta = {d} "
-        f"(with this release the composed total would be {_g(after)})",
-    ]
-    if math.isinf(own) and budget_delta == 0.0:
-        lines.append("A Gaussian (approximate-DP) release cannot fit a budget with delta = 0.")
-    if pending:
-        lines.append(
-            f"Counted but not published: {pending} reservation(s) of running or killed jobs (see `sparkpriv "
-            "ledger show`); a killed job's reservation stays counted until it is aborted (docs/ledger.md)."
-        )
-    lines.append(
-        "Fix: request a smaller epsilon, or, if the table's policy allows, raise its budget with "
-        f"`{_set_budget_hint(url, table_id)}`."
-    )
-    return "\n".join(lines)

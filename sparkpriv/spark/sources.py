@@ -111,7 +111,6 @@ class TableSource:
         return blocks
 
 
-
 @dataclass
 class RecordsSource:
     """Bounded person records of an event table (sparse, capped; public bounds from the cap)."""
@@ -156,9 +155,7 @@ class RecordsSource:
         return blocks
 
 
-
 CACHE_BLOCK_BYTES = 8 << 20  # the largest cached feature record (bytes)
-
 
 
 def _block(Z: np.ndarray) -> pa.RecordBatch:
@@ -168,27 +165,22 @@ def _block(Z: np.ndarray) -> pa.RecordBatch:
                                        pa.array([Z.shape[0]], pa.int64())], ["z", "rows"])
 
 
-
 def _blocks_schema():
     from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
     return StructType([StructField("z", BinaryType(), False), StructField("rows", LongType(), False)])
 
 
-
 def _block_bytes(row):
     return row[0]
-
 
 
 def _record_batch_bytes(block):
     return block.column(0)[0].as_py()
 
 
-
 def _add_vectors(a, b):
     return a + b
-
 
 
 class _Cache:
@@ -249,7 +241,6 @@ class _Cache:
         (self.rdd if self.rdd is not None else self.df).unpersist()
 
 
-
 def _jvm_partition_counts(frame):
     """Rows per partition of ``frame``, counted in the JVM (no column goes to Python; a Parquet
     scan reads none), when its plan has no shuffle: its partitions are then its scan's, the
@@ -272,7 +263,6 @@ def _jvm_partition_counts(frame):
 
     return frame.select(F.spark_partition_id().alias("pid")).groupBy("pid").agg(
         F.count(F.lit(1)).alias("rows")).collect()
-
 
 
 class _Indexed:

@@ -374,7 +374,7 @@ def test_no_public_option_of_a_mechanism_is_refused_as_a_secret_by_the_ledger():
     name must not contain a word the ledger takes for a secret (a 'driver_keys' option of the
     counts release failed every ledger-backed counts release)."""
     import sparkpriv.api  # noqa: F401  (registers every mechanism)
-    from sparkpriv.ledger.base import _SECRET_WORDS
+    from sparkpriv.ledger.checks import _SECRET_WORDS
     from sparkpriv.mechanisms.protocol import registered
 
     import dataclasses

@@ -15,7 +15,6 @@ from sparkpriv.mechanisms.sparse import Vocabulary
 
 
 NOISE_KINDS = ("discrete_laplace", "discrete_gaussian")
-
 NEIGHBORS = ("add-remove", "replace-one")
 
 # A public cap on the value counted at one key (people or capped events): counts are
@@ -30,15 +29,10 @@ MAX_COUNT = 2**33
 # (the int32 key index). Declared key tuples are held by the driver whatever the path,
 # and are limited to MAX_DRIVER_KEYS.
 DRIVER_KEYS = 1 << 21
-
 BLOCK_KEYS = 1 << 20
-
 MAX_DRIVER_KEYS = 1 << 24
-
 MAX_KEYS = (1 << 31) - 1
-
 _POS = Interval("real", 0, None, "neither")
-
 
 
 @dataclass(frozen=True)
@@ -194,11 +188,9 @@ class KeyDomain:
         return out
 
 
-
 def _is_int(s: str) -> bool:
     s = s.strip()
     return bool(s) and (s.isdigit() or (s[0] in "+-" and s[1:].isdigit()))
-
 
 
 @dataclass(frozen=True)
@@ -258,7 +250,6 @@ class CountsParams:
 
     def to_public_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
-
 
 
 def sensitivities(max_keys: int, value_cap: int, domain_size: int, neighbors: str) -> dict:

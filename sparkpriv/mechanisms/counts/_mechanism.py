@@ -55,13 +55,11 @@ class CountsReleaseParams(_p.Params):
                                  f"Got {type(self.domain).__name__}.")
 
 
-
 @dataclass
 class _CountsState:
     plan: CountsPlan
     domain: KeyDomain | None
     blocks: bool = False
-
 
 
 def _totals_fn(d: int):
@@ -74,7 +72,6 @@ def _totals_fn(d: int):
         return np.bincount(idx, weights=np.asarray(block.values, np.float64), minlength=d)
 
     return totals
-
 
 
 class Counts(_p.Mechanism):
@@ -162,14 +159,11 @@ class Counts(_p.Mechanism):
         return engine.key_blocks(source, block_fn, d, BLOCK_KEYS, columns)
 
 
-
 OUTPUT_COLUMNS = ("noisy_count", "std", "ci_low", "ci_high")
-
 
 
 def _key_type(c: np.ndarray) -> str:
     return "long" if np.asarray(c).dtype.kind in "iu" else "string"
-
 
 
 COUNTS = _p.register(Counts())

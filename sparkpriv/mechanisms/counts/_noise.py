@@ -59,7 +59,6 @@ class CountsPlan:
         }
 
 
-
 def plan_counts(params: CountsParams, domain_size: int, *, caller: str = "release_counts") -> CountsPlan:
     """Calibrate the noise of a counts release (reads no data, draws nothing)."""
     if not isinstance(params, CountsParams):
@@ -84,13 +83,11 @@ def plan_counts(params: CountsParams, domain_size: int, *, caller: str = "releas
     return CountsPlan(params, int(domain_size), sens, nz, eps, std, hw, cov)
 
 
-
 def _check_grid(nz, caller: str) -> None:
     g = float(nz.grid)
     if g > 1.0 and float(nz.scale) * g > 2.0**40:
         raise ParameterError(f"The noise of {caller} has a scale of {float(nz.scale) * g:.3g} per key: "
                              "epsilon is too small for a useful release.")
-
 
 
 def _grid_shift(g: float) -> int:
@@ -99,7 +96,6 @@ def _grid_shift(g: float) -> int:
     if m != 0.5:
         raise ParameterError(f"The noise grid must be a power of two. Got {g!r}.")
     return 1 - e
-
 
 
 def _outside_prob(nz, lo: int, hi: int) -> float:
@@ -113,7 +109,6 @@ def _outside_prob(nz, lo: int, hi: int) -> float:
     # half-integers up to a relative 1/sigma^2 (Euler-Maclaurin; e^{-2 pi^2 sigma^2} normaliser)
     s = float(nz.sigma)
     return float(stats.norm.sf((hi + 0.5) / s) + stats.norm.cdf((lo - 0.5) / s))
-
 
 
 def uncertainty(nz, *, rounded: bool, confidence: float = 0.95) -> tuple[float, float, float]:
@@ -174,7 +169,6 @@ def uncertainty(nz, *, rounded: bool, confidence: float = 0.95) -> tuple[float, 
     return std, float(K), 1.0 - out(K)
 
 
-
 def _upper_tail(nz, m) -> np.ndarray:
     """``P(N >= m)`` for integer-valued ``m`` (array), noise ``N`` of ``nz``."""
     m = np.asarray(m, np.float64)
@@ -186,7 +180,6 @@ def _upper_tail(nz, m) -> np.ndarray:
     else:
         t = stats.norm.sf((mm - 0.5) / float(nz.sigma))
     return np.where(pos, t, 1.0 - t)
-
 
 
 def count_keys(offsets, indices, values, d: int) -> np.ndarray:
@@ -201,7 +194,6 @@ def count_keys(offsets, indices, values, d: int) -> np.ndarray:
     return np.rint(np.bincount(idx, weights=np.asarray(values, np.float64), minlength=d)).astype(np.int64)
 
 
-
 def noise_integers(plan: CountsPlan, rng: np.random.Generator, size: int | None = None,
                    *, exact: bool = False) -> np.ndarray:
     """The integer noise ``N`` of every key (int64; one draw per key, on the driver)."""
@@ -210,7 +202,6 @@ def noise_integers(plan: CountsPlan, rng: np.random.Generator, size: int | None 
     if isinstance(nz, _noise.LaplaceNoise):
         return _noise.sample_discrete_laplace(rng, nz.scale, n, exact=exact)
     return _noise.sample_discrete_gaussian(rng, nz.sigma, n, exact=exact)
-
 
 
 def lattice_values(counts: np.ndarray, N: np.ndarray, grid: float) -> tuple[np.ndarray, np.ndarray, int]:
@@ -224,7 +215,6 @@ def lattice_values(counts: np.ndarray, N: np.ndarray, grid: float) -> tuple[np.n
     return c + (N >> s), N & ((1 << s) - 1), s
 
 
-
 @dataclass(frozen=True)
 class CountsResult:
     """The released columns of every key (domain order): value, std, ci_low, ci_high."""
@@ -233,7 +223,6 @@ class CountsResult:
     std: np.ndarray
     ci_low: np.ndarray
     ci_high: np.ndarray
-
 
 
 def finalize_counts(counts: np.ndarray, plan: CountsPlan, rng: np.random.Generator, *,
@@ -250,7 +239,6 @@ def finalize_counts(counts: np.ndarray, plan: CountsPlan, rng: np.random.Generat
         raise ParameterError(f"finalize_counts needs one total per key of the domain ({plan.domain_size}). "
                              f"Got shape {c.shape}.")
     return noisy_values(c, plan, rng, exact=exact)
-
 
 
 def noisy_values(counts: np.ndarray, plan: CountsPlan, rng: np.random.Generator, *,

@@ -15,25 +15,17 @@ from sparkpriv.privacy.random import new_secret_seed, stream
 
 
 VARIANTS = ("linear", "kernel")
-
 MAX_ROWS = 2**34  # public cap on n that fixes the noise grid (see module docstring)
-
 ITER_STAGE = 11  # public label of the driver noise stream of iteration t: (seed, ITER_STAGE, t)
-
 FINAL_STAGE = 12
-
 C_ROUNDING = 1.0 + 1e-12  # RFF norm bound covering float rounding of cos^2 + sin^2
-
 DEFAULT_RELIABILITY_STDS = 3.0  # a cluster whose noisy size is below 3 noise stds is "unreliable"
-
 _POS = Interval("real", 0, None, "neither")
-
 
 
 def draw_frequencies(d: int, frequencies: int, kernel_width: float, seed: int) -> np.ndarray:
     """``W`` (frequencies, d) with i.i.d. ``N(0, 1/kernel_width^2)`` entries (public)."""
     return stream(seed, 0).standard_normal((frequencies, d)) / float(kernel_width)
-
 
 
 def rff_features(X: np.ndarray, W: np.ndarray) -> np.ndarray:
@@ -44,7 +36,6 @@ def rff_features(X: np.ndarray, W: np.ndarray) -> np.ndarray:
     return _rff_of_projection(X @ W.T)
 
 
-
 def _rff_of_projection(P: np.ndarray) -> np.ndarray:
     """``[cos(P), sin(P)] / sqrt(D)`` for the projections ``P = X W^T`` (n, D)."""
     D = P.shape[1]
@@ -53,7 +44,6 @@ def _rff_of_projection(P: np.ndarray) -> np.ndarray:
     np.sin(P, out=Z[:, D:])
     Z *= 1.0 / math.sqrt(D)
     return Z
-
 
 
 def input_norm_bound(bounds: Bounds) -> float:
@@ -69,7 +59,6 @@ def input_norm_bound(bounds: Bounds) -> float:
         far = np.maximum(np.abs(np.asarray(bounds.lower, float)), np.abs(np.asarray(bounds.upper, float)))
         c = min(c, float(np.sqrt(np.sum(far * far))) * (1.0 + 1e-12))
     return c
-
 
 
 @dataclass(frozen=True)
@@ -128,14 +117,12 @@ class FeatureMap:
         return _rff_of_projection(project_sparse_rows(offsets, indices, values, self.W.T))
 
 
-
 def _kernel_width_required(caller: str) -> ParameterError:
     return ParameterError(
         f"The 'kernel_width' parameter of {caller} is required for variant='kernel': give the "
         "public RBF width s of exp(-||x-y||^2 / (2 s^2)) (--kernel-width), e.g. about the "
         "typical distance between two points of one cluster."
     )
-
 
 
 def make_feature_map(variant: str, bounds: Bounds, *, kernel_width=None, frequencies: int = 128,
@@ -150,7 +137,6 @@ def make_feature_map(variant: str, bounds: Bounds, *, kernel_width=None, frequen
     seed = new_secret_seed("kmeans-frequencies") if seed is None else seed
     W = draw_frequencies(bounds.dim, frequencies, kernel_width, seed)
     return FeatureMap("kernel", bounds, W, float(kernel_width))
-
 
 
 def project_to_ball(centres: np.ndarray, radius: float) -> np.ndarray:

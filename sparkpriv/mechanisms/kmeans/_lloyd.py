@@ -3,7 +3,6 @@ post-processing, initial centres, the in-memory fit (docs/math.md section 4)."""
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from sparkpriv._validation import Interval, check_param
@@ -22,7 +21,6 @@ def assign_nearest(Z: np.ndarray, centres: np.ndarray) -> np.ndarray:
     cn = np.einsum("ij,ij->i", centres, centres)
     dist = cn[None, :] - 2.0 * (Z @ centres.T)
     return np.argmin(dist, axis=1)
-
 
 
 def cluster_stats(Z: np.ndarray, centres: np.ndarray, values: np.ndarray | None = None) -> np.ndarray:
@@ -47,7 +45,6 @@ def cluster_stats(Z: np.ndarray, centres: np.ndarray, values: np.ndarray | None 
     return out.ravel()
 
 
-
 def cluster_input_sums_sparse(labels: np.ndarray, offsets, indices, values, k: int, d: int) -> np.ndarray:
     """Per-cluster counts and sums of sparse input records, in the layout of
     :func:`cluster_stats` with ``values`` = the dense records: ``k (d + 1)`` floats."""
@@ -60,7 +57,6 @@ def cluster_input_sums_sparse(labels: np.ndarray, offsets, indices, values, k: i
     out[:, 1:] = np.bincount(owner * d + np.asarray(indices, np.int64), weights=w,
                              minlength=k * d).reshape(k, d)
     return out.ravel()
-
 
 
 def noisy_update(stats: np.ndarray, noise: _noise.GaussianNoise, bound: float, k: int,
@@ -77,7 +73,6 @@ def noisy_update(stats: np.ndarray, noise: _noise.GaussianNoise, bound: float, k
     return centres, counts
 
 
-
 def reliability_flags(counts: np.ndarray, count_std: float, reliability_stds: float) -> np.ndarray:
     """``True`` where a noisy size is below ``reliability_stds`` standard deviations of its noise.
 
@@ -85,7 +80,6 @@ def reliability_flags(counts: np.ndarray, count_std: float, reliability_stds: fl
     the noisy sizes and the public noise scale only (post-processing).
     """
     return np.asarray(counts, dtype=np.float64) < float(reliability_stds) * float(count_std)
-
 
 
 def initial_centres(fmap: FeatureMap, k: int, rng: np.random.Generator,
@@ -118,7 +112,6 @@ def initial_centres(fmap: FeatureMap, k: int, rng: np.random.Generator,
     return fmap.from_clipped(Pc)
 
 
-
 def check_k_for_n(k: int, n: int, caller: str) -> None:
     if n > MAX_ROWS:
         raise ParameterError(f"{caller} supports at most 2^34 rows (the noise grid's cap). Got {n}.")
@@ -130,10 +123,8 @@ def check_k_for_n(k: int, n: int, caller: str) -> None:
         )
 
 
-
 def check_reliability_stds(reliability_stds, caller: str) -> None:
     check_param("reliability_stds", reliability_stds, [Interval("real", 0, 1e6, "both")], caller)
-
 
 
 def fit_from_stats(plan: KMeansPlan, fmap: FeatureMap, centres: np.ndarray, iteration_stats,
@@ -192,12 +183,10 @@ def fit_from_stats(plan: KMeansPlan, fmap: FeatureMap, centres: np.ndarray, iter
     return model, history
 
 
-
 def _tuple(x):
     if x is None:
         return None
     return tuple(float(v) for v in np.atleast_1d(np.asarray(x, dtype=float)))
-
 
 
 def clustering_accuracy(labels_true, labels_pred) -> float:

@@ -68,13 +68,11 @@ class KMeansParams(_p.Params):
             raise _kernel_width_required(caller)
 
 
-
 @dataclass
 class _KMeansState:
     fmap: FeatureMap
     kplan: KMeansPlan
     centres0: np.ndarray
-
 
 
 def _per_column(values, d: int, name: str, caller: str):
@@ -87,7 +85,6 @@ def _per_column(values, d: int, name: str, caller: str):
         raise ParameterError(f"The {name!r} parameter of {caller} must have one value, or one per "
                              f"column ({d}). Got {len(values)}.")
     return values
-
 
 
 class KMeans(_p.Mechanism):
@@ -214,7 +211,6 @@ class KMeans(_p.Mechanism):
                                   "diagnostics": diagnostics})
 
 
-
 def _features_fn(fmap: FeatureMap, counters):
     """Block -> feature matrix (dense rows are clipped, and counted for the owner)."""
 
@@ -231,7 +227,6 @@ def _features_fn(fmap: FeatureMap, counters):
     return features
 
 
-
 def _stats_fn(centres):
     """Feature block -> per-cluster counts and sums (one Lloyd iteration's partial)."""
     centres = np.array(centres, dtype=np.float64, copy=True)
@@ -240,7 +235,6 @@ def _stats_fn(centres):
         return cluster_stats(Z, centres)
 
     return stats
-
 
 
 def _input_stats_fn(fmap: FeatureMap, centres):
@@ -256,7 +250,6 @@ def _input_stats_fn(fmap: FeatureMap, centres):
         return cluster_stats(Z, centres, Xc)
 
     return stats
-
 
 
 KMEANS = _p.register(KMeans())

@@ -27,7 +27,6 @@ def max_clusters(n: int) -> int:
     return max(int(math.isqrt(max(int(n), 0))), 0)
 
 
-
 def calibrate_stats_noise(*, sensitivity: float, mu: float, dim: int) -> _noise.GaussianNoise:
     """Discrete Gaussian noise of multiplier ``>= 1/mu`` for a vector of ``dim`` stats.
 
@@ -48,7 +47,6 @@ def calibrate_stats_noise(*, sensitivity: float, mu: float, dim: int) -> _noise.
     sigma = _noise._sigma_for_multiplier(m, gs, int(dim), caller)  # the samplers' slack included
     _noise._check_sigma(sigma, caller)
     return _noise.GaussianNoise(g, sigma, float(sensitivity), gs, math.nan, math.nan, int(dim))
-
 
 
 @dataclass(frozen=True)
@@ -115,7 +113,6 @@ class KMeansPlan:
             d["final_sum_std"] = self.final_noise.std
             d["final_count_std"] = self.final_noise.std / self.input_bound
         return d
-
 
 
 def plan_kmeans(

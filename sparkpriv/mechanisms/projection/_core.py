@@ -22,7 +22,6 @@ from sparkpriv.privacy.sensitivity import l1_sensitivity, l2_sensitivity
 
 
 NOISE_KINDS = ("laplace", "gaussian")
-
 NOISE_STAGE = 1  # public label of the projection's row-noise stream
 
 # With no declared range (element_bound alone), projected values are clamped to
@@ -30,12 +29,10 @@ NOISE_STAGE = 1  # public label of the projection's row-noise stream
 DEFAULT_RANGE_STDS = 2.0**28
 
 
-
 def draw_projection_matrix(d: int, k: int, seed: int) -> np.ndarray:
     """``P`` (d, k) with i.i.d. ``N(0, 1/k)`` entries from the secret ``seed``."""
     rng = stream(seed, 0)
     return rng.standard_normal((d, k)) / np.sqrt(k)
-
 
 
 @dataclass(frozen=True)
@@ -112,7 +109,6 @@ class ProjectionPlan:
         }
 
 
-
 def plan_projection(
     P: np.ndarray,
     bounds: Bounds,
@@ -177,7 +173,6 @@ def plan_projection(
     )
 
 
-
 def projected_value_bound(P: np.ndarray, bounds: Bounds) -> float | None:
     """A public bound on ``|(clip(x) P)_j|`` from the declared bounds (None if unbounded).
 
@@ -198,7 +193,6 @@ def projected_value_bound(P: np.ndarray, bounds: Bounds) -> float | None:
         if bounds.row_bound is None or origin_inside:
             cands.append(float((np.maximum(np.abs(lo), np.abs(hi)) @ np.abs(P)).max()))
     return min(cands) if cands else None
-
 
 
 def project_rows(X: np.ndarray, P: np.ndarray, bounds: Bounds,
@@ -223,11 +217,9 @@ def project_rows(X: np.ndarray, P: np.ndarray, bounds: Bounds,
     return Y, counts
 
 
-
 def clamp_projected(Y: np.ndarray, value_bound: float) -> np.ndarray:
     """Clamp ``Y`` in place to ``[-value_bound, value_bound]`` and return it."""
     return np.clip(Y, -value_bound, value_bound, out=Y)
-
 
 
 def secret_matrix_and_seed(d: int, k: int, matrix_key: bytes | None) -> tuple[np.ndarray, int]:
@@ -239,7 +231,6 @@ def secret_matrix_and_seed(d: int, k: int, matrix_key: bytes | None) -> tuple[np
     else:
         p_seed = new_secret_seed("projection-matrix")
     return draw_projection_matrix(d, k, p_seed), new_secret_seed("projection-noise")
-
 
 
 def recover_sq_distances(
@@ -273,14 +264,12 @@ def recover_sq_distances(
     return D, distance_variance(x2, k=k, noise_variance=s2, noise_kind=noise_kind)
 
 
-
 def distance_variance(sq_distance, *, k: int, noise_variance: float, noise_kind: str = "laplace"):
     """``Var D`` for true squared distance ``||x||^2`` (module docstring)."""
     c = 14.0 if noise_kind == "laplace" else 8.0
     x2 = np.asarray(sq_distance, float)
     s2 = float(noise_variance)
     return (2.0 / k) * x2 ** 2 + k * c * s2 ** 2 + 8.0 * s2 * x2
-
 
 
 @dataclass(frozen=True)
@@ -301,14 +290,12 @@ class SqDistances:
     confidence: float
 
 
-
 def _chi2_match(x2, k: int, s2: float, c: float):
     """Scale ``a`` and degrees of freedom ``nu`` of the scaled chi-square ``a chi2_nu`` with the mean
     ``x2 + 2 k s2`` and the variance of ``||Z_i - Z_j||^2`` at true squared distance ``x2``."""
     m = x2 + 2.0 * k * s2
     v = (2.0 / k) * x2 * x2 + 8.0 * s2 * x2 + c * k * s2 * s2
     return v / (2.0 * m), 2.0 * m * m / v
-
 
 
 def sq_distance_intervals(Zi, Zj, *, noise_variance: float, noise_kind: str = "laplace",

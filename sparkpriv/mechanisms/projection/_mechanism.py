@@ -34,11 +34,8 @@ from sparkpriv.mechanisms.projection._core import (NOISE_KINDS, NOISE_STAGE, Pro
 
 
 _POS = Interval("real", 0, None, "neither")
-
 ROW_COUNTERS = ("rows", "rows_box_clipped", "rows_norm_clipped")
-
 _RECORDS_REFUSED = ("columns", "row_bound", "lower", "upper", "element_bound", "row_bound_quantile", "fill")
-
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,7 +117,6 @@ class ProjectionParams(_p.Params):
             )
 
 
-
 @dataclass
 class _State:
     """Public: what ``run`` needs besides the secrets."""
@@ -133,13 +129,11 @@ class _State:
     quantile: dict | None = None  # the DP row-bound pre-pass (public parameters)
 
 
-
 @dataclass
 class _Secrets:
     P: np.ndarray = field(repr=False)
     seed: int = field(repr=False)
     histogram_seed: int | None = field(default=None, repr=False)
-
 
 
 class _Counts(Mapping):
@@ -159,7 +153,6 @@ class _Counts(Mapping):
         return len(self._names)
 
 
-
 def _records_cap(facts: _p.InputFacts):
     """The item cap of bounded records from their public facts (value cap c, L2 bound c sqrt(L))."""
     from sparkpriv.mechanisms.sparse import ItemCap
@@ -169,7 +162,6 @@ def _records_cap(facts: _p.InputFacts):
     if c == 1.0:
         return ItemCap(L)
     return ItemCap(L, "counts", int(round(c)))
-
 
 
 class Projection(_p.Mechanism):
@@ -297,7 +289,6 @@ class Projection(_p.Mechanism):
                           extras={"plan": pplan, "diagnostics": _Counts(counters)})
 
 
-
 def _dp_row_bound(engine, source, bounds: Bounds, q: dict, seed: int) -> float:
     """One pass: the noisy histogram of the (box-clipped) row norms; noise drawn once on the driver."""
     candidates = q["candidates"]
@@ -312,7 +303,6 @@ def _dp_row_bound(engine, source, bounds: Bounds, q: dict, seed: int) -> float:
     return choose_bound(noisy, candidates, q["q"])
 
 
-
 def _norm_histogram_fn(box: Bounds, norm: str, candidates: np.ndarray):
     candidates = np.array(candidates, dtype=np.float64, copy=True)
 
@@ -321,7 +311,6 @@ def _norm_histogram_fn(box: Bounds, norm: str, candidates: np.ndarray):
         return norm_bucket_counts(row_norms(Xc, norm), candidates)
 
     return norm_histogram
-
 
 
 def _wide_grid(hist_noise):
@@ -335,7 +324,6 @@ def _wide_grid(hist_noise):
     return _noise.calibrate_laplace_noise(
         sensitivity=hist_noise.sensitivity, epsilon=hist_noise.epsilon, dim=hist_noise.dim,
         max_abs=2.0**30 * hist_noise.sensitivity / hist_noise.epsilon)
-
 
 
 def _dense_row_map(P, bounds: Bounds, noise, seed: int, value_bound=None, counters=None):
@@ -364,7 +352,6 @@ def _dense_row_map(P, bounds: Bounds, noise, seed: int, value_bound=None, counte
     return projection_rows
 
 
-
 def _sparse_row_map(P, noise, seed: int, value_bound=None):
     """The engine's row map of bounded event records (:class:`~sparkpriv.mechanisms.protocol.SparseRows`,
     in the keyed person order), from plain values (pickled): the sum of the rows of ``P`` at a
@@ -383,7 +370,6 @@ def _sparse_row_map(P, noise, seed: int, value_bound=None):
             yield list(_noise.transposed(Y) if noise is None else _noise.add_noise_transposed(Y, noise, rng))
 
     return sparse_projection_rows
-
 
 
 PROJECTION = _p.register(Projection())

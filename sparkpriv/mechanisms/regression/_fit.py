@@ -47,7 +47,6 @@ class RegressionFit:
         }
 
 
-
 @dataclass(frozen=True)
 class RegressionRelease:
     """The released matrix (``m x p`` sketch or ``n x p`` noisy rows), its plan and noise, a fit."""
@@ -76,7 +75,6 @@ class RegressionRelease:
         return out
 
 
-
 def sketch_noise(plan: RegressionPlan, max_col_norm: float, max_row_l1: float) -> tuple[_noise.GaussianNoise, float]:
     """The sketch's noise for the realized column and row norms of ``S``, and the sensitivity."""
     B = float(plan.params.row_bound)
@@ -86,7 +84,6 @@ def sketch_noise(plan: RegressionPlan, max_col_norm: float, max_row_l1: float) -
     nz = _noise.gaussian_noise_from_multiplier(sensitivity=sens, noise_multiplier=plan.noise_multiplier,
                                                dim=plan.m * plan.p, max_abs=max(B * float(max_row_l1), sens))
     return nz, sens
-
 
 
 def finalize_sketch(total: np.ndarray, plan: RegressionPlan, rng: np.random.Generator | None = None,
@@ -108,7 +105,6 @@ def finalize_sketch(total: np.ndarray, plan: RegressionPlan, rng: np.random.Gene
     return RegressionRelease(R, plan, nz, sens, fit)
 
 
-
 def _solve(G: np.ndarray, rows: int, s2: float, ridge: float, debias: bool) -> tuple[np.ndarray, np.ndarray, int]:
     d = G.shape[0] - 1
     H = G[:d, :d].copy()
@@ -127,12 +123,10 @@ def _solve(G: np.ndarray, rows: int, s2: float, ridge: float, debias: bool) -> t
     return x, H, floored
 
 
-
 def fit_from_moments(G: np.ndarray, rows: int, s2: float, *, ridge: float = 0.0, debias: bool = True):
     """Coefficients from the released Gram matrix ``G = R^T R`` ((d+1) x (d+1)), ``rows`` released rows."""
     x, _, floored = _solve(np.asarray(G, np.float64), rows, s2, ridge, debias)
     return x, floored
-
 
 
 def sandwich_moments(R: np.ndarray, x: np.ndarray, s2: float, *, ridge: float, debias: bool, rows: int) -> np.ndarray:
@@ -142,7 +136,6 @@ def sandwich_moments(R: np.ndarray, x: np.ndarray, s2: float, *, ridge: float, d
     c = (s2 if debias else 0.0) * x - (ridge / rows) * x
     Psi = A * e[:, None] + c[None, :]
     return Psi.T @ Psi
-
 
 
 def _intervals(x, H, meat, rows, confidence):
@@ -156,7 +149,6 @@ def _intervals(x, H, meat, rows, confidence):
     return se, x - q * se, x + q * se
 
 
-
 def gaussian_meat(R: np.ndarray, x: np.ndarray) -> np.ndarray:
     """``Var(sum_j psi_j)`` for i.i.d. zero-mean Gaussian rows (the sketch's), by Isserlis:
     ``r (s_e^2 Sigma_AA + c c^T)`` with ``e = b~ - A~ x``, ``s_e^2 = mean(e^2)``, ``c = mean(a~ e)``,
@@ -166,7 +158,6 @@ def gaussian_meat(R: np.ndarray, x: np.ndarray) -> np.ndarray:
     e = b - A @ x
     c = A.T @ e / r
     return (float(e @ e) / r) * (A.T @ A) + r * np.outer(c, c)
-
 
 
 def fit_from_release(R: np.ndarray, s2: float, *, ridge: float = 0.0, debias: bool = True,
@@ -183,14 +174,12 @@ def fit_from_release(R: np.ndarray, s2: float, *, ridge: float = 0.0, debias: bo
     return RegressionFit(x, se, lo, hi, float(confidence), float(ridge), bool(debias), floored)
 
 
-
 def fit_from_gram_and_meat(G: np.ndarray, meat: np.ndarray, x: np.ndarray, rows: int, s2: float, *,
                            ridge: float, debias: bool, confidence: float) -> RegressionFit:
     """The fit when ``G`` and the sandwich ``meat`` were aggregated by an engine (two passes)."""
     _, H, floored = _solve(G, rows, s2, ridge, debias)
     se, lo, hi = _intervals(x, H, meat, rows, confidence)
     return RegressionFit(np.asarray(x), se, lo, hi, float(confidence), float(ridge), bool(debias), floored)
-
 
 
 def _check_arrays(A, b, features: int | None = None):
@@ -214,7 +203,6 @@ def _check_arrays(A, b, features: int | None = None):
     if not np.isfinite(b).all():
         raise InputError("b has NaN or infinite values; replace them with a public value first.")
     return A, b
-
 
 
 def release_regression_array(A, b, params: RegressionParams) -> RegressionRelease:
@@ -252,7 +240,6 @@ def release_regression_array(A, b, params: RegressionParams) -> RegressionReleas
     R = additive_noise_rows(Mc, plan, stream(plan.noise_seed, ADDITIVE_STAGE, 0))
     fit = fit_from_release(R, nz.variance, ridge=params.ridge, debias=params.debias, confidence=params.confidence)
     return RegressionRelease(R, plan, nz, 2.0 * float(params.row_bound), fit, counts)
-
 
 
 def relative_objective_error(A: np.ndarray, b: np.ndarray, x_hat: np.ndarray) -> float:

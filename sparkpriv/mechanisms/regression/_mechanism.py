@@ -27,7 +27,6 @@ def sketch_slots(n: int, m: int) -> int:
     return -(-int(n) // block_rows(m))
 
 
-
 def indexed_sketch_fn(seed: int, m: int, n: int, row_bound: float, counters=None):
     """``fn(block, start)`` for :meth:`engine.index(...).aggregate`: the packed partial of a block of
     rows with global indices ``start ..``. Column norms: the block holding the first row of a column
@@ -63,13 +62,11 @@ def indexed_sketch_fn(seed: int, m: int, n: int, row_bound: float, counters=None
     return sketch_block
 
 
-
 @dataclass(frozen=True)
 class _RegressionState:
     params: RegressionParams
     noise_multiplier: float
     mu: float
-
 
 
 class Regression(_p.Mechanism):
@@ -162,7 +159,6 @@ class Regression(_p.Mechanism):
                           extras={"sketch": rel.R, "diagnostics": diagnostics})
 
 
-
 def _additive_row_map(noise_seed: int, nz: _noise.GaussianNoise, row_bound: float, counters=None):
     """``row_map(pid, blocks)`` of the additive baseline: clip each row to ``row_bound``, add the
     per-entry Gaussian noise from the partition's keyed stream ``(noise_seed, ADDITIVE_STAGE, pid)``."""
@@ -181,7 +177,6 @@ def _additive_row_map(noise_seed: int, nz: _noise.GaussianNoise, row_bound: floa
     return additive_rows
 
 
-
 def _gram_fn():
     def gram(X):
         X = np.asarray(X, np.float64)
@@ -190,13 +185,11 @@ def _gram_fn():
     return gram
 
 
-
 def _meat_fn(x: np.ndarray, s2: float, ridge: float, debias: bool, rows: int):
     def meat(X):
         return sandwich_moments(np.asarray(X, np.float64), x, s2, ridge=ridge, debias=debias, rows=rows).reshape(-1)
 
     return meat
-
 
 
 def _run_additive(engine, source, plan: _p.Plan, n: int, progress) -> _p.Outcome:
@@ -240,7 +233,5 @@ def _run_additive(engine, source, plan: _p.Plan, n: int, progress) -> _p.Outcome
                       extras={"diagnostics": diagnostics})
 
 
-
 MODEL_FILE = "_regression_model.json"
-
 REGRESSION = _p.register(Regression())

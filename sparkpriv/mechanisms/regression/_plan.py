@@ -25,7 +25,6 @@ class RegressionFacts:
     n: int
 
 
-
 @dataclass(frozen=True)
 class RegressionPlan:
     """Everything about a calibrated regression release. Public in :meth:`to_public_dict`;
@@ -95,7 +94,6 @@ class RegressionPlan:
         }
 
 
-
 def plan_regression(params: RegressionParams, facts: RegressionFacts, *, d: int | None = None,
                     caller: str = "release_regression") -> RegressionPlan:
     """Validate, fix ``m`` and the noise multiplier, draw the secret seeds. Reads no data.
@@ -131,12 +129,10 @@ def plan_regression(params: RegressionParams, facts: RegressionFacts, *, d: int 
                           noise_seed=new_secret_seed("regression-noise"))
 
 
-
 def clip_regression_rows(A: np.ndarray, b: np.ndarray, row_bound: float) -> tuple[np.ndarray, ClipCounts]:
     """``M = [A b]`` clipped to ``||m_i||_2 <= row_bound`` and the clip counts."""
     M = np.concatenate([np.asarray(A, np.float64), np.asarray(b, np.float64).reshape(-1, 1)], axis=1)
     return clip_rows(M, Bounds(M.shape[1], row_bound=float(row_bound), _caller="release_regression"), out=M)
-
 
 
 def additive_noise_rows(Mc: np.ndarray, plan: RegressionPlan, rng: np.random.Generator) -> np.ndarray:

@@ -16,21 +16,13 @@ from sparkpriv.privacy.random import stream
 
 
 SCHEMES = ("sketch", "additive")
-
 SKETCH_RULES = ("log", "linear", "full")
-
 NEIGHBORS_OK = ("replace-one",)
-
 SKETCH_STAGE = 21  # public label of the sketch's column streams: (seed, SKETCH_STAGE, block)
-
 NOISE_STAGE = 22  # driver noise of the sketch: (noise seed, NOISE_STAGE, 0)
-
 ADDITIVE_STAGE = 23  # row noise of the additive scheme: (noise seed, ADDITIVE_STAGE, partition)
-
 _BLOCK_VALUES = 2**18  # about this many normals per column block (2 MB)
-
 _POS = Interval("real", 0, None, "neither")
-
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,7 +90,6 @@ class RegressionParams(_p.Params):
             raise ParameterError(f"The 'columns' parameter of {caller} lists a column twice: {list(feats)!r}.")
 
 
-
 def check_neighbors(neighbors: Any, scheme: str, caller: str) -> None:
     """Refuse every neighbour relation but replace-one, with the reason (module docstring)."""
     if neighbors == "add-remove":
@@ -119,7 +110,6 @@ def check_neighbors(neighbors: Any, scheme: str, caller: str) -> None:
     check_param("neighbors", neighbors, [Options(NEIGHBORS_OK)], caller)
 
 
-
 def sketch_rows_for(rule: str, n: int, p: int) -> int:
     """``m`` for a rule (public: depends on ``n`` and ``p`` only); always in ``[1, n]``."""
     log_m = max(p + 10, math.ceil(10.0 * math.log(max(n, 2))))
@@ -134,11 +124,9 @@ def sketch_rows_for(rule: str, n: int, p: int) -> int:
     return int(max(1, min(m, n)))
 
 
-
 def block_rows(m: int) -> int:
     """Records per column block of ``S`` (a function of ``m`` only)."""
     return max(1, _BLOCK_VALUES // int(m))
-
 
 
 def _block(seed: int, m: int, k: int) -> np.ndarray:
@@ -147,7 +135,6 @@ def _block(seed: int, m: int, k: int) -> np.ndarray:
     G = rng.standard_normal((block_rows(m), m))
     G *= 1.0 / math.sqrt(m)
     return G
-
 
 
 def sketch_columns(seed: int, m: int, start: int, stop: int):
@@ -163,7 +150,6 @@ def sketch_columns(seed: int, m: int, start: int, stop: int):
         lo = hi
 
 
-
 def sketch_matrix(seed: int, m: int, n: int) -> np.ndarray:
     """The whole ``S`` (m x n). TESTS AND SMALL REFERENCES ONLY: engines never build it."""
     S = np.empty((m, n))
@@ -172,11 +158,9 @@ def sketch_matrix(seed: int, m: int, n: int) -> np.ndarray:
     return S
 
 
-
 def partial_size(m: int, p: int, slots: int = 1) -> int:
     """Length of a sketch partial: ``vec(S M)`` (m p), row L1 norms of ``S`` (m), ``slots`` maxima."""
     return m * p + m + slots
-
 
 
 def sketch_partial(Mc: np.ndarray, seed: int, m: int, start: int) -> tuple[np.ndarray, np.ndarray, float]:
@@ -194,7 +178,6 @@ def sketch_partial(Mc: np.ndarray, seed: int, m: int, start: int) -> tuple[np.nd
     return SM, l1, cmax
 
 
-
 def pack_partial(SM: np.ndarray, l1: np.ndarray, cmax: float, slot: int = 0, slots: int = 1) -> np.ndarray:
     """One float64 vector of a partial; column-norm maxima go to their own slot, so that sums
     of partials (tree aggregation) keep every partition's maximum."""
@@ -204,7 +187,6 @@ def pack_partial(SM: np.ndarray, l1: np.ndarray, cmax: float, slot: int = 0, slo
     v[m * p: m * p + m] = l1
     v[m * p + m + int(slot)] = cmax
     return v
-
 
 
 def sketch_sensitivity(S: np.ndarray, row_bound: float) -> float:
