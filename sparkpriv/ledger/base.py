@@ -37,8 +37,8 @@ from sparkpriv.errors import BudgetExceededError, LedgerError, ParameterError
 from sparkpriv.ledger.events import (EVENT_FORMAT, InvalidEvent, Spend, UnknownFormat, encode_event,
                                      spend_of_stored)
 from sparkpriv.ledger.checks import (DEFAULT_LEDGER_ENV, DEFAULT_LEDGER_URL, default_ledger_url, redact_url, _now,
-                                     _check_table_id, _check_text, _json_without_secrets, _printable, _corrupt_message,
-                                     _label, _json_float, _no_budget_message, _refusal_message)
+                                     _check_table_id, _check_text, _json_without_secrets, _printable,
+                                     _corrupt_message, _label, _json_float, _no_budget_message, _refusal_message)
 
 __all__ = ["DEFAULT_LEDGER_ENV", "DEFAULT_LEDGER_URL", "EVENT_FORMAT", "SCHEMA_VERSION", "Ledger", "Reservation",
            "TableStatus", "default_ledger_url", "composed_epsilon", "event_epsilon", "redact_url"]

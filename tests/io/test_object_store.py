@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sparkpriv.errors import InputError, OutputExistsError, ParameterError
+from sparkpriv.io import stores as S
 from sparkpriv.io import writer as W
 from sparkpriv.privacy.random import reset_test_counter
 from sparkpriv.spark.batches import BatchMap
@@ -161,7 +162,7 @@ def test_publish_order_and_a_failed_copy(spark, table, bucket, monkeypatch):
     files, then the receipt files, then _SUCCESS last; a failed copy leaves nothing."""
     rows = BatchMap(table.select("a"), _copy, _z0(None))
     dest = f"s3://{bucket.name}/rel/out"
-    seen, real_copy, real_write = [], W._ArrowStore.copy, W._ArrowStore.write_bytes
+    seen, real_copy, real_write = [], S._ArrowStore.copy, S._ArrowStore.write_bytes
 
     def under_dest():
         return [k[len("rel/out/"):] for k in bucket.keys() if k.startswith("rel/out/")]
@@ -186,8 +187,8 @@ def test_publish_order_and_a_failed_copy(spark, table, bucket, monkeypatch):
             seen.append(("write", name))
         real_write(self, path, data)
 
-    monkeypatch.setattr(W._ArrowStore, "copy", copy)
-    monkeypatch.setattr(W._ArrowStore, "write_bytes", write_bytes)
+    monkeypatch.setattr(S._ArrowStore, "copy", copy)
+    monkeypatch.setattr(S._ArrowStore, "write_bytes", write_bytes)
     fail = True
     with pytest.raises(OSError, match="injected copy failure"):
         W.publish(rows.to_df(), bucket.uri("rel/out"), receipt={"r": 1}, rows=rows, writer="arrow")
@@ -280,11 +281,11 @@ def test_small_s3_objects_are_single_puts(bucket):
     """Markers, receipts and small part files go up as one PutObject (delayed opening), not as a
     multipart upload of one part (three requests, and an empty part some S3 servers refuse);
     the user's own setting wins."""
-    store = W._ArrowStore(bucket.uri("rel/x"))
+    store = S._ArrowStore(bucket.uri("rel/x"))
     assert _s3_options(store)["allow_delayed_open"] is True
     store.write_bytes(bucket.uri("rel/x/_marker"), b"")
     assert bucket.get("rel/x/_marker") == b""
-    own = W._ArrowStore(bucket.uri("rel/x") + "&allow_delayed_open=false")
+    own = S._ArrowStore(bucket.uri("rel/x") + "&allow_delayed_open=false")
     assert _s3_options(own)["allow_delayed_open"] is False
-    assert W._with_delayed_open("file:/tmp/x", "file") == "file:/tmp/x"
-    assert W._with_delayed_open("s3://b/k", "s3") == "s3://b/k?allow_delayed_open=true"
+    assert S._with_delayed_open("file:/tmp/x", "file") == "file:/tmp/x"
+    assert S._with_delayed_open("s3://b/k", "s3") == "s3://b/k?allow_delayed_open=true"
