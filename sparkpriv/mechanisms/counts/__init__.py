@@ -43,7 +43,7 @@ their names, so ``from sparkpriv.mechanisms import counts`` is the one way in):
 
 - ``_keys``: the public key domain (:class:`KeyDomain`), :class:`CountsParams` and the
   sensitivities;
-- ``_noise``: the plan made before any data (:class:`CountsPlan`, :func:`plan_counts`), the
+- ``_plan``: the plan made before any data (:class:`CountsPlan`, :func:`plan_counts`), the
   noise on the lattice and its uncertainty, the in-memory counts (:func:`finalize_counts`);
 - ``_mechanism``: the mechanism of the release protocol (:class:`Counts`), on any engine.
 """
@@ -53,9 +53,9 @@ from __future__ import annotations
 from sparkpriv.mechanisms.counts._keys import (NOISE_KINDS, NEIGHBORS, MAX_COUNT, DRIVER_KEYS, BLOCK_KEYS,
                                                MAX_DRIVER_KEYS, MAX_KEYS, _POS, KeyDomain, _is_int, CountsParams,
                                                sensitivities)
-from sparkpriv.mechanisms.counts._noise import (CountsPlan, plan_counts, _check_grid, _grid_shift, _outside_prob,
-                                                uncertainty, _upper_tail, count_keys, noise_integers,
-                                                lattice_values, CountsResult, finalize_counts, noisy_values)
+from sparkpriv.mechanisms.counts._plan import (CountsPlan, plan_counts, _check_grid, _grid_shift, _outside_prob,
+                                               uncertainty, _upper_tail, count_keys, noise_integers,
+                                               lattice_values, CountsResult, finalize_counts, noisy_values)
 from sparkpriv.mechanisms.counts._mechanism import (CountsReleaseParams, _CountsState, _totals_fn, Counts,
                                                     OUTPUT_COLUMNS, _key_type, COUNTS)
 

@@ -12,7 +12,7 @@ from sparkpriv.mechanisms import protocol as _p
 from sparkpriv.privacy.random import new_secret_seed, stream
 from sparkpriv.mechanisms.counts._keys import (BLOCK_KEYS, CountsParams, DRIVER_KEYS, KeyDomain, MAX_DRIVER_KEYS,
                                                NOISE_KINDS, _POS)
-from sparkpriv.mechanisms.counts._noise import CountsPlan, finalize_counts, noisy_values, plan_counts
+from sparkpriv.mechanisms.counts._plan import CountsPlan, finalize_counts, noisy_values, plan_counts
 
 
 @dataclass(frozen=True, kw_only=True)
