@@ -93,6 +93,31 @@ def kmeans(X, params, plan, d: int, seed: int, previous: bool = False):
     return centers, np.maximum(np.asarray(km.counts, float), 0.0), labels, float(km.count_std)
 
 
+def dp_item_counts(real_marg, L: int, epsilon: float, delta: float, seed: int) -> np.ndarray:
+    """The per-item counts of distinct people with discrete Gaussian noise at (epsilon, delta), replace-one
+    (L2 sensitivity sqrt(2 L): a person has at most L items). Fixed test seed: a measurement."""
+    from sparkpriv.privacy import noise as nz
+    from sparkpriv.privacy.random import stream
+
+    g = nz.calibrate_gaussian_noise(sensitivity=math.sqrt(2 * L), epsilon=epsilon, delta=delta,
+                                    dim=real_marg.size, max_abs=float(real_marg.max()) * 4)
+    print(f"  DP per-item counts: epsilon {epsilon:g}, delta {delta:.3g}, std {g.std:.1f}", flush=True)
+    return np.maximum(nz.add_noise(real_marg.astype(float), g, stream(seed, 99)), 0.0), g.std
+
+
+def calibrate_marginals(model, current, target, shrink: float):
+    """Post-processing: every cluster's visible biases shifted by one common vector
+    ``log((target + shrink) / (current + shrink))``, so that the mixture's per-item marginals move to ``target``
+    (a Newton step of the exponential tilt that the length-conditioned sampler makes)."""
+    import dataclasses
+
+    h, d = model.params.hidden, model.d
+    delta = np.log((np.asarray(target, float) + shrink) / (np.asarray(current, float) + shrink))
+    thetas = np.array(model.thetas, copy=True)
+    thetas[:, d * h: d * h + d] += delta
+    return dataclasses.replace(model, thetas=thetas)
+
+
 def oracle_sample(X, labels, k: int, S: int, rng, strata=None) -> np.ndarray:
     """NOT private, a yardstick: ``S`` records from the mixture of the clusters (by their real sizes)
     where cluster ``j``'s record has a real record's length and, given it, independent items at the
@@ -191,6 +216,12 @@ def main(argv=None):
         oracle_strata = kw.pop("oracle_strata", None)  # with "oracle": marginals per (cluster, stratum)
         kmeans_sizes = kw.pop("kmeans_sizes", False)  # the k-means' counts as sizes (before format 6)
         previous = kw.pop("previous", True)  # the last k-means round's clusters (the library's since format 7)
+        calibrate = kw.pop("calibrate", None)  # "oracle" (NOT private) or "dp": see calibrate_marginals
+        rounds = kw.pop("calibrate_rounds", 2)
+        share = kw.pop("calibrate_share", 0.1)  # with "dp": the share of epsilon the per-item counts take
+        if calibrate == "dp":
+            kw["epsilon"] = a.epsilon * (1 - share)
+            kw["delta"] = 0.5 / n
         burn_in = kw.pop("burn_in", None)
         sweeps = kw.pop("sweeps", None)
         params = dpgm.DPGMParams(**kw)
@@ -229,6 +260,21 @@ def main(argv=None):
             finally:
                 RBM.sample.__defaults__ = saved
             V = csr_matrix(np.concatenate(parts) >= 0.5, dtype=np.float64)
+            if calibrate:
+                if calibrate == "oracle":
+                    target, shrink = real_marg, 1.0
+                else:
+                    target, std = dp_item_counts(real_marg, a.max_items, a.epsilon * share, 0.5 / n, a.seed)
+                    shrink = 2.0 * std  # a noisy small count moves its item little
+                for r in range(rounds):
+                    e = cq.relative_errors(true_a, answers(V, Q) * n / S, n)
+                    marg = np.asarray(V.sum(axis=0)).ravel() * n / S
+                    print(f"  calibration round {r}: error {e.mean():.4f} by group "
+                          f"{[round(float(e[qs.group == g].mean()), 4) for g in range(1, 6)]}, marginal_l1 "
+                          f"{np.abs(marg - real_marg).sum() / real_marg.sum():.4f}", flush=True)
+                    model = calibrate_marginals(model, marg, target, shrink)
+                    parts = [dpgm.synthesize_part(model, min(20_000, S - s), 11 + r + 1, s) for s in range(0, S, 20_000)]
+                    V = csr_matrix(np.concatenate(parts) >= 0.5, dtype=np.float64)
         e = cq.relative_errors(true_a, answers(V, Q) * n / S, n)
         groups = [round(float(e[qs.group == g].mean()), 4) for g in range(1, 6)]
         marg = np.asarray(V.sum(axis=0)).ravel() * n / S
