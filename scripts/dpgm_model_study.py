@@ -93,9 +93,10 @@ def kmeans(X, params, plan, d: int, seed: int, previous: bool = False):
     return centers, np.maximum(np.asarray(km.counts, float), 0.0), labels, float(km.count_std)
 
 
-def dp_item_counts(real_marg, L: int, epsilon: float, delta: float, seed: int) -> np.ndarray:
+def dp_item_counts(real_marg, L: int, epsilon: float, delta: float, seed: int) -> tuple[np.ndarray, float]:
     """The per-item counts of distinct people with discrete Gaussian noise at (epsilon, delta), replace-one
-    (L2 sensitivity sqrt(2 L): a person has at most L items). Fixed test seed: a measurement."""
+    (L2 sensitivity sqrt(2 L): a person has at most L items), and the noise std. Fixed test seed: a
+    measurement."""
     from sparkpriv.privacy import noise as nz
     from sparkpriv.privacy.random import stream
 
