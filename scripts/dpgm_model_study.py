@@ -94,9 +94,9 @@ def kmeans(X, params, plan, d: int, seed: int, previous: bool = False):
 
 
 def dp_item_counts(real_marg, L: int, epsilon: float, delta: float, seed: int) -> tuple[np.ndarray, float]:
-    """The per-item counts of distinct people with discrete Gaussian noise at (epsilon, delta), replace-one
-    (L2 sensitivity sqrt(2 L): a person has at most L items), and the noise std. Fixed test seed: a
-    measurement."""
+    """The per-item counts of distinct people with discrete Gaussian noise at (epsilon, delta),
+    replace-one (L2 sensitivity sqrt(2 L): a person has at most L items), and the noise std. Fixed
+    test seed: a measurement."""
     from sparkpriv.privacy import noise as nz
     from sparkpriv.privacy.random import stream
 
@@ -108,8 +108,9 @@ def dp_item_counts(real_marg, L: int, epsilon: float, delta: float, seed: int) -
 
 def calibrate_marginals(model, current, target, shrink: float):
     """Post-processing: every cluster's visible biases shifted by one common vector
-    ``log((target + shrink) / (current + shrink))``, so that the mixture's per-item marginals move to ``target``
-    (a Newton step of the exponential tilt that the length-conditioned sampler makes)."""
+    ``log((target + shrink) / (current + shrink))``, so that the mixture's per-item marginals move
+    to ``target`` (a Newton step of the exponential tilt that the length-conditioned sampler
+    makes)."""
     import dataclasses
 
     h, d = model.params.hidden, model.d
@@ -265,7 +266,8 @@ def main(argv=None):
                 if calibrate == "oracle":
                     target, shrink = real_marg, 1.0
                 else:
-                    target, std = dp_item_counts(real_marg, a.max_items, a.epsilon * share, 0.5 / n, a.seed)
+                    target, std = dp_item_counts(real_marg, a.max_items, a.epsilon * share, 0.5 / n,
+                                                 a.seed)
                     shrink = 2.0 * std  # a noisy small count moves its item little
                 for r in range(rounds):
                     e = cq.relative_errors(true_a, answers(V, Q) * n / S, n)
@@ -274,7 +276,8 @@ def main(argv=None):
                           f"{[round(float(e[qs.group == g].mean()), 4) for g in range(1, 6)]}, marginal_l1 "
                           f"{np.abs(marg - real_marg).sum() / real_marg.sum():.4f}", flush=True)
                     model = calibrate_marginals(model, marg, target, shrink)
-                    parts = [dpgm.synthesize_part(model, min(20_000, S - s), 11 + r + 1, s) for s in range(0, S, 20_000)]
+                    parts = [dpgm.synthesize_part(model, min(20_000, S - s), 11 + r + 1, s)
+                             for s in range(0, S, 20_000)]
                     V = csr_matrix(np.concatenate(parts) >= 0.5, dtype=np.float64)
         e = cq.relative_errors(true_a, answers(V, Q) * n / S, n)
         groups = [round(float(e[qs.group == g].mean()), 4) for g in range(1, 6)]
