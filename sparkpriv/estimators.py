@@ -204,7 +204,8 @@ class DPGMSynthesizer(BaseEstimator):
     """
 
     def __init__(self, *, epsilon: float = 1.0, delta: float = 1e-6, k: int = 10, model: str = "rbm",
-                 kmeans_share: float = 0.3, length_share=None, length_strata=None, kmeans_iterations: int = 8,
+                 kmeans_share: float = 0.3, length_share=None, length_strata=None, marginal_share: float = 0.0,
+                 marginal_samples: int = 100_000, kmeans_iterations: int = 8,
                  row_bound=None,
                  clip: float = 10.0, clip_quantile=None, clip_lr: float = 0.2, clip_count_share: float = 0.05,
                  sampling_rate: float = 0.05, epochs: float = 20.0, min_batch=None, learning_rate=None,
@@ -218,6 +219,8 @@ class DPGMSynthesizer(BaseEstimator):
         self.kmeans_share = kmeans_share
         self.length_share = length_share
         self.length_strata = length_strata
+        self.marginal_share = marginal_share
+        self.marginal_samples = marginal_samples
         self.kmeans_iterations = kmeans_iterations
         self.row_bound = row_bound
         self.clip = clip
@@ -241,6 +244,7 @@ class DPGMSynthesizer(BaseEstimator):
         self.table_id = table_id
 
     _RELEASE_PARAMS = ("epsilon", "delta", "k", "model", "kmeans_share", "length_share", "length_strata",
+                       "marginal_share", "marginal_samples",
                        "kmeans_iterations", "row_bound", "clip",
                        "clip_quantile", "clip_lr", "clip_count_share", "sampling_rate", "epochs", "min_batch", "learning_rate",
                        "lr_schedule", "average_tail", "hidden", "latent", "chains", "gibbs_steps",

@@ -48,6 +48,7 @@ AUDITED[("dpsgd", GAU, "replace-one", "sampled")] = "test_dpsgd::test_dpsgd_step
 AUDITED[("dpsgd-quantile-clip", GAU, "replace-one", "sampled")] = \
     "test_dpsgd_quantile_clip::test_quantile_clip_step_full_batch_replace_one"
 AUDITED[("dpgm-lengths", GAU, "replace-one", "histogram")] = "test_dpgm_lengths::test_length_histograms"
+AUDITED[("dpgm-item-counts", GAU, "replace-one", "counts")] = "test_dpgm_marginals::test_item_counts"
 for _rel in ("replace-one", "add-remove"):
     AUDITED[("row-bound-quantile", LAP, _rel, "histogram")] = "test_quantile::test_row_bound_histogram"
 for _scheme in ("sketch", "additive"):
@@ -68,8 +69,8 @@ FUNCTIONS = {
     "release_regression_array": ("regression-sketch", "regression-additive"),
     "release_regression": ("regression-sketch", "regression-additive"),
     "release_counts": ("counts",),
-    "release_dpgm_array": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths"),
-    "release_dpgm": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths"),
+    "release_dpgm_array": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths", "dpgm-item-counts"),
+    "release_dpgm": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths", "dpgm-item-counts"),
 }
 CLI_MECHANISMS = {
     "projection": ("projection", "projection-events", "row-bound-quantile"),
@@ -77,7 +78,7 @@ CLI_MECHANISMS = {
     "kmeans": ("kmeans-linear", "kmeans-kernel"),
     "regression": ("regression-sketch", "regression-additive"),
     "counts": ("counts",),
-    "dpgm": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths"),
+    "dpgm": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths", "dpgm-item-counts"),
 }
 SAMPLERS = {"sample_discrete_laplace": "test_samplers::test_sampler_matches_exact_pmf",
             "sample_discrete_gaussian": "test_samplers::test_sampler_matches_exact_pmf"}
@@ -190,6 +191,10 @@ def offered_dpgm() -> set:
         if _accepts(lambda: release_dpgm(Xb, k=2, epsilon=5.0, delta=1e-5, kmeans_iterations=1, sampling_rate=0.5,
                                          epochs=1.0, hidden=2, chains=4, neighbors=rel, clip_quantile=0.5)):
             out.add(("dpsgd-quantile-clip", GAU, rel, "sampled"))
+        if _accepts(lambda: release_dpgm(Xb, k=2, epsilon=5.0, delta=1e-5, kmeans_iterations=1, sampling_rate=0.5,
+                                         epochs=1.0, hidden=2, chains=4, neighbors=rel, marginal_share=0.1,
+                                         marginal_samples=100)):
+            out.add(("dpgm-item-counts", GAU, rel, "counts"))
     return out
 
 

@@ -22,16 +22,16 @@ class _Steps:
         self.messages.append(message)
 
 
-def _plan(kmeans_event):
+def _plan(kmeans_event, others=()):
     return SimpleNamespace(
         params=SimpleNamespace(k=2, delta=DELTA), steps=STEPS,
-        kmeans=SimpleNamespace(dp_event=lambda: kmeans_event),
+        kmeans=SimpleNamespace(dp_event=lambda: kmeans_event), base_events=lambda: [kmeans_event, *others],
         training_event=lambda t=None: ev.SelfComposedDpEvent(STEP, STEPS if t is None else int(t)))
 
 
-def _spends(kmeans_event, reserved):
+def _spends(kmeans_event, reserved, others=()):
     sink = _Steps()
-    on_train = dpgm._training_progress(sink, _plan(kmeans_event), reserved)
+    on_train = dpgm._training_progress(sink, _plan(kmeans_event, others), reserved)
     for j in (0, 1):
         for t in range(1, STEPS + 1):
             on_train(j, t, STEPS)
@@ -55,3 +55,18 @@ def test_each_step_states_an_upper_bound_on_the_prefix_and_the_rest_the_reservat
     assert values[len(chunks) - 1] == pytest.approx(reserved, rel=1e-3)
     assert all(v == pytest.approx(reserved, rel=1e-3) for v in values[len(chunks):])  # later clusters
     assert values[0] < values[len(chunks) // 2] < values[len(chunks) - 2]
+
+
+def test_the_events_released_before_training_count_from_the_first_step():
+    """The length histograms and the item counts are released before training: every step's
+    statement includes them (a statement of the k-means and the steps alone would be below the
+    spend)."""
+    km = ev.SelfComposedDpEvent(ev.GaussianDpEvent(8.0), 8)
+    others = (ev.GaussianDpEvent(3.0), ev.GaussianDpEvent(5.0))  # lengths, item counts
+    reserved = epsilon_of(compose([km, *others, ev.SelfComposedDpEvent(STEP, STEPS)]), DELTA)
+    values, chunks = _spends(km, reserved, others)
+    for got, t in zip(values, chunks):
+        ref = epsilon_of(compose([km, *others, ev.SelfComposedDpEvent(STEP, t)]), DELTA)
+        without = epsilon_of(compose([km, ev.SelfComposedDpEvent(STEP, t)]), DELTA)
+        assert ref * (1 - 1e-3) <= got <= ref * 1.01, (t, got, ref)
+        assert got > without * 1.01  # the released histograms and counts are in it

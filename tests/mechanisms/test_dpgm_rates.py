@@ -103,7 +103,7 @@ def test_progress_counts_every_chunk_a_cluster_passes_at_once():
     steps, step = 300, ev.PoissonSampledDpEvent(0.02, ev.GaussianDpEvent(1.2))
     km = ev.SelfComposedDpEvent(ev.GaussianDpEvent(8.0), 8)
     plan = SimpleNamespace(params=SimpleNamespace(k=2, delta=1e-6), steps=steps,
-                           kmeans=SimpleNamespace(dp_event=lambda: km),
+                           kmeans=SimpleNamespace(dp_event=lambda: km), base_events=lambda: [km],
                            training_event=lambda t=None: ev.SelfComposedDpEvent(step, steps if t is None else int(t)))
     reserved = epsilon_of(compose([km, plan.training_event()]), 1e-6)
     got = []

@@ -62,12 +62,18 @@ def test_dpgm_on_bounded_event_records(spark, monkeypatch):
     row bound is sqrt(max_items) from the cap, and the trained models do not depend on how the
     events are partitioned (records are trained in the keyed person layout). The exact length
     histograms, made before training (records: from the cached records; a table: from its rows),
-    are the auditor's, and both releases start their RBMs from the same masses."""
+    are the auditor's, and both releases start their RBMs from the same masses. With the per-item
+    counts (marginal_share): the exact counts are the auditor's people per item, and the shift
+    (each cluster's task samples its share of the records that measure the marginals) does not
+    depend on the partitioning either."""
     from sparkpriv.api import release_dpgm
     from sparkpriv.privacy.random import insecure_fixed_seed
     from sparkpriv.spark.events import bound_contributions
 
-    exact = []
+    exact, counted = [], []
+    real_counts = dpgm.MarginalPlan.release
+    monkeypatch.setattr(dpgm.MarginalPlan, "release", lambda self, c, seed: counted.append(np.array(c)) or
+                        real_counts(self, c, seed))
     real_release = dpgm.LengthPlan.release
     monkeypatch.setattr(dpgm.LengthPlan, "release", lambda self, h, seed: exact.append(np.array(h)) or
                         real_release(self, h, seed))
@@ -86,7 +92,7 @@ def test_dpgm_on_bounded_event_records(spark, monkeypatch):
         with insecure_fixed_seed(31):
             rec = bound_contributions(_events(spark, parts), person="person", item="item", max_items=4,
                                       vocabulary="0..9")
-            rel = release_dpgm(rec, **_KW)
+            rel = release_dpgm(rec, marginal_share=0.1, marginal_samples=3000, **_KW)
         thetas.append(np.asarray(rel.model.thetas))
         assert rel.public["bounds"]["row_bound"] == pytest.approx(2.0)
     np.testing.assert_array_equal(thetas[0], thetas[1])
@@ -100,7 +106,7 @@ def test_dpgm_on_bounded_event_records(spark, monkeypatch):
     with insecure_fixed_seed(31):
         bound_contributions(_events(spark, 1), person="person", item="item", max_items=4, vocabulary="0..9")
         dense = release_dpgm(spark.createDataFrame(pd.DataFrame(X, columns=cols)), columns=cols, row_bound=2.0,
-                             **_KW)
+                             marginal_share=0.1, marginal_samples=3000, **_KW)
     np.testing.assert_allclose(rel.model.centers, dense.model.centers, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(rel.model.sizes, dense.model.sizes, rtol=1e-9, atol=1e-9)
     assert np.isfinite(thetas[0]).all() and np.abs(thetas[0]).sum() > 0
@@ -128,6 +134,15 @@ def test_dpgm_on_bounded_event_records(spark, monkeypatch):
     assert rel.model.plan_public["start_masses"] == pytest.approx(dense.model.plan_public["start_masses"])
     assert rel.model.plan_public["start_masses"] == pytest.approx(
         [dpgm.expected_length(rel.model.lengths[j], edges, rel.model.length_std) for j in range(2)])
+    # the per-item counts: the auditor's people per item, on both layouts and as a table
+    assert len(counted) == 3
+    for c in counted:
+        np.testing.assert_array_equal(c, X.sum(axis=0))
+    np.testing.assert_allclose(rel.model.item_counts, dense.model.item_counts, atol=1e-9)
+    assert np.all(np.isfinite(rel.model.marginal_shift)) and np.any(rel.model.marginal_shift != 0)
+    assert rel.model.plan_public["marginal_calibration"]["samples_per_cluster"] == \
+        dpgm.marginal_plan(dpgm.DPGMParams(row_bound=2.0, marginal_share=0.1, marginal_samples=3000, **_KW),
+                           10).cluster_samples(rel.model.sizes).tolist()
 
 
 def test_dpgm_event_records_refusals(spark):

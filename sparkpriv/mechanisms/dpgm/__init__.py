@@ -26,11 +26,17 @@
    from that cluster's model (post-processing: no budget);
    :func:`synthesize_table` gives the records as a table in the source's
    column types.
+4. With ``marginal_share`` (rbm): the noisy per-item counts (:class:`MarginalPlan`), and
+   every cluster's visible biases shifted by one vector so that the mixture's per-item
+   marginals move to them (post-processing; docs/dpgm.md, "Calibrating the marginals").
 
 Privacy (replace-one; ``n`` public)
 -----------------------------------
-The release is ``Composed[k-means event, lengths event, SelfComposed(PoissonSampled(q,
-Gaussian(sigma / 2)), T)]``. The lengths event (when ``length_share > 0``) is one
+The release is ``Composed[k-means event, lengths event, item counts event,
+SelfComposed(PoissonSampled(q, Gaussian(sigma / 2)), T)]``. The item counts event (when
+``marginal_share > 0``) is one Gaussian on the ``d`` column sums of the bounded records,
+calibrated alone to ``marginal_share epsilon``: L2 sensitivity ``sqrt(2) R`` (``R`` the row
+bound; ``sqrt(2 L)`` for records of at most ``L`` items). The lengths event (when ``length_share > 0``) is one
 Gaussian on the k histograms of record lengths, calibrated alone to ``length_share
 epsilon``: a replaced record leaves one (cluster, length bin) cell and enters one,
 L2 sensitivity ``sqrt(2)``. The k-means part is as in section 4. Training:
@@ -69,6 +75,8 @@ their names, so ``from sparkpriv.mechanisms import dpgm`` is the one way in):
 - ``_params``: :class:`DPGMParams` and the defaults;
 - ``_lengths``: the histograms of record lengths (:class:`LengthPlan`), drawing lengths, the
   clusters' sizes as trained (:func:`cluster_sizes`);
+- ``_marginals``: the per-item counts (:class:`MarginalPlan`) and the shift of the visible biases
+  towards them (:func:`marginal_shift`);
 - ``_plan``: calibration and the accounted events (:class:`DPGMPlan`, :func:`plan_dpgm`);
 - ``_released``: the released model (:class:`DPGMModel`, its file), synthesis and the spread
   of synthetic counts (:func:`query_spread`);
@@ -80,13 +88,17 @@ from __future__ import annotations
 
 from sparkpriv.mechanisms.column_types import SYNTHETIC_TYPES, synthetic_arrays, synthetic_type
 from sparkpriv.mechanisms.dpgm._params import (MODELS, FORMAT_VERSION, READ_VERSIONS, MODEL_FILE, SYNTH_STAGE,
-                                               LENGTH_STAGE, CHAIN_STAGE, DEFAULT_LENGTH_STRATA,
+                                               LENGTH_STAGE, CHAIN_STAGE, MARGINAL_STAGE, MARGINAL_SAMPLE_STAGE,
+                                               MARGINAL_SHRINK_STDS, DEFAULT_MARGINAL_SAMPLES, DEFAULT_LENGTH_STRATA,
                                                STRATA_NOISE_MAX, DEFAULT_LENGTH_SHARE, LENGTH_KEEP_STDS, _POS,
                                                DEFAULT_LEARNING_RATE, DEFAULT_AVERAGE_TAIL, LR_NOISE_REF,
                                                LR_MAX_FACTOR, DPGMParams, length_strata, max_length)
 from sparkpriv.mechanisms.dpgm._lengths import (length_edges, LengthPlan, length_plan, WITHIN_BIN, SLOPE_MAX,
                                                 bin_slopes, expected_length, synthetic_lengths, draw_lengths,
                                                 cluster_sizes, last_round_centres, chain_lengths)
+from sparkpriv.mechanisms.dpgm._marginals import (MarginalPlan, marginal_plan, column_sums, sample_records,
+                                                  synthetic_sums, mixture_marginals, marginal_shift,
+                                                  shift_visible_biases)
 from sparkpriv.mechanisms.dpgm._plan import (_make_model, DPGMPlan, accounting_note, _Relations, _bounds,
                                              calibrate_dpgm, requested_event, plan_for_rows, plan_dpgm)
 from sparkpriv.mechanisms.dpgm._released import (DPGMModel, synthesize, synthesize_table, synthesize_part,
@@ -94,7 +106,8 @@ from sparkpriv.mechanisms.dpgm._released import (DPGMModel, synthesize, synthesi
                                                  answer_dense, _spread_seed, query_spread, uncertainty_public)
 from sparkpriv.mechanisms.dpgm._train import (INIT_FLOOR, project_capped, visible_masses, visible_init,
                                               fit_dpgm_array, _model, training_order, model_public,
-                                              final_clips_public, assign_clusters, train_clusters)
+                                              final_clips_public, assign_clusters, train_clusters, marginal_sums,
+                                              calibrate_marginals)
 from sparkpriv.mechanisms.dpgm._mechanism import (dense_rows, assign_sparse, _records_stats_fn, _group_fn,
                                                   _lengths_fn, _train_fn, TRAINING_CHUNKS, _training_progress,
                                                   DPGM, DPGM_MECHANISM)

@@ -22,8 +22,9 @@ from sparkpriv.mechanisms.dpgm._lengths import (LengthPlan, chain_lengths, clust
 from sparkpriv.mechanisms.dpgm._plan import (DPGMPlan, _Relations, _bounds, _make_model, accounting_note,
                                              calibrate_dpgm, plan_for_rows, requested_event)
 from sparkpriv.mechanisms.dpgm._released import uncertainty_public
-from sparkpriv.mechanisms.dpgm._train import (_model, assign_clusters, model_public, train_clusters,
-                                              training_order, visible_masses)
+from sparkpriv.mechanisms.dpgm._marginals import column_sums, marginal_plan
+from sparkpriv.mechanisms.dpgm._train import (_model, assign_clusters, calibrate_marginals, marginal_sums,
+                                              model_public, train_clusters, training_order, visible_masses)
 
 
 # ----------------------------------------------------------------------------- the mechanism (protocol)
@@ -143,11 +144,18 @@ def _lengths_fn(centers: np.ndarray, row_bound: float, lplan: LengthPlan):
     return hist
 
 
-def _train_fn(plan: DPGMPlan, sizes: np.ndarray, centers: np.ndarray, seed: int, masses=None, chains=None):
+def _train_fn(plan: DPGMPlan, sizes: np.ndarray, centers: np.ndarray, seed: int, masses=None, chains=None,
+              lengths=None, marginals: bool = False):
     """(j, rows of cluster j in source order[, report]) -> cluster j's DP-SGD parameters (its own
     streams); ``report(t, steps)`` after each step, where the engine trains in-process.
-    ``masses``, ``chains``: the rbm's starting masses and chain lengths (:func:`train_clusters`)."""
+    ``masses``, ``chains``: the rbm's starting masses and chain lengths (:func:`train_clusters`).
+    ``marginals`` (the plan's per-item counts released): the task then samples its cluster's
+    share of the records that measure the mixture's marginals from its trained model
+    (:func:`marginal_sums`, with the released length histograms ``lengths``) and appends their
+    ``d`` column sums."""
     sizes = np.array(sizes, dtype=np.float64, copy=True)
+    lengths = None if lengths is None else np.array(lengths, dtype=np.float64, copy=True)
+    samples = plan.marginals.cluster_samples(sizes) if marginals else None
     centers = np.array(centers, dtype=np.float64, copy=True)
     masses = None if masses is None else np.array(masses, dtype=np.float64, copy=True)
     chains = None if chains is None else np.array(chains, dtype=np.int64, copy=True)
@@ -158,8 +166,12 @@ def _train_fn(plan: DPGMPlan, sizes: np.ndarray, centers: np.ndarray, seed: int,
         clips: dict = {}
         theta = train_clusters(Xj, labels, sizes, centers, plan, seed, clusters=[int(j)], on_step=on_step,
                                clips=clips, masses=masses, chain_lengths=chains)[int(j)]
-        # quantile clipping: the final clip (post-processing of released counts) rides after theta
-        return np.concatenate([theta, [clips[int(j)]]]) if plan.quantile else theta
+        # quantile clipping: the final clip (post-processing of released counts) rides after theta;
+        # then the sums of the records that measure the marginals
+        parts = [theta] + ([[clips[int(j)]]] if plan.quantile else [])
+        if samples is not None:
+            parts.append(marginal_sums(plan, theta, int(j), int(samples[int(j)]), seed, lengths))
+        return np.concatenate(parts) if len(parts) > 1 else theta
 
     return train
 
@@ -173,11 +185,13 @@ def _training_progress(progress, dplan: DPGMPlan, reserved: float):
     in order), with the privacy spent so far.
 
     The whole release's epsilon is reserved before any data is read. Training composes: while the
-    first cluster trains, the spend so far is at most ``epsilon(k-means + t steps)``; every cluster
+    first cluster trains, the spend so far is at most ``epsilon(k-means + lengths + item counts + t
+    steps)`` (the events released before training: :meth:`DPGMPlan.base_events`); every cluster
     runs the same ``(q, sigma, T)`` on disjoint rows (parallel composition), so once one cluster has
     made its ``T`` steps the whole reserved epsilon counts as spent (docs/dpgm.md "Progress").
     """
     k, steps = dplan.params.k, dplan.steps
+    base = list(dplan.base_events())  # released before training: the k-means, lengths, item counts
     chunks = min(steps, TRAINING_CHUNKS)
     reported: dict = {}  # cluster -> chunks reported (a cluster with m_j > 1 may pass several at once)
     first: list = [None]  # the first cluster trained: the one whose steps add to the spend
@@ -190,14 +204,17 @@ def _training_progress(progress, dplan: DPGMPlan, reserved: float):
             return reserved
         try:
             if running[0] is None:
-                final = compose([dplan.kmeans.dp_event(), dplan.training_event()])
-                running[0] = RunningEpsilon(final, dplan.params.delta).add(dplan.kmeans.dp_event())
+                final = compose(base + [dplan.training_event()])
+                acc = RunningEpsilon(final, dplan.params.delta)
+                for e in base:
+                    acc.add(e)
+                running[0] = acc  # only once every base event is in it (a leaf it cannot build raises)
             if t > running[1]:
                 running[0].add(dplan.training_event(t - running[1]))
                 running[1] = t
             eps = running[0].epsilon()
         except ValueError:  # a leaf RunningEpsilon does not build: the accountant, from the start
-            eps = epsilon_of(compose([dplan.kmeans.dp_event(), dplan.training_event(t)]), dplan.params.delta)
+            eps = epsilon_of(compose(base + [dplan.training_event(t)]), dplan.params.delta)
         return min(eps, reserved)
 
     def on_train(j: int, t: int, total: int) -> None:
@@ -270,6 +287,9 @@ class DPGM(_proto.Mechanism):
         lplan = length_plan(params, d, caller)
         if lplan is not None:
             public["lengths"] = lplan.to_public_dict()
+        mplan = marginal_plan(params, d, caller)
+        if mplan is not None:
+            public["item_counts"] = mplan.to_public_dict()
         if params.clip_quantile is not None:
             cstd = dpsgd.count_noise_std(sigma, params.clip_count_share)
             public["accounting"] = accounting_note(params) + ": at the calibrated sigma and sigma_b, fixed " \
@@ -326,6 +346,11 @@ class DPGM(_proto.Mechanism):
                 # features (rows also scaled onto the row-bound ball), so its histograms read the source
                 exact = cache.aggregate(lfn, size) if records else engine.aggregate(source, lfn, size)
                 lengths = lp.release(np.asarray(exact, dtype=np.float64).reshape(k, lp.bins), seed)
+            item_counts = None
+            if dplan.marginals is not None:  # the exact per-item counts of the cached (bounded) rows, noised
+                # here once (a table's cache holds its rows clipped to the box and the row bound)
+                progress.log("dpgm: per-item counts, %d columns (one pass)", d)
+                item_counts = dplan.marginals.release(cache.aggregate(column_sums, dim), seed)
             sizes = cluster_sizes(kmodel.counts, lengths, kmodel.count_std,
                                   dplan.lengths.noise.std if dplan.lengths else 0.0)
             masses = visible_masses(dplan, lengths)
@@ -334,17 +359,24 @@ class DPGM(_proto.Mechanism):
             cache.release()
         progress.log("dpgm: training %d %s model(s), %d DP-SGD steps each", k, params.model, dplan.steps)
         gen_dim = _make_model(params, d).dim
+        marg = dplan.marginals is not None
         thetas = engine.train_groups(source, _group_fn(train_centres, bounds.row_bound),
-                                     _train_fn(dplan, sizes, centers, seed, masses, chains), k,
-                                     gen_dim + int(dplan.quantile), d,
+                                     _train_fn(dplan, sizes, centers, seed, masses, chains, lengths, marg), k,
+                                     gen_dim + int(dplan.quantile) + (d if marg else 0), d,
                                      on_train=_training_progress(progress, dplan, plan.epsilon),
                                      what="dpgm training", order=training_order(sizes))
         thetas = np.asarray(thetas, float)
         # quantile clipping: each cluster's final clip rides after its theta
         public_record = model_public(dplan, sizes, thetas[:, gen_dim] if dplan.quantile else None, masses, kmodel)
+        sums = thetas[:, gen_dim + int(dplan.quantile):] if marg else None
         thetas = np.ascontiguousarray(thetas[:, :gen_dim])
+        shift = None
+        if marg:  # the mixture's marginals moved to the noisy per-item counts (post-processing)
+            progress.log("dpgm: visible biases shifted towards the per-item counts")
+            thetas, shift, public_record["marginal_calibration"] = calibrate_marginals(dplan, thetas, sums, sizes,
+                                                                                       item_counts)
         model = _model(params, d, thetas, sizes, centers, public_record, dplan, lengths, st.column_types or None,
-                       st.events)
+                       st.events, item_counts=item_counts, marginal_shift=shift)
         rows = [(j, float(sizes[j]), [float(v) for v in centers[j]]) for j in range(k)]
         table = engine.table(rows, [("cluster", "int", False), ("size", "double", False),
                                     ("center", "array<double>", False)])

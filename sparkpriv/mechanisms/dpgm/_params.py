@@ -30,6 +30,11 @@ MODEL_FILE = "_dpgm_model.npz"  # the released model, published with the release
 SYNTH_STAGE = 31  # stream(seed, SYNTH_STAGE, j) samples cluster j's synthetic records
 LENGTH_STAGE = 25  # stream(seed, LENGTH_STAGE): the noise of the length histograms, drawn once on the driver
 CHAIN_STAGE = 26  # stream(seed, CHAIN_STAGE, j): the fixed lengths of cluster j's persistent chains (public draw)
+MARGINAL_STAGE = 27  # stream(seed, MARGINAL_STAGE): the noise of the per-item counts, drawn once on the driver
+MARGINAL_SAMPLE_STAGE = 28  # stream(seed, MARGINAL_SAMPLE_STAGE, j, b): batch b of cluster j's records that
+# measure the mixture's marginals (docs/dpgm.md, "Calibrating the marginals")
+MARGINAL_SHRINK_STDS = 2.0  # the marginal shift's shrinkage s, in noise stds of the per-item counts
+DEFAULT_MARGINAL_SAMPLES = 100_000
 # the rbm's default length strata (interior edges; docs/dpgm.md, "Length strata")
 DEFAULT_LENGTH_STRATA = (3, 6, 13)
 # a cluster trains its strata offsets when the noise of its averaged gradient is at most this
@@ -68,6 +73,14 @@ class DPGMParams(_proto.Params):
         "calibrated to, in [0, 1); synthesis draws each record's length from them, then the model's record "
         "given it (rbm only; 0: none, the model's own lengths)", doc_default="rbm: 0.1; vae: 0",
         constraints=[Interval("real", 0, 1, "left")])
+    marginal_share: float = _proto.option(
+        0.0, help="share of epsilon the per-item counts (the column sums of the bounded records) are calibrated "
+        "to, in [0, 1); after training every cluster's visible biases are shifted so that the mixture's "
+        "per-item marginals move to them (rbm only; docs/dpgm.md, 'Calibrating the marginals'); 0: none",
+        constraints=[Interval("real", 0, 1, "left")])
+    marginal_samples: int = _proto.option(
+        DEFAULT_MARGINAL_SAMPLES, help="with marginal_share: synthetic records (over all clusters, by noisy "
+        "size) that measure the mixture's marginals before the shift", constraints=[Interval("integer", 1, None, "left")])
     length_strata: tuple | None = _proto.option(
         None, help="rbm with length histograms: interior edges e_1 < e_2 < ... (integers >= 1, at most the "
         "longest record L) of the record-length strata [0, e_1), [e_1, e_2), ..., [e_last, L]; each stratum "

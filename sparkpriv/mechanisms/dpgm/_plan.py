@@ -22,6 +22,7 @@ from sparkpriv.privacy.bounds import Bounds
 from sparkpriv.mechanisms.dpgm._params import (DPGMParams, LR_MAX_FACTOR, LR_NOISE_REF, STRATA_NOISE_MAX,
                                                length_strata)
 from sparkpriv.mechanisms.dpgm._lengths import LengthPlan, length_plan
+from sparkpriv.mechanisms.dpgm._marginals import MarginalPlan, marginal_plan
 
 
 def _make_model(params: DPGMParams, d: int):
@@ -50,6 +51,7 @@ class DPGMPlan:
     # is then dpsgd.gradient_noise, on the clipped sum over the public C_t (multiplier >= sigma)
     count_noise: _noise.GaussianNoise | None = None
     lengths: LengthPlan | None = None  # the length histograms (None: length_share 0)
+    marginals: MarginalPlan | None = None  # the per-item counts (None: marginal_share 0)
 
     @property
     def steps(self) -> int:
@@ -84,8 +86,13 @@ class DPGMPlan:
         return dpsgd.QuantileClip(float(self.params.clip_quantile), float(self.params.clip_lr), self.step_noise,
                                   self.count_noise)
 
+    def base_events(self) -> list:
+        """The events released before DP-SGD: the k-means, the length histograms, the per-item
+        counts (those released)."""
+        return _base_events(self.kmeans, self.lengths, self.marginals)
+
     def dp_event(self) -> dp_event.DpEvent:
-        return compose(_base_events(self.kmeans, self.lengths) + [self.dpsgd_event()])
+        return compose(self.base_events() + [self.dpsgd_event()])
 
     def batches_for(self, n_pub: float) -> int:
         """``m``, the base steps a cluster of public (noisy) size ``n_pub`` makes at once (its
@@ -177,6 +184,7 @@ class DPGMPlan:
             "step_noise": self.step_noise.to_public_dict(),
             "kmeans": self.kmeans.to_public_dict(),
             "lengths": None if self.lengths is None else self.lengths.to_public_dict(),
+            "marginals": None if self.marginals is None else self.marginals.to_public_dict(),
             "length_strata": self.strata_public(),
             "epsilon_spent": self.epsilon_spent(), "delta": self.params.delta,
             "accounting": accounting_note(self.params),
@@ -191,9 +199,11 @@ class DPGMPlan:
         return out
 
 
-def _base_events(kplan: KMeansPlan, lplan: LengthPlan | None) -> list:
-    """The events before DP-SGD's: the k-means, then the length histograms (when released)."""
-    return [kplan.dp_event()] + ([] if lplan is None else [lplan.dp_event()])
+def _base_events(kplan: KMeansPlan, lplan: LengthPlan | None, mplan: MarginalPlan | None = None) -> list:
+    """The events before DP-SGD's: the k-means, then the length histograms and the per-item
+    counts (when released)."""
+    return ([kplan.dp_event()] + ([] if lplan is None else [lplan.dp_event()])
+            + ([] if mplan is None else [mplan.dp_event()]))
 
 
 def accounting_note(params: DPGMParams) -> str:
@@ -201,10 +211,15 @@ def accounting_note(params: DPGMParams) -> str:
     batches = ("" if params.min_batch is None else
                "; per-cluster rates (min_batch): a cluster makes m_j of its T steps at once (each step's own "
                "batch and noise, the noisy sums added: post-processing of the same T steps)")
-    head = "Composed[k-means, lengths, " if params.lengths_share > 0 else "Composed[k-means, "
+    head = ("Composed[k-means, " + ("lengths, " if params.lengths_share > 0 else "")
+            + ("item counts, " if params.marginal_share > 0 else ""))
     lengths = ("; lengths: one Gaussian on the k histograms of record lengths (L2 sensitivity sqrt(2): a "
                "replaced record leaves one cell and enters one), calibrated to length_share epsilon"
                if params.lengths_share > 0 else "")
+    if params.marginal_share > 0:
+        lengths += ("; item counts: one Gaussian on the d column sums of the bounded records (L2 sensitivity "
+                    "sqrt(2) times the row bound), calibrated to marginal_share epsilon; the shift of the "
+                    "visible biases towards them is post-processing")
     if params.clip_quantile is None:
         return (head + "SelfComposed(PoissonSampled(q, Gaussian(sigma/2)), T)]: every cluster "
                 "trains with the same (q, sigma, T) (parallel composition); replace-one is dominated by an "
@@ -242,12 +257,13 @@ def calibrate_dpgm(params: DPGMParams, d: int, caller: str = "dpgm") -> tuple[KM
     check_param("d", d, [Interval("integer", 1, None, "left")], caller)
     fmap = make_feature_map("linear", _bounds(params, d, caller), caller=caller)
     lplan = length_plan(params, d, caller)
+    mplan = marginal_plan(params, d, caller)
     kplan = plan_kmeans(fmap, k=params.k, epsilon=params.kmeans_share * params.epsilon, delta=params.delta,
                         iterations=params.kmeans_iterations, caller=caller)
     share = None if params.clip_quantile is None else params.clip_count_share
     sigma = dpsgd.calibrate_noise_multiplier(
         epsilon=params.epsilon, delta=params.delta, sampling_rate=params.sampling_rate, steps=params.steps,
-        neighbors="replace-one", accountant=params.accountant, base_event=compose(_base_events(kplan, lplan)),
+        neighbors="replace-one", accountant=params.accountant, base_event=compose(_base_events(kplan, lplan, mplan)),
         count_share=share, caller=caller)
     return kplan, float(sigma)
 
@@ -257,10 +273,13 @@ def requested_event(params: DPGMParams, kplan: KMeansPlan, sigma: float, d: int 
     data is read (the realized discrete noise has a multiplier at least ``sigma / 2``; with quantile
     clipping, the step event of :func:`dpsgd.quantile_event` at ``sigma`` and the count's
     ``sigma_b = count_noise_std(sigma, clip_count_share)``). ``d`` (the columns) is needed when
-    the length histograms are released (``length_share > 0``)."""
-    if params.lengths_share > 0 and d is None:
-        raise ParameterError("requested_event: give d (the columns): the length histograms' event depends on it.")
-    base = _base_events(kplan, None if d is None else length_plan(params, int(d)))
+    the length histograms or the item counts are released (``length_share`` or ``marginal_share``
+    above 0)."""
+    if (params.lengths_share > 0 or params.marginal_share > 0) and d is None:
+        raise ParameterError("requested_event: give d (the columns): the length histograms' and the item "
+                             "counts' events depend on it.")
+    base = _base_events(kplan, None if d is None else length_plan(params, int(d)),
+                        None if d is None else marginal_plan(params, int(d)))
     if params.clip_quantile is not None:
         return compose(base + [dpsgd.quantile_event(
             params.sampling_rate, sigma, dpsgd.count_noise_std(sigma, params.clip_count_share), params.steps)])
@@ -290,7 +309,8 @@ def plan_for_rows(params: DPGMParams, kplan: KMeansPlan, sigma: float, *, n: int
     if low:  # cannot happen: the discrete noise is rounded up
         raise ParameterError(f"{caller}: the step noise is below the calibrated multiplier.")
     plan = DPGMPlan(params, int(n), int(d), kplan, float(sigma), noise, requested_event=requested,
-                    count_noise=cnoise, lengths=length_plan(params, d, caller))
+                    count_noise=cnoise, lengths=length_plan(params, d, caller),
+                    marginals=marginal_plan(params, d, caller))
     eps = plan.epsilon_spent() if accounted is None or not requested else float(accounted)
     plan = dataclasses.replace(plan, epsilon_accounted=eps)
     if plan.epsilon_spent() > params.epsilon:  # the discrete noise's multiplier is >= sigma: cannot happen

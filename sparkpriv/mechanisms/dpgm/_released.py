@@ -18,7 +18,8 @@ from sparkpriv.mechanisms.kmeans import KMeansPlan
 from sparkpriv.privacy.random import new_secret_seed, stream
 from sparkpriv.mechanisms.dpgm._params import (DPGMParams, FORMAT_VERSION, READ_VERSIONS, SYNTH_STAGE,
                                                length_strata, max_length)
-from sparkpriv.mechanisms.dpgm._lengths import WITHIN_BIN, draw_lengths
+from sparkpriv.mechanisms.dpgm._lengths import WITHIN_BIN
+from sparkpriv.mechanisms.dpgm._marginals import sample_records
 from sparkpriv.mechanisms.dpgm._plan import _make_model
 
 
@@ -44,6 +45,10 @@ class DPGMModel:
     length_std: float = math.nan
     # how synthesis draws a length within its bin (WITHIN_BIN): "uniform" for files before format 6
     length_within: str = "exponential"
+    # the noisy (d,) per-item counts and the shift their calibration added to every cluster's visible
+    # biases (already in thetas; MarginalPlan); None: not released (marginal_share 0)
+    item_counts: np.ndarray | None = None
+    marginal_shift: np.ndarray | None = None
 
     def __post_init__(self):
         dim = self.generator().dim
@@ -60,14 +65,9 @@ class DPGMModel:
         """``n`` records of cluster ``j``'s model; with the length histograms, each record's length
         drawn from cluster ``j``'s (:func:`synthetic_lengths`; a model with length strata falls back
         to the pooled histogram, then ``L``: :func:`draw_lengths`), then the record given it."""
-        lengths = None
-        if self.lengths is not None:
-            longest = max_length(self.params, self.d) if getattr(gen, "strata", ()) else None
-            lengths = draw_lengths(self.lengths, self.length_edges, self.length_std, j, int(n), rng, longest,
-                                   self.length_within)
-        if lengths is None:
-            return gen.sample(self.thetas[j], int(n), rng)
-        return gen.sample(self.thetas[j], int(n), rng, lengths=lengths)
+        longest = max_length(self.params, self.d) if getattr(gen, "strata", ()) else None
+        return sample_records(gen, self.thetas[j], int(n), rng, j=j, lengths=self.lengths, edges=self.length_edges,
+                              std=self.length_std, longest=longest, within=self.length_within)
 
     @property
     def types(self) -> tuple:
@@ -105,8 +105,14 @@ class DPGMModel:
                   "events": None if self.events is None else self.events.to_header(),
                   "lengths": None if self.lengths is None else
                   {"edges": [int(e) for e in self.length_edges], "std": float(self.length_std),
-                   "within_bin": self.length_within}}
+                   "within_bin": self.length_within},
+                  "item_counts": None if self.item_counts is None else
+                  {"note": "item_counts: the noisy per-item counts; marginal_shift: the vector added to every "
+                           "cluster's visible biases (in thetas) to move the mixture's marginals to them"}}
         arrays = {} if self.lengths is None else {"lengths": np.asarray(self.lengths, dtype=np.float64)}
+        if self.item_counts is not None:
+            arrays["item_counts"] = np.asarray(self.item_counts, dtype=np.float64)
+            arrays["marginal_shift"] = np.asarray(self.marginal_shift, dtype=np.float64)
         buf = io.BytesIO()
         np.savez(buf, header=np.frombuffer(json.dumps(header, default=float).encode(), np.uint8),
                  thetas=self.thetas, sizes=self.sizes, centers=self.centers, **arrays)
@@ -143,6 +149,14 @@ class DPGMModel:
                 if lengths.shape != (z["thetas"].shape[0], edges.size - 1) or np.any(np.diff(edges) <= 0):
                     raise ParameterError(f"{path}: the model's length histograms {lengths.shape} do not match "
                                          f"its {z['thetas'].shape[0]} clusters and {edges.size - 1} bins.")
+            counts = shift = None  # optional arrays (marginal_share > 0): readers that ignore them synthesize
+            # the same (the shift is in thetas)
+            if header.get("item_counts") is not None:
+                counts = np.asarray(z["item_counts"], dtype=np.float64)
+                shift = np.asarray(z["marginal_shift"], dtype=np.float64)
+                if counts.shape != (d,) or shift.shape != (d,):
+                    raise ParameterError(f"{path}: the model's item counts {counts.shape} or marginal shift "
+                                         f"{shift.shape} do not match its {d} columns.")
             params = dict(header["params"])
             params.setdefault("average_tail", 0.0)  # written before the tail mean: the last iterate
             if version < 5:
@@ -150,7 +164,7 @@ class DPGMModel:
             elif tuple(length_strata(DPGMParams(**params), d)) != tuple(header.get("length_strata") or ()):
                 params["length_strata"] = list(header.get("length_strata") or ()) or 0
             return cls(DPGMParams(**params), d, z["thetas"], z["sizes"], z["centers"],
-                       header.get("public", {}), types, events, lengths, edges, std, within)
+                       header.get("public", {}), types, events, lengths, edges, std, within, counts, shift)
 
 
 

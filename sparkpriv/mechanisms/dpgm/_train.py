@@ -14,6 +14,8 @@ from sparkpriv.mechanisms.kmeans import cluster_stats, fit_from_stats, initial_c
 from sparkpriv.privacy.random import new_secret_seed, stream
 from sparkpriv.mechanisms.dpgm._params import DPGMParams, length_strata, max_length
 from sparkpriv.mechanisms.dpgm._lengths import chain_lengths, cluster_sizes, expected_length, last_round_centres
+from sparkpriv.mechanisms.dpgm._marginals import (marginal_shift, mixture_marginals, shift_visible_biases,
+                                                  synthetic_sums)
 from sparkpriv.mechanisms.dpgm._plan import DPGMPlan, _bounds, _make_model, plan_dpgm
 from sparkpriv.mechanisms.dpgm._released import DPGMModel
 
@@ -97,6 +99,9 @@ def fit_dpgm_array(X, params: DPGMParams, *, seed: int | None = None, log=None) 
     fmap = make_feature_map("linear", _bounds(params, d, caller), caller=caller)
     centres0 = initial_centres(fmap, params.k, stream(seed, 1), None, caller)
     Z, Xc, _ = fmap.features(X)
+    item_counts = None  # the per-item counts of the bounded rows (the k-means' features), noised once
+    if plan.marginals is not None:
+        item_counts = plan.marginals.release(Z.sum(axis=0), seed)
     iteration_stats, seen = last_round_centres(lambda c: cluster_stats(Z, c))
     kmodel, _ = fit_from_stats(plan.kmeans, fmap, centres0, iteration_stats,
                                lambda c: cluster_stats(Z, c, Xc), seed)
@@ -117,14 +122,52 @@ def fit_dpgm_array(X, params: DPGMParams, *, seed: int | None = None, log=None) 
     thetas = train_clusters(X, labels, sizes, centers, plan, seed, log=log, clips=clips, masses=masses,
                             chain_lengths=chains)
     public = model_public(plan, sizes, [clips[j] for j in range(params.k)], masses, kmodel)
-    return _model(params, d, thetas, sizes, centers, public, plan, lengths), plan
+    shift = None
+    if plan.marginals is not None:  # 5. the mixture's marginals moved to the noisy counts (post-processing)
+        samples = plan.marginals.cluster_samples(sizes)
+        sums = np.stack([marginal_sums(plan, thetas[j], j, samples[j], seed, lengths) for j in range(params.k)])
+        thetas, shift, public["marginal_calibration"] = calibrate_marginals(plan, thetas, sums, sizes, item_counts)
+    return _model(params, d, thetas, sizes, centers, public, plan, lengths, item_counts=item_counts,
+                  marginal_shift=shift), plan
+
+
+def marginal_sums(plan: DPGMPlan, theta: np.ndarray, j: int, count: int, seed: int, lengths) -> np.ndarray:
+    """The ``(d,)`` column sums of ``count`` records of cluster ``j``'s trained model ``theta``
+    drawn as synthesis draws them (its released length histogram, the model's length strata):
+    :func:`synthetic_sums` from ``stream(seed, MARGINAL_SAMPLE_STAGE, j, b)``. A Spark task runs it
+    after training its cluster. Post-processing of released values."""
+    gen, lp = _make_model(plan.params, plan.d), plan.lengths
+    longest = max_length(plan.params, plan.d) if getattr(gen, "strata", ()) else None
+    return synthetic_sums(gen, np.asarray(theta, dtype=np.float64), int(j), int(count), seed, plan.d,
+                          lengths=None if lp is None else lengths, edges=None if lp is None else lp.edges,
+                          std=math.nan if lp is None else float(lp.noise.std), longest=longest)
+
+
+def calibrate_marginals(plan: DPGMPlan, thetas: np.ndarray, sums: np.ndarray, sizes, item_counts) -> tuple:
+    """``(thetas, shift, public)``: every cluster's visible biases plus ``shift =
+    marginal_shift(c, m, s)`` (:mod:`._marginals`), ``m`` the mixture's marginals from each cluster's
+    sampled sums (``plan.marginals.cluster_samples(sizes)`` records each), and the model file's
+    record of it. Post-processing of released values (docs/dpgm.md, "Calibrating the marginals")."""
+    mp = plan.marginals
+    samples = mp.cluster_samples(sizes)
+    m = mixture_marginals(sums, samples, sizes, plan.n)
+    shift = marginal_shift(item_counts, m, mp.shrink)
+    c = np.maximum(np.asarray(item_counts, dtype=np.float64), 0.0)
+    public = {"samples_per_cluster": [int(v) for v in samples], "shrink": mp.shrink,
+              "gap_before": float(np.abs(m - c).sum() / max(c.sum(), 1.0)),
+              "note": "gap_before: sum |m - c| / sum c, the mixture's per-item marginals m (measured on "
+                      "samples_per_cluster synthetic records) against the noisy counts c, before every "
+                      "cluster's visible biases moved by log((c + shrink) / (m + shrink)) (the file's "
+                      "marginal_shift; post-processing)"}
+    return shift_visible_biases(thetas, shift, plan.d, plan.params.hidden), shift, public
 
 
 def _model(params, d, thetas, sizes, centers, public, plan: DPGMPlan, lengths, column_types=None,
-           events=None) -> DPGMModel:
+           events=None, item_counts=None, marginal_shift=None) -> DPGMModel:
     lp = plan.lengths
     return DPGMModel(params, d, thetas, sizes, centers, public, column_types, events, lengths,
-                     None if lp is None else lp.edges, math.nan if lp is None else float(lp.noise.std))
+                     None if lp is None else lp.edges, math.nan if lp is None else float(lp.noise.std),
+                     item_counts=item_counts, marginal_shift=marginal_shift)
 
 
 def training_order(sizes) -> list:
