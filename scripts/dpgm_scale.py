@@ -87,6 +87,10 @@ def main(argv=None) -> dict:
                     help="share of epsilon of the length histograms (default: the library's; 0: none)")
     ap.add_argument("--length-strata", default=None, type=lambda v: tuple(int(x) for x in v.split(",")),
                     help="DPGMParams.length_strata: comma-separated interior edges, or 0 for none (default: the library's)")
+    ap.add_argument("--marginal-share", type=float, default=None,
+                    help="DPGMParams.marginal_share (default: the library's, 0): the per-item counts and the shift")
+    ap.add_argument("--marginal-samples", type=int, default=None,
+                    help="DPGMParams.marginal_samples (default: the library's)")
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--workdir", default="/tmp/dpgm-scale")
     ap.add_argument("--master", default=None, help="Spark master (default local[*])")
@@ -96,12 +100,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--variants", default=None,
                     help="JSON list of overrides run for each epsilon on one truth, e.g. "
                          "'[{\"hidden\": 200}, {\"epochs\": 2.4}, {\"k\": 30}]' (keys: k, hidden, epochs, "
-                         "sampling_rate, learning_rate, clip, length_share, average_tail, lr_schedule, length_strata)")
+                         "sampling_rate, learning_rate, clip, length_share, average_tail, lr_schedule, length_strata, "
+                         "marginal_share, marginal_samples)")
     args = ap.parse_args(argv)
     # checked before Spark starts and the truth is computed, so a typo costs nothing
     variants = json.loads(args.variants) if args.variants else [{}]
     allowed = {"k", "hidden", "epochs", "sampling_rate", "learning_rate", "clip", "length_share", "average_tail",
-               "lr_schedule", "length_strata"}
+               "lr_schedule", "length_strata", "marginal_share", "marginal_samples"}
     for v in variants:
         if set(v) - allowed:
             raise SystemExit(f"--variants: unknown keys {sorted(set(v) - allowed)}; allowed {sorted(allowed)}")
@@ -174,13 +179,16 @@ def main(argv=None) -> dict:
         rel = release_dpgm(records, epsilon=eps, delta=delta, k=o["k"], sampling_rate=o["sampling_rate"],
                            epochs=o["epochs"], learning_rate=o["learning_rate"], hidden=o["hidden"],
                            clip=o["clip"], length_share=o["length_share"], ledger=None, source=args.events,
-                           **{a: o[a] for a in ("average_tail", "lr_schedule", "length_strata") if o[a] is not None})
+                           **{a: o[a] for a in ("average_tail", "lr_schedule", "length_strata", "marginal_share",
+                                                "marginal_samples") if o[a] is not None})
         rel.write(rel_dir)
         run["release_seconds"] = time.perf_counter() - t
         pub = rel.public
         run["steps"] = pub["steps"]
         run["noise_multiplier"] = pub["noise_multiplier"]
         run["length_noise_std"] = (pub.get("lengths") or {}).get("std")
+        run["item_count_noise_std"] = (pub.get("item_counts") or {}).get("std")
+        run["marginal_calibration"] = rel.model.plan_public.get("marginal_calibration")
         run["cluster_sizes"] = [round(float(v)) for v in rel.model.sizes]
         t = time.perf_counter()
         syn = synthesize_dpgm(rel_dir, rows=args.synthetic, output=syn_dir)
