@@ -26,7 +26,8 @@ def test_cli_release_dpgm_writes_model_receipt_and_ledger(tmp_path):
     cmd = [sys.executable, "-m", "sparkpriv.cli", "release", "dpgm", "--input", str(data), "--output", str(out),
            "--columns", ",".join(cols), "--k", "2", "--epsilon", "5", "--delta", "1e-5", "--epochs", "1",
            "--sampling-rate", "0.2", "--hidden", "3", "--chains", "10", "--kmeans-iterations", "2",
-           "--accountant", "rdp", "--ledger", led, "--table-id", "t.records"]
+           "--accountant", "rdp", "--marginal-share", "0.1", "--marginal-samples", "500", "--ledger", led,
+           "--table-id", "t.records"]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     receipt = json.loads((out / "_privacy_receipt.json").read_text())
@@ -35,6 +36,10 @@ def test_cli_release_dpgm_writes_model_receipt_and_ledger(tmp_path):
     model = DPGMModel.load(out / MODEL_FILE)
     assert model.k == 2 and model.d == d and model.params.columns == tuple(cols)
     assert model.plan_public["epsilon_spent"] == receipt["guarantee"]["epsilon"]
+    # the per-item counts: released, stated, in the spend (the receipt lists their event)
+    assert model.item_counts.shape == (d,) and model.marginal_shift.shape == (d,)
+    assert receipt["mechanism_details"]["item_counts"]["share_of_epsilon"] == 0.1
+    assert "item counts" in json.dumps(receipt)
     S = synthesize(model, 50, seed=1)
     assert S.shape == (50, d) and set(np.unique(S)) <= {0.0, 1.0}
     with open_ledger(led) as ledger:

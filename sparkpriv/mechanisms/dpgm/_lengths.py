@@ -35,13 +35,16 @@ def length_edges(longest: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=64)
-def _length_noise(epsilon: float, delta: float, cells: int, caller: str) -> _noise.GaussianNoise:
+def gaussian_alone(epsilon: float, delta: float, cells: int, sensitivity: float, caller: str) -> _noise.GaussianNoise:
+    """The discrete Gaussian of a vector of ``cells`` counts of L2 ``sensitivity``, calibrated alone
+    to ``(epsilon, delta)`` (``mu = gdp_mu_for(epsilon, delta)``, lowered until dp_accounting
+    agrees): the length histograms' and the per-item counts' noise."""
     from sparkpriv.mechanisms.kmeans import calibrate_stats_noise
 
     mu = gdp_mu_for(epsilon, delta)
 
     def noise(r: float) -> _noise.GaussianNoise:
-        return calibrate_stats_noise(sensitivity=math.sqrt(2.0), mu=r * mu, dim=int(cells))
+        return calibrate_stats_noise(sensitivity=float(sensitivity), mu=r * mu, dim=int(cells))
 
     return noise(fit_to_epsilon(lambda r: noise(r).dp_event(), epsilon=epsilon, delta=delta, caller=caller))
 
@@ -103,8 +106,8 @@ def length_plan(params: DPGMParams, d: int, caller: str = "dpgm") -> LengthPlan 
         raise ParameterError(f"kmeans_share + length_share of {caller} must be below 1 (DP-SGD needs the "
                              f"rest of epsilon); got {params.kmeans_share!r} + {share!r}. Lower either.")
     edges = length_edges(max_length(params, d))
-    return LengthPlan(edges, _length_noise(float(share * params.epsilon), float(params.delta),
-                                           int(params.k * (edges.size - 1)), caller), float(share))
+    return LengthPlan(edges, gaussian_alone(float(share * params.epsilon), float(params.delta),
+                                            int(params.k * (edges.size - 1)), math.sqrt(2.0), caller), float(share))
 
 
 def _kept_bins(noisy: np.ndarray, std: float) -> np.ndarray:

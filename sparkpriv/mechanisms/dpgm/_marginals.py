@@ -1,5 +1,5 @@
 """The DPGM's per-item counts and the calibration of the mixture's marginals to them
-(docs/dpgm.md, "Calibrating the marginals"; docs/math.md section 5.3).
+(docs/dpgm.md, "Calibrating the marginals"; docs/math.md section 5.4).
 
 With ``marginal_share > 0`` (rbm only) the release also noises, once on the driver, the vector of
 the ``d`` column sums of the records as the k-means bounds them (for binary event records: the
@@ -19,35 +19,19 @@ randomness of its own: no further budget.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
-from dp_accounting import dp_event
 
 from sparkpriv.errors import ParameterError
 from sparkpriv.privacy import noise as _noise
-from sparkpriv.privacy.accounting import fit_to_epsilon
-from sparkpriv.privacy.calibration import gdp_mu_for
 from sparkpriv.privacy.random import stream
 from sparkpriv.mechanisms.dpgm._params import (DPGMParams, MARGINAL_SAMPLE_STAGE, MARGINAL_SHRINK_STDS,
                                                MARGINAL_STAGE)
-from sparkpriv.mechanisms.dpgm._lengths import draw_lengths
+from sparkpriv.mechanisms.dpgm._lengths import draw_lengths, gaussian_alone
 
 MARGINAL_BATCH_VALUES = 1 << 22  # a task samples at most this many values at once (32 MiB of float64)
-
-
-@functools.lru_cache(maxsize=64)
-def _marginal_noise(epsilon: float, delta: float, dim: int, sensitivity: float, caller: str) -> _noise.GaussianNoise:
-    from sparkpriv.mechanisms.kmeans import calibrate_stats_noise
-
-    mu = gdp_mu_for(epsilon, delta)
-
-    def noise(r: float) -> _noise.GaussianNoise:
-        return calibrate_stats_noise(sensitivity=sensitivity, mu=r * mu, dim=int(dim))
-
-    return noise(fit_to_epsilon(lambda r: noise(r).dp_event(), epsilon=epsilon, delta=delta, caller=caller))
 
 
 @dataclass(frozen=True)
@@ -110,8 +94,8 @@ def marginal_plan(params: DPGMParams, d: int, caller: str = "dpgm") -> MarginalP
                              f"{params.lengths_share!r} + {share!r}. Lower one of them.")
     # the k-means' bound on a record (_bounds: default sqrt(d)); a record in [0, 1]^d is never longer
     row_bound = min(math.sqrt(d) if params.row_bound is None else float(params.row_bound), math.sqrt(d))
-    noise = _marginal_noise(float(share * params.epsilon), float(params.delta), int(d),
-                            float(math.sqrt(2.0) * row_bound), caller)
+    noise = gaussian_alone(float(share * params.epsilon), float(params.delta), int(d),
+                           float(math.sqrt(2.0) * row_bound), caller)
     return MarginalPlan(noise, share, float(row_bound), int(params.marginal_samples))
 
 
@@ -177,7 +161,7 @@ def mixture_marginals(sums, counts, sizes, n: int) -> np.ndarray:
 def marginal_shift(noisy_counts, marginals, shrink: float) -> np.ndarray:
     """``log((max(c, 0) + s) / (m + s))``: the one vector every cluster's visible biases move by
     (a Newton step of the exponential tilt the length-conditioned sampler makes; docs/math.md
-    section 5.3)."""
+    section 5.4)."""
     if not float(shrink) > 0.0:
         raise ParameterError(f"marginal_shift: shrink must be positive; got {shrink!r}.")
     c = np.maximum(np.asarray(noisy_counts, dtype=np.float64), 0.0)
