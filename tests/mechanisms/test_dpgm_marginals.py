@@ -191,11 +191,14 @@ def test_the_shift_brings_the_synthetic_marginals_to_the_data():
     assert errs[1] < 0.8 * errs[0], errs
 
 
-def test_release_on_the_local_engine_equals_the_numpy_reference(monkeypatch):
+@pytest.mark.parametrize("quantile", [None, 0.5], ids=["declared-clip", "quantile-clip"])
+def test_release_on_the_local_engine_equals_the_numpy_reference(monkeypatch, quantile):
+    """The engine's tasks return the parameters, the final clip (quantile clipping) and the sampled
+    sums in one vector: the release must take each where it is."""
     from sparkpriv.api import release_dpgm
 
     X = _records(n=300)
-    kw = dict(P.public_dict(), marginal_samples=2000)
+    kw = dict(P.public_dict(), marginal_samples=2000, clip_quantile=quantile)
     monkeypatch.setattr(dpgm._mechanism, "new_secret_seed", lambda purpose: 77)
     rel = release_dpgm(X, **{k: v for k, v in kw.items() if v is not None})
     model, plan = dpgm.fit_dpgm_array(X, dpgm.DPGMParams(**kw), seed=77)
@@ -205,6 +208,9 @@ def test_release_on_the_local_engine_equals_the_numpy_reference(monkeypatch):
     assert rel.epsilon == epsilon_of(rel.events, P.delta) <= P.epsilon
     assert plan.marginals.dp_event() in rel.events.events
     assert rel.public["item_counts"]["share_of_epsilon"] == 0.1
+    if quantile is not None:
+        assert rel.model.plan_public["final_clips"]["values"] == pytest.approx(
+            model.plan_public["final_clips"]["values"])
 
 
 def test_the_model_file_keeps_the_counts_and_the_shift(tmp_path):
