@@ -15,7 +15,9 @@ from sparkpriv.mechanisms import protocol as _proto
 MODELS = ("rbm", "vae")
 # 7: each model trains on the k-means' last round's cluster (:func:`last_round_centres`), which the
 # k-means' noisy count and the length histograms both count, and "sizes" are their inverse-variance
-# mean (:func:`cluster_sizes`); the file's layout is that of 6;
+# mean (:func:`cluster_sizes`); the file's layout is that of 6, with two optional arrays since
+# 2026-11-29 ("item_counts", "marginal_shift": marginal_share > 0; the shift is in the thetas, so a
+# reader that ignores them synthesizes the same);
 # 6: "sizes" are the clusters' sizes as trained (:func:`cluster_sizes`: the length histograms' sums when
 # released), and a length is drawn within its bin from an exponential shape (the header's lengths'
 # "within_bin"); before, the k-means' counts and uniform (read as written: an older file's synthesis
