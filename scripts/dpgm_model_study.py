@@ -110,14 +110,15 @@ def calibrate_marginals(model, current, target, shrink: float):
     """Post-processing: every cluster's visible biases shifted by one common vector
     ``log((target + shrink) / (current + shrink))``, so that the mixture's per-item marginals move
     to ``target`` (a Newton step of the exponential tilt that the length-conditioned sampler
-    makes)."""
+    makes): the library's :func:`dpgm.marginal_shift` and :func:`dpgm.shift_visible_biases`, which
+    the release runs with ``marginal_share``."""
     import dataclasses
 
-    h, d = model.params.hidden, model.d
-    delta = np.log((np.asarray(target, float) + shrink) / (np.asarray(current, float) + shrink))
-    thetas = np.array(model.thetas, copy=True)
-    thetas[:, d * h: d * h + d] += delta
-    return dataclasses.replace(model, thetas=thetas)
+    from sparkpriv.mechanisms import dpgm
+
+    shift = dpgm.marginal_shift(target, current, shrink)
+    return dataclasses.replace(model, thetas=dpgm.shift_visible_biases(model.thetas, shift, model.d,
+                                                                         model.params.hidden))
 
 
 def oracle_sample(X, labels, k: int, S: int, rng, strata=None) -> np.ndarray:
