@@ -124,7 +124,7 @@ def table(records, dataset) -> str:
     rows = [r for r in records if r["dataset"] == dataset]
     eps = sorted({r["epsilon"] for r in rows if r["epsilon"] is not None})
     methods = [m for m in ("kernel", "linear", "diffprivlib") if any(r["method"] == m for r in rows)]
-    out = [f"| epsilon | " + " | ".join(f"sparkpriv {m}" if m != "diffprivlib" else m for m in methods) + " |",
+    out = ["| epsilon | " + " | ".join(f"sparkpriv {m}" if m != "diffprivlib" else m for m in methods) + " |",
            "|---|" + "---|" * len(methods)]
     for e in eps:
         cells = []

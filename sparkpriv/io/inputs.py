@@ -6,13 +6,10 @@ Sources are Parquet or CSV paths (any Hadoop filesystem Spark can read:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-from typing import Sequence
 
-from sparkpriv.errors import InputError, SchemaError
-from sparkpriv.spark.schema import check_numeric_columns, check_present_columns, schema_fingerprint
+from sparkpriv.errors import InputError
+from sparkpriv.spark.schema import check_numeric_columns, schema_fingerprint
 
 __all__ = ["read_table", "check_numeric_columns", "schema_fingerprint", "FORMATS", "READERS"]
 

@@ -43,7 +43,7 @@ import hashlib
 import math
 import os
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 
@@ -51,6 +51,9 @@ from sparkpriv._validation import Interval, Options, check_param
 from sparkpriv.errors import InputError, ParameterError
 from sparkpriv.privacy import _compiled
 from sparkpriv.privacy.bounds import Bounds, ClipCounts
+
+if TYPE_CHECKING:  # protocol imports this module; the annotation only names the type
+    from sparkpriv.mechanisms.protocol import SparseRows
 
 __all__ = [
     "WEIGHTS",

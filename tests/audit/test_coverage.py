@@ -17,7 +17,6 @@ element-wise relation together with a row norm bound.
 from __future__ import annotations
 
 import importlib
-import inspect
 
 import numpy as np
 import pytest

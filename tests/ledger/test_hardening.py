@@ -22,7 +22,6 @@ from scipy.optimize import brentq
 
 from sparkpriv.errors import BudgetExceededError, LedgerError, ParameterError
 from sparkpriv.ledger import open_ledger
-from sparkpriv.ledger import base as ledger_base
 from sparkpriv.privacy.accounting import events_to_json
 from sparkpriv.privacy.calibration import gaussian_delta
 from tests.ledger.test_ledger import TABLE, cli, laplace, reserve

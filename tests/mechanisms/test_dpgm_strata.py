@@ -12,7 +12,6 @@ import pytest
 from sparkpriv.errors import ParameterError
 from sparkpriv.mechanisms import dpgm
 from sparkpriv.mechanisms.rbm import RBM
-from sparkpriv.privacy.random import stream
 
 
 def _params(**kw):
