@@ -62,11 +62,12 @@ import numpy as np
 
 from sparkpriv.mechanisms.dpsgd import clip_factors
 
-__all__ = ["RBM", "conditional_bernoulli"]
+__all__ = ["RBM", "conditional_bernoulli", "inclusion_probabilities"]
 
 LENGTH_SWEEPS = 3  # Gibbs sweeps with the record lengths fixed, after the free burn-in
 STRATA_LR = 10.0  # the Adam rate of the strata offsets A, a multiple of the model's rate (docs/dpgm.md)
 CB_TRIES = 400  # rejection rounds of conditional_bernoulli before its approximate fallback
+CB_TABLE_VALUES = 1 << 23  # inclusion_probabilities holds at most this many float64 (64 MiB) at once
 
 
 def _sigmoid(x):
@@ -119,6 +120,54 @@ def conditional_bernoulli(L: np.ndarray, m: np.ndarray, rng: np.random.Generator
     G = L[todo] - np.log(-np.log(rng.random((todo.size, d), dtype=L.dtype)))
     rank = np.argsort(np.argsort(-G, axis=1), axis=1)
     out[todo] = (rank < want[:, None]).astype(L.dtype)
+    return out
+
+
+def inclusion_probabilities(L: np.ndarray, m: np.ndarray, table_values: int = CB_TABLE_VALUES) -> np.ndarray:
+    """Per row ``pi_ri = P(v_ri = 1 | |v_r| = m_r)`` (n, d) under independent Bernoulli(``sigmoid(L_r)``):
+    the exact means of :func:`conditional_bernoulli`'s rows (docs/math.md section 5.4). With
+    ``p = sigmoid(L_r + t)`` (the tilt of :func:`_tilt`: the law given the sum does not depend on
+    it, and it keeps ``P(S = m)`` near its largest), ``pi_i = p_i P(S_{-i} = m - 1) / P(S = m)``,
+    ``S`` the sum of independent Bernoulli(``p``) and ``S_{-i}`` the sum without item ``i``:
+    Poisson-binomial distributions truncated at ``m``, from a backward recursion over the items
+    (kept) and a forward one (``O(d m)`` per row, every step a convex combination: no cancellation).
+    Rows are taken in order of length, at most ``table_values`` values of the backward table at once."""
+    L = np.asarray(L, dtype=np.float64)
+    n, d = L.shape
+    m = np.clip(np.asarray(m, dtype=np.int64), 0, d)
+    out = np.zeros((n, d))
+    out[m >= d] = 1.0
+    todo = np.flatnonzero((m > 0) & (m < d))
+    todo = todo[np.argsort(m[todo], kind="stable")]
+    start = 0
+    while start < todo.size:
+        size = max(1, int(table_values) // ((d + 1) * (int(m[todo[start]]) + 1)))
+        while size > 1 and size * (d + 1) * (int(m[todo[min(start + size, todo.size) - 1]]) + 1) > table_values:
+            size //= 2
+        rows = todo[start: start + size]
+        start += rows.size
+        mm = m[rows]
+        K = int(mm.max()) + 1
+        P = _sigmoid(L[rows] + _tilt(L[rows], mm.astype(np.float64))[:, None])
+        Q = 1.0 - P
+        G = np.zeros((d + 1, rows.size, K))  # G[i][:, k] = P(sum of items i.. = k), k < K
+        G[d, :, 0] = 1.0
+        for i in range(d - 1, -1, -1):
+            np.multiply(G[i + 1], Q[:, i: i + 1], out=G[i])
+            G[i, :, 1:] += G[i + 1, :, :-1] * P[:, i: i + 1]
+        total = G[0, np.arange(rows.size), mm]
+        back = mm[:, None] - 1 - np.arange(K)[None, :]  # the index into G of k items before i
+        valid = back >= 0
+        back = np.where(valid, back, 0)
+        F = np.zeros((rows.size, K))  # P(sum of items before i = k)
+        F[:, 0] = 1.0
+        block = np.empty((rows.size, d))
+        for i in range(d):
+            rest = (F * np.take_along_axis(G[i + 1], back, axis=1) * valid).sum(axis=1)
+            block[:, i] = P[:, i] * rest
+            F[:, 1:] = F[:, 1:] * Q[:, i: i + 1] + F[:, :-1] * P[:, i: i + 1]
+            F[:, 0] *= Q[:, i]
+        out[rows] = block / total[:, None]
     return out
 
 
@@ -289,30 +338,47 @@ class RBM:
         return V.astype(np.float64)
 
     def sample(self, theta: np.ndarray, n: int, rng: np.random.Generator, burn_in: int = 50,
-               lengths: np.ndarray | None = None, sweeps: int = LENGTH_SWEEPS) -> np.ndarray:
+               lengths: np.ndarray | None = None, sweeps: int = LENGTH_SWEEPS, means: bool = False) -> np.ndarray:
         """``n`` binary records (n, d) after ``burn_in`` Gibbs sweeps of independent chains
         (float32 arithmetic: post-processing, only the speed matters). ``lengths`` (n,): the
         number of ones of each record; then ``sweeps`` more sweeps draw ``v | h`` given it
-        (:func:`conditional_bernoulli`), so the records are the model's given their lengths."""
+        (:func:`conditional_bernoulli`), so the records are the model's given their lengths.
+
+        ``means``: instead of each record's last ``v``, its mean given the last ``h`` (and its
+        length): ``sigmoid(b + W h)``, or :func:`inclusion_probabilities` given the length. The
+        same expectation as the records' (the records' law is unchanged), without the variance of
+        the last draw: the mixture's marginals from far fewer records (docs/dpgm.md,
+        "Calibrating the marginals")."""
         if self.strata:
             if lengths is None:
                 raise ValueError("an RBM with length strata samples given record lengths: pass lengths")
-            return self._sample_strata(theta, int(n), rng, burn_in, lengths, sweeps)
+            return self._sample_strata(theta, int(n), rng, burn_in, lengths, sweeps, means)
         V0 = self._start(n, rng, theta)  # from the model's visible biases: shorter burn-in
         V = self.gibbs(theta, V0, burn_in, rng, dtype=np.float32)
+        W, b, c = (np.asarray(a, dtype=np.float32) for a in self.unpack(theta))
         if lengths is None:
-            return V
+            if not means:
+                return V
+            H = (rng.random((V.shape[0], self.hidden), dtype=np.float32) < _sigmoid(V.astype(np.float32) @ W + c))
+            return _sigmoid(H.astype(np.float64) @ W.T.astype(np.float64) + b)
         lengths = np.asarray(lengths, dtype=np.int64)
         if lengths.shape != (int(n),):
             raise ValueError(f"lengths must have shape ({int(n)},), got {lengths.shape}")
-        W, b, c = (np.asarray(a, dtype=np.float32) for a in self.unpack(theta))
-        V = V.astype(np.float32)
-        for _ in range(max(int(sweeps), 1)):
+        return self._given_lengths(V.astype(np.float32), W, np.broadcast_to(b, (int(n), self.d)), c, lengths, rng,
+                                   sweeps, means)
+
+    def _given_lengths(self, V, W, B, c, lengths, rng, sweeps: int, means: bool) -> np.ndarray:
+        """``sweeps`` sweeps ``h | v``, ``v | h, |v| = m`` (float32); the last ``v``, or with ``means``
+        its mean given the last ``h`` (:func:`inclusion_probabilities`)."""
+        steps = max(int(sweeps), 1)
+        for s in range(steps):
             H = (rng.random((V.shape[0], self.hidden), dtype=np.float32) < _sigmoid(V @ W + c)).astype(np.float32)
-            V = conditional_bernoulli(H @ W.T + b, lengths, rng)
+            if means and s == steps - 1:
+                return inclusion_probabilities(H.astype(np.float64) @ W.T.astype(np.float64) + B, lengths)
+            V = conditional_bernoulli(H @ W.T + B, lengths, rng)
         return V.astype(np.float64)
 
-    def _sample_strata(self, theta, n: int, rng, burn_in: int, lengths, sweeps: int) -> np.ndarray:
+    def _sample_strata(self, theta, n: int, rng, burn_in: int, lengths, sweeps: int, means: bool = False) -> np.ndarray:
         """:meth:`sample` with length strata: each record's visible bias is its length's
         ``b + A_s``; ``burn_in`` free sweeps at that bias, then ``sweeps`` given the length."""
         lengths = np.asarray(lengths, dtype=np.int64)
@@ -324,7 +390,4 @@ class RBM:
         for _ in range(int(burn_in)):
             H = (rng.random((n, self.hidden), dtype=np.float32) < _sigmoid(V @ W + c)).astype(np.float32)
             V = (rng.random((n, self.d), dtype=np.float32) < _sigmoid(H @ W.T + B)).astype(np.float32)
-        for _ in range(max(int(sweeps), 1)):
-            H = (rng.random((n, self.hidden), dtype=np.float32) < _sigmoid(V @ W + c)).astype(np.float32)
-            V = conditional_bernoulli(H @ W.T + B, lengths, rng)
-        return V.astype(np.float64)
+        return self._given_lengths(V, W, B, c, lengths, rng, sweeps, means)
