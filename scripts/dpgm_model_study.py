@@ -110,13 +110,14 @@ def calibrate_marginals(model, current, target, shrink: float):
     """Post-processing: every cluster's visible biases shifted by one common vector
     ``log((target + shrink) / (current + shrink))``, so that the mixture's per-item marginals move
     to ``target`` (a Newton step of the exponential tilt that the length-conditioned sampler
-    makes): the library's :func:`dpgm.marginal_shift` and :func:`dpgm.shift_visible_biases`, which
-    the release runs with ``marginal_share``."""
+    makes). This is the study's form (docs/dpgm.md, "Calibrating the marginals to DP per-item
+    counts"); the release's :func:`dpgm.marginal_shift` now moves each item only as far as its
+    count is more precise than the models (posterior mean), with :func:`dpgm.shift_visible_biases`."""
     import dataclasses
 
     from sparkpriv.mechanisms import dpgm
 
-    shift = dpgm.marginal_shift(target, current, shrink)
+    shift = np.log((np.maximum(target, 0.0) + shrink) / (np.maximum(current, 0.0) + shrink))
     return dataclasses.replace(model, thetas=dpgm.shift_visible_biases(model.thetas, shift, model.d,
                                                                          model.params.hidden))
 
@@ -257,7 +258,7 @@ def main(argv=None):
             from sparkpriv.mechanisms.rbm import RBM
 
             saved = RBM.sample.__defaults__
-            RBM.sample.__defaults__ = (burn_in or saved[0], saved[1], sweeps or saved[2])
+            RBM.sample.__defaults__ = (burn_in or saved[0], saved[1], sweeps or saved[2], *saved[3:])
             try:
                 parts = [dpgm.synthesize_part(model, min(20_000, S - s), 11, s) for s in range(0, S, 20_000)]
             finally:

@@ -44,7 +44,7 @@ def test_item_count_noise_is_calibrated_alone_to_its_share():
     assert mp.sensitivity == pytest.approx(math.sqrt(2 * L)) and mp.noise.sensitivity == pytest.approx(math.sqrt(8))
     assert mp.noise.std >= math.sqrt(2 * L) / gdp_mu_for(0.2, 1e-5) * (1 - 1e-9)  # alone at (0.1 epsilon, delta)
     assert 0.19 < epsilon_of(mp.dp_event(), 1e-5) <= 0.2
-    assert mp.shrink == pytest.approx(2.0 * mp.noise.std)
+    assert mp.noise_var == pytest.approx(mp.noise.std ** 2)
     # no row bound declared: a row of [0, 1]^d is at most sqrt(d) long; a declared bound above it is cut
     assert dpgm.marginal_plan(dataclasses.replace(P, row_bound=None), 10).sensitivity == pytest.approx(math.sqrt(20))
     assert dpgm.marginal_plan(dataclasses.replace(P, row_bound=9.0), 10).sensitivity == pytest.approx(math.sqrt(20))
@@ -87,14 +87,30 @@ def test_bad_marginal_parameters_are_refused(change, match):
 def test_shift_mixture_marginals_and_samples_closed_forms():
     c = np.array([100.0, -5.0, 0.0, 40.0])
     m = np.array([50.0, 10.0, 0.0, 40.0])
-    np.testing.assert_allclose(dpgm.marginal_shift(c, m, 10.0),
-                               [math.log(110 / 60), math.log(10 / 20), 0.0, 0.0])  # a negative count is 0
-    with pytest.raises(ParameterError, match="shrink"):
-        dpgm.marginal_shift(c, m, 0.0)
-    sums = np.array([[10.0, 0.0], [3.0, 6.0], [9.0, 9.0]])
-    # w = (1, 3, 0) / 4; cluster 2 has no weight (and no samples): it adds nothing
-    got = dpgm.mixture_marginals(sums, [20, 30, 0], [100.0, 300.0, -4.0], n=800)
+    v = np.array([4.0, 1.0, 0.0, 2.0])
+    tau2, sigma2 = 0.25, 21.0
+    lam = tau2 * m ** 2 / (tau2 * m ** 2 + sigma2 + v)  # 625/650, 25/47, 0, 400/423
+    want = np.log((m + lam * (np.maximum(c, 0) - m) + 1) / (m + 1))  # a negative count is 0
+    np.testing.assert_allclose(dpgm.marginal_shift(c, m, sigma2, v, tau2), want)
+    assert want[0] == pytest.approx(math.log((50 + 50 * 625 / 650 + 1) / 51))
+    assert want[2] == 0.0 and want[3] == 0.0  # an empty item, and an item the model already has
+    # no model error: nothing moves; a model error far above the noises: the counts themselves
+    np.testing.assert_array_equal(dpgm.marginal_shift(c, m, sigma2, v, 0.0), np.zeros(4))
+    np.testing.assert_allclose(dpgm.marginal_shift(c, m, 0.0, 0.0, 1e12)[:2], np.log([101 / 51, 1 / 11]))
+    with pytest.raises(ParameterError, match="noise_var and tau2"):
+        dpgm.marginal_shift(c, m, -1.0, v, tau2)
+    # tau^2 by the method of moments: sum((c - m)^2 - sigma^2 - v) / sum(m^2), at least 0
+    excess = (50 ** 2 - 21 - 4) + (15 ** 2 - 21 - 1) + (0 - 21 - 0) + (0 - 21 - 2)  # the raw counts
+    assert dpgm.model_error(c, m, sigma2, v) == pytest.approx(excess / (2500 + 100 + 0 + 1600))
+    assert dpgm.model_error(m, m, sigma2, v) == 0.0
+    # (s1 | s2) per cluster; w = (1, 3, 0) / 4; cluster 2 has no weight (and no samples): it adds nothing
+    sums = np.array([[10.0, 0.0, 6.0, 0.0], [3.0, 6.0, 1.0, 2.0], [9.0, 9.0, 9.0, 9.0]])
+    got, var = dpgm.mixture_marginals(sums, [20, 30, 0], [100.0, 300.0, -4.0], n=800)
     np.testing.assert_allclose(got, [800 * (0.25 * 10 / 20 + 0.75 * 3 / 30), 800 * (0.75 * 6 / 30)])
+    var0 = (6.0 - 20 * 0.5 ** 2) / 19  # cluster 0, item 0: sample variance of its records' means
+    var1 = [(1.0 - 30 * 0.1 ** 2) / 29, (2.0 - 30 * 0.2 ** 2) / 29]
+    np.testing.assert_allclose(var, [800 ** 2 * (0.25 ** 2 * var0 / 20 + 0.75 ** 2 * var1[0] / 30),
+                                     800 ** 2 * (0.75 ** 2 * var1[1] / 30)])
     mp = dpgm.marginal_plan(P, 10)
     assert mp.cluster_samples([100.0, 300.0, 0.0]).tolist() == [1000, 3000, 0]
     assert mp.cluster_samples([0.0, 0.0]).tolist() == [2000, 2000]  # no size left: uniform, as synthesis
@@ -112,9 +128,10 @@ def test_shift_mixture_marginals_and_samples_closed_forms():
 
 
 def test_the_measured_marginals_and_the_shift_of_independent_models():
-    """RBMs with W = 0 are independent Bernoullis, p_j = sigmoid(b_j): the sampled marginals must
-    match ``n sum_j w_j p_j`` within binomial error, and the shifted models' exact marginals are
-    ``n sum_j w_j sigmoid(b_j + shift)``, closer to the counts than before."""
+    """RBMs with W = 0 are independent Bernoullis, p_j = sigmoid(b_j): each record counts as its
+    mean given its hidden units, exactly p_j, so the measured sums are ``S_j p_j`` (no sampling
+    error left), and the shifted models' exact marginals are ``n sum_j w_j sigmoid(b_j + shift)``,
+    closer to the counts than before."""
     d, n = 6, 10_000
     params = dataclasses.replace(P, length_share=0.0, hidden=2, marginal_samples=60_000)
     plan = dpgm.plan_dpgm(params, n=n, d=d)
@@ -128,13 +145,15 @@ def test_the_measured_marginals_and_the_shift_of_independent_models():
     sums = np.stack([dpgm.marginal_sums(plan, thetas[j], j, samples[j], 5, None) for j in range(2)])
     p = 1 / (1 + np.exp(-b))
     w = sizes / sizes.sum()
-    for j in range(2):  # each cluster's sampled sums: binomial(S_j, p_j)
-        sd = np.sqrt(samples[j] * p[j] * (1 - p[j]))
-        assert np.all(np.abs(sums[j] - samples[j] * p[j]) < 4.5 * sd), (j, sums[j], samples[j] * p[j])
+    for j in range(2):  # each record's mean given its hidden units is p_j: the sums are S_j p_j (and S_j p_j^2)
+        np.testing.assert_allclose(sums[j], samples[j] * np.concatenate([p[j], p[j] ** 2]), rtol=1e-9)
     target = np.array([3000.0, 1500.0, 2500.0, 4000.0, 2000.0, 500.0])
     new, shift, public = dpgm.calibrate_marginals(plan, thetas, sums, sizes, target)
-    m = dpgm.mixture_marginals(sums, samples, sizes, n)
-    np.testing.assert_allclose(shift, np.log((target + plan.marginals.shrink) / (m + plan.marginals.shrink)))
+    m, v = dpgm.mixture_marginals(sums, samples, sizes, n)
+    np.testing.assert_allclose(v, 0.0, atol=1e-6)  # no sampling variance left
+    tau2 = dpgm.model_error(target, m, plan.marginals.noise_var, v)
+    np.testing.assert_allclose(shift, dpgm.marginal_shift(target, m, plan.marginals.noise_var, v, tau2))
+    assert public["model_error"] == pytest.approx(math.sqrt(tau2)) and tau2 > 0.1
     exact_before = n * (w[:, None] * p).sum(axis=0)
     exact_after = n * (w[:, None] / (1 + np.exp(-(b + shift)))).sum(axis=0)
     # one step of log((c + s) / (m + s)) on the logits: exact for rare items, short of the target for
@@ -148,9 +167,33 @@ def test_the_measured_marginals_and_the_shift_of_independent_models():
 # ----------------------------------------------------------------------------- the release
 
 
+def test_the_shift_trusts_the_counts_as_far_as_they_beat_the_models():
+    """Items with true counts ``t = mu (1 + e)``, ``e ~ N(0, tau^2)``, noisy counts ``c = t + N(0,
+    sigma^2)``, the models' marginals ``m = mu + N(0, v)``: ``tau`` is recovered by the method of
+    moments, the shifted marginals ``m e^shift`` are closer to ``t`` than both the models' and the
+    counts; and where the models already meet the counts (``tau = 0``) nothing moves."""
+    rng = np.random.default_rng(4)
+    d, sigma, v = 4000, 150.0, np.full(4000, 40.0 ** 2)
+    mu = rng.uniform(500.0, 6000.0, d)
+    for tau in (0.05, 0.0):
+        t = mu * (1 + tau * rng.standard_normal(d))
+        c = t + sigma * rng.standard_normal(d)
+        m = mu + np.sqrt(v) * rng.standard_normal(d)
+        tau2 = dpgm.model_error(c, m, sigma ** 2, v)
+        shifted = m * np.exp(dpgm.marginal_shift(c, m, sigma ** 2, v, tau2))
+        if tau > 0:
+            assert math.sqrt(tau2) == pytest.approx(tau, rel=0.05)
+            mse = lambda a: float(np.mean((a - t) ** 2))  # noqa: E731
+            assert mse(shifted) < 0.8 * min(mse(m), mse(c)), (mse(shifted), mse(m), mse(c))
+        else:
+            assert tau2 < 2e-5  # the method of moments' spread at this d: about 1e-5
+            assert np.abs(shifted / m - 1).max() < 0.02
+
+
 def test_in_memory_release_adds_the_noise_to_the_exact_counts_and_shifts_the_models():
+    """At epsilon 8 the models' marginals are off by more than the counts' noise (tau > 0)."""
     X = _records()
-    model, plan = dpgm.fit_dpgm_array(X, P, seed=11)
+    model, plan = dpgm.fit_dpgm_array(X, dataclasses.replace(P, epsilon=8.0), seed=11)
     exact = X.sum(axis=0)  # the auditor's counts: the rows are within the bound, nothing is scaled
     np.testing.assert_allclose(model.item_counts, nz.add_noise(exact, plan.marginals.noise,
                                                                stream(11, dpgm.MARGINAL_STAGE)), atol=1e-9)
@@ -162,10 +205,13 @@ def test_in_memory_release_adds_the_noise_to_the_exact_counts_and_shifts_the_mod
     unshifted = model.thetas - shifted
     samples = plan.marginals.cluster_samples(model.sizes)
     sums = np.stack([dpgm.marginal_sums(plan, unshifted[j], j, samples[j], 11, model.lengths) for j in range(2)])
-    m = dpgm.mixture_marginals(sums, samples, model.sizes, X.shape[0])
-    np.testing.assert_allclose(model.marginal_shift, dpgm.marginal_shift(model.item_counts, m, plan.marginals.shrink),
+    m, v = dpgm.mixture_marginals(sums, samples, model.sizes, X.shape[0])
+    tau2 = dpgm.model_error(model.item_counts, m, plan.marginals.noise_var, v)
+    np.testing.assert_allclose(model.marginal_shift,
+                               dpgm.marginal_shift(model.item_counts, m, plan.marginals.noise_var, v, tau2),
                                rtol=1e-9, atol=1e-12)
     assert model.plan_public["marginal_calibration"]["samples_per_cluster"] == samples.tolist()
+    assert tau2 > 0 and model.plan_public["marginal_calibration"]["model_error"] == pytest.approx(math.sqrt(tau2))
 
 
 def test_table_rows_longer_than_the_bound_are_counted_as_the_kmeans_scales_them():
@@ -198,14 +244,19 @@ def test_release_on_the_local_engine_equals_the_numpy_reference(monkeypatch, qua
     from sparkpriv.api import release_dpgm
 
     X = _records(n=300)
-    kw = dict(P.public_dict(), marginal_samples=2000, clip_quantile=quantile)
+    # epsilon 16: the models' marginals are off by more than the counts' noise, so the shift moves
+    kw = dict(P.public_dict(), epsilon=16.0, marginal_samples=2000, clip_quantile=quantile)
     monkeypatch.setattr(dpgm._mechanism, "new_secret_seed", lambda purpose: 77)
     rel = release_dpgm(X, **{k: v for k, v in kw.items() if v is not None})
     model, plan = dpgm.fit_dpgm_array(X, dpgm.DPGMParams(**kw), seed=77)
     np.testing.assert_allclose(rel.model.item_counts, model.item_counts, rtol=1e-12, atol=1e-9)
     np.testing.assert_allclose(rel.model.marginal_shift, model.marginal_shift, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(rel.model.thetas, model.thetas, rtol=1e-9, atol=1e-12)
-    assert rel.epsilon == epsilon_of(rel.events, P.delta) <= P.epsilon
+    got, want = rel.model.plan_public["marginal_calibration"], model.plan_public["marginal_calibration"]
+    assert want["model_error"] > 0 and np.any(model.marginal_shift != 0)
+    for key in ("gap_before", "model_error", "sampling_std_total"):  # the sums, then the sums of squares
+        assert got[key] == pytest.approx(want[key], rel=1e-9), key
+    assert rel.epsilon == epsilon_of(rel.events, 1e-5) <= 16.0
     assert plan.marginals.dp_event() in rel.events.events
     assert rel.public["item_counts"]["share_of_epsilon"] == 0.1
     if quantile is not None:

@@ -87,13 +87,15 @@ def test_dpgm_on_bounded_event_records(spark, monkeypatch):
         return out
 
     monkeypatch.setattr(dpgm._mechanism, "last_round_centres", recording)  # the release's k-means loop
-    thetas = []
+    kw = dict(_KW, epsilon=16.0)  # the models' marginals off by more than the counts' noise: a shift
+    thetas, calibrations = [], []
     for parts in (1, 3):
         with insecure_fixed_seed(31):
             rec = bound_contributions(_events(spark, parts), person="person", item="item", max_items=4,
                                       vocabulary="0..9")
-            rel = release_dpgm(rec, marginal_share=0.1, marginal_samples=3000, **_KW)
+            rel = release_dpgm(rec, marginal_share=0.1, marginal_samples=3000, **kw)
         thetas.append(np.asarray(rel.model.thetas))
+        calibrations.append(rel.model.plan_public["marginal_calibration"])
         assert rel.public["bounds"]["row_bound"] == pytest.approx(2.0)
     np.testing.assert_array_equal(thetas[0], thetas[1])
     # the same records as a dense 0/1 table: the same k-means (centres, noisy sizes)
@@ -106,7 +108,7 @@ def test_dpgm_on_bounded_event_records(spark, monkeypatch):
     with insecure_fixed_seed(31):
         bound_contributions(_events(spark, 1), person="person", item="item", max_items=4, vocabulary="0..9")
         dense = release_dpgm(spark.createDataFrame(pd.DataFrame(X, columns=cols)), columns=cols, row_bound=2.0,
-                             marginal_share=0.1, marginal_samples=3000, **_KW)
+                             marginal_share=0.1, marginal_samples=3000, **kw)
     np.testing.assert_allclose(rel.model.centers, dense.model.centers, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(rel.model.sizes, dense.model.sizes, rtol=1e-9, atol=1e-9)
     assert np.isfinite(thetas[0]).all() and np.abs(thetas[0]).sum() > 0
@@ -140,8 +142,11 @@ def test_dpgm_on_bounded_event_records(spark, monkeypatch):
         np.testing.assert_array_equal(c, X.sum(axis=0))
     np.testing.assert_allclose(rel.model.item_counts, dense.model.item_counts, atol=1e-9)
     assert np.all(np.isfinite(rel.model.marginal_shift)) and np.any(rel.model.marginal_shift != 0)
+    # the sampled sums and sums of squares the tasks returned: the same whatever the partitioning
+    assert calibrations[0] == calibrations[1] and calibrations[0]["model_error"] > 0
+    assert calibrations[0]["sampling_std_total"] > 0
     assert rel.model.plan_public["marginal_calibration"]["samples_per_cluster"] == \
-        dpgm.marginal_plan(dpgm.DPGMParams(row_bound=2.0, marginal_share=0.1, marginal_samples=3000, **_KW),
+        dpgm.marginal_plan(dpgm.DPGMParams(row_bound=2.0, marginal_share=0.1, marginal_samples=3000, **kw),
                            10).cluster_samples(rel.model.sizes).tolist()
 
 

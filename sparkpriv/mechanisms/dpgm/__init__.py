@@ -89,7 +89,7 @@ from __future__ import annotations
 from sparkpriv.mechanisms.column_types import SYNTHETIC_TYPES, synthetic_arrays, synthetic_type
 from sparkpriv.mechanisms.dpgm._params import (MODELS, FORMAT_VERSION, READ_VERSIONS, MODEL_FILE, SYNTH_STAGE,
                                                LENGTH_STAGE, CHAIN_STAGE, MARGINAL_STAGE, MARGINAL_SAMPLE_STAGE,
-                                               MARGINAL_SHRINK_STDS, DEFAULT_MARGINAL_SAMPLES, DEFAULT_LENGTH_STRATA,
+                                               DEFAULT_MARGINAL_SAMPLES, DEFAULT_LENGTH_STRATA,
                                                STRATA_NOISE_MAX, DEFAULT_LENGTH_SHARE, LENGTH_KEEP_STDS, _POS,
                                                DEFAULT_LEARNING_RATE, DEFAULT_AVERAGE_TAIL, LR_NOISE_REF,
                                                LR_MAX_FACTOR, DPGMParams, length_strata, max_length)
@@ -97,7 +97,7 @@ from sparkpriv.mechanisms.dpgm._lengths import (length_edges, LengthPlan, length
                                                 bin_slopes, expected_length, synthetic_lengths, draw_lengths,
                                                 cluster_sizes, last_round_centres, chain_lengths)
 from sparkpriv.mechanisms.dpgm._marginals import (MarginalPlan, marginal_plan, column_sums, sample_records,
-                                                  synthetic_sums, mixture_marginals, marginal_shift,
+                                                  synthetic_sums, mixture_marginals, model_error, marginal_shift,
                                                   shift_visible_biases)
 from sparkpriv.mechanisms.dpgm._plan import (_make_model, DPGMPlan, accounting_note, _Relations, _bounds,
                                              calibrate_dpgm, requested_event, plan_for_rows, plan_dpgm)

@@ -8,13 +8,16 @@ replaced record ``x -> x'`` (both in ``[0, 1]^d`` with ``||x||_2 <= R``) moves t
 ``x' - x``, ``||x' - x||_2^2 = ||x||^2 + ||x'||^2 - 2 x . x' <= 2 R^2``: L2 sensitivity
 ``sqrt(2) R`` (``sqrt(2 L)`` for records of at most ``L`` items).
 
-After training, each cluster's task samples ``S_j`` records of its released model (as synthesis
-draws them: a length from the cluster's released histogram, then the record given it) and sums
-them; the driver forms the mixture's marginals ``m = n sum_j w_j s_j / S_j`` (``w`` the released
-sizes, normalised) and shifts every cluster's visible biases by one vector
-``log((max(c, 0) + s) / (m + s))``, ``c`` the noisy counts and ``s = MARGINAL_SHRINK_STDS`` noise
-stds (a small, noisy count moves its item little). Post-processing of released values with
-randomness of its own: no further budget.
+After training, each cluster's task draws ``S_j`` records of its released model (as synthesis
+draws them: a length from the cluster's released histogram, then the record given it), each
+counted as its mean given its last hidden units and length (Rao-Blackwell), and returns their
+sums and sums of squares; the driver forms the mixture's marginals ``m = n sum_j w_j s_j / S_j``
+(``w`` the released sizes, normalised) with their sampling variance ``v``, estimates the models'
+relative error ``tau`` from how far ``m`` is from the counts beyond the two noises, and shifts
+every cluster's visible biases by one vector ``log((m + lambda (max(c, 0) - m) + 1) / (m + 1))``,
+``lambda = tau^2 m^2 / (tau^2 m^2 + sigma^2 + v)`` (the counts are trusted as far as they are
+more precise than the models: not at all where the models already meet them). Post-processing of
+released values with randomness of its own: no further budget.
 """
 
 from __future__ import annotations
@@ -27,8 +30,7 @@ import numpy as np
 from sparkpriv.errors import ParameterError
 from sparkpriv.privacy import noise as _noise
 from sparkpriv.privacy.random import stream
-from sparkpriv.mechanisms.dpgm._params import (DPGMParams, MARGINAL_SAMPLE_STAGE, MARGINAL_SHRINK_STDS,
-                                               MARGINAL_STAGE)
+from sparkpriv.mechanisms.dpgm._params import DPGMParams, MARGINAL_SAMPLE_STAGE, MARGINAL_STAGE
 from sparkpriv.mechanisms.dpgm._lengths import draw_lengths, gaussian_alone
 
 MARGINAL_BATCH_VALUES = 1 << 22  # a task samples at most this many values at once (32 MiB of float64)
@@ -52,9 +54,9 @@ class MarginalPlan:
         return math.sqrt(2.0) * self.row_bound
 
     @property
-    def shrink(self) -> float:
-        """``s``: the shift's shrinkage, ``MARGINAL_SHRINK_STDS`` noise stds (in records)."""
-        return MARGINAL_SHRINK_STDS * float(self.noise.std)
+    def noise_var(self) -> float:
+        """``sigma^2``: the variance of each noisy count (records squared)."""
+        return float(self.noise.std) ** 2
 
     def dp_event(self) -> dp_event.DpEvent:
         return self.noise.dp_event()
@@ -71,12 +73,14 @@ class MarginalPlan:
 
     def to_public_dict(self) -> dict:
         return {"share_of_epsilon": self.share, "sensitivity_l2": self.sensitivity, "row_bound": self.row_bound,
-                "noise": self.noise.to_public_dict(), "std": self.noise.std, "shrink": self.shrink,
+                "noise": self.noise.to_public_dict(), "std": self.noise.std,
                 "synthetic_samples": self.samples,
                 "calibration": "after training, every cluster's visible biases are shifted by one vector "
-                               "log((max(c, 0) + s) / (m + s)), c the noisy counts, m the mixture's "
-                               "per-item marginals measured on synthetic_samples records of the released "
-                               "models, s = shrink (post-processing: no budget)"}
+                               "log((m + lambda (max(c, 0) - m) + 1) / (m + 1)), c the noisy counts, m the "
+                               "mixture's per-item marginals measured on synthetic_samples records of the "
+                               "released models (variance v), lambda = tau^2 m^2 / (tau^2 m^2 + std^2 + v), "
+                               "tau^2 the models' relative error estimated from c and m (post-processing: "
+                               "no budget)"}
 
 
 def marginal_plan(params: DPGMParams, d: int, caller: str = "dpgm") -> MarginalPlan | None:
@@ -118,55 +122,88 @@ def column_sums(block) -> np.ndarray:
 
 def sample_records(gen, theta: np.ndarray, n: int, rng: np.random.Generator, *, j: int = 0, lengths=None,
                    edges=None, std: float = math.nan, longest: int | None = None,
-                   within: str = "exponential") -> np.ndarray:
+                   within: str = "exponential", means: bool = False) -> np.ndarray:
     """``n`` records of one cluster's model ``theta`` as synthesis draws them: with the released
     ``(k, B)`` length histograms, each record's length from cluster ``j``'s (:func:`draw_lengths`;
-    ``longest`` for a model with length strata), then the record given it; else the model's own."""
+    ``longest`` for a model with length strata), then the record given it; else the model's own.
+    ``means`` (rbm): each record's mean given its last hidden units and length instead
+    (:meth:`RBM.sample`)."""
     drawn = None
     if lengths is not None:
         drawn = draw_lengths(lengths, edges, std, int(j), int(n), rng, longest, within)
+    extra = {"means": True} if means else {}
     if drawn is None:
-        return gen.sample(theta, int(n), rng)
-    return gen.sample(theta, int(n), rng, lengths=drawn)
+        return gen.sample(theta, int(n), rng, **extra)
+    return gen.sample(theta, int(n), rng, lengths=drawn, **extra)
 
 
 def synthetic_sums(gen, theta: np.ndarray, j: int, count: int, seed: int, d: int, *, lengths=None, edges=None,
                    std: float = math.nan, longest: int | None = None) -> np.ndarray:
-    """The ``(d,)`` column sums of ``count`` records of cluster ``j``'s released model
-    (:func:`sample_records`), in batches of at most ``MARGINAL_BATCH_VALUES`` values, batch ``b``
+    """The ``(2 d,)`` column sums and sums of squares of ``count`` records of cluster ``j``'s
+    released model: each record drawn as :func:`sample_records` draws it, but counted as its mean
+    given its last hidden units and its length (``means``; Rao-Blackwell: the same expectation,
+    without the variance of the last draw), in batches of at most ``MARGINAL_BATCH_VALUES`` values, batch ``b``
     from ``stream(seed, MARGINAL_SAMPLE_STAGE, j, b)``: a retried task draws the same records.
     Post-processing of the released model (no data)."""
-    out = np.zeros(int(d))
+    out = np.zeros(2 * int(d))
     batch = max(1, MARGINAL_BATCH_VALUES // max(int(d), 1))
     for b, start in enumerate(range(0, int(count), batch)):
         m = min(batch, int(count) - start)
         V = sample_records(gen, theta, m, stream(seed, MARGINAL_SAMPLE_STAGE, int(j), b), j=j, lengths=lengths,
-                           edges=edges, std=std, longest=longest)
-        out += np.clip(V, 0.0, 1.0).sum(axis=0)
+                           edges=edges, std=std, longest=longest, means=True)
+        V = np.clip(V, 0.0, 1.0)
+        out[: int(d)] += V.sum(axis=0)
+        out[int(d):] += np.einsum("ij,ij->j", V, V)
     return out
 
 
-def mixture_marginals(sums, counts, sizes, n: int) -> np.ndarray:
-    """``m = n sum_j w_j s_j / S_j`` (records): the per-item marginals of the mixture synthesis
-    draws (cluster ``j`` with probability ``w_j``, the released sizes normalised), from each
-    cluster's ``S_j = counts[j]`` sampled records' sums ``s_j`` (a cluster without samples adds
-    nothing: its weight is 0)."""
+def mixture_marginals(sums, counts, sizes, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(m, v)``: ``m = n sum_j w_j s_j / S_j`` (records), the per-item marginals of the mixture
+    synthesis draws (cluster ``j`` with probability ``w_j``, the released sizes normalised), from
+    each cluster's ``S_j = counts[j]`` sampled records' sums ``s_j`` (``sums[j, :d]``), and ``v =
+    n^2 sum_j w_j^2 var_j / S_j`` its sampling variance, ``var_j`` the sample variance of cluster
+    ``j``'s records (from the sums of squares ``sums[j, d:]``; 0 for a cluster of fewer than two).
+    A cluster without samples adds nothing: its weight is 0."""
     sums = np.asarray(sums, dtype=np.float64)
-    counts = np.asarray(counts, dtype=np.float64)
-    w = _weights(sizes)
-    frac = np.divide(sums, counts[:, None], out=np.zeros_like(sums), where=counts[:, None] > 0)
-    return float(n) * (w[:, None] * frac).sum(axis=0)
+    d = sums.shape[1] // 2
+    s1, s2 = sums[:, :d], sums[:, d:]
+    S = np.asarray(counts, dtype=np.float64)[:, None]
+    w = _weights(sizes)[:, None]
+    mean = np.divide(s1, S, out=np.zeros_like(s1), where=S > 0)
+    var = np.divide(s2 - S * mean ** 2, S - 1.0, out=np.zeros_like(s1), where=S > 1)
+    v = (w ** 2 * np.divide(np.maximum(var, 0.0), S, out=np.zeros_like(s1), where=S > 1)).sum(axis=0)
+    return float(n) * (w * mean).sum(axis=0), float(n) ** 2 * v
 
 
-def marginal_shift(noisy_counts, marginals, shrink: float) -> np.ndarray:
-    """``log((max(c, 0) + s) / (m + s))``: the one vector every cluster's visible biases move by
-    (a Newton step of the exponential tilt the length-conditioned sampler makes; docs/math.md
-    section 5.4)."""
-    if not float(shrink) > 0.0:
-        raise ParameterError(f"marginal_shift: shrink must be positive; got {shrink!r}.")
+def model_error(noisy_counts, marginals, noise_var: float, sampling_var) -> float:
+    """``tau^2``: the models' relative error in their marginals, by the method of moments. With
+    ``c_i = t_i + N(0, sigma^2)`` (the noisy count of the true ``t_i``), ``m_i`` measured with
+    variance ``v_i`` and ``t_i = mu_i (1 + e_i)``, ``E e_i^2 = tau^2`` (``mu_i`` the mixture's
+    marginal), ``E (c_i - m_i)^2 = tau^2 mu_i^2 + sigma^2 + v_i``, so
+    ``tau^2 = max(0, sum_i ((c_i - m_i)^2 - sigma^2 - v_i) / sum_i m_i^2)`` (docs/math.md section
+    5.4). A function of released values."""
+    c = np.asarray(noisy_counts, dtype=np.float64)
+    m = np.maximum(np.asarray(marginals, dtype=np.float64), 0.0)
+    excess = ((c - m) ** 2 - float(noise_var) - np.asarray(sampling_var, dtype=np.float64)).sum()
+    scale = float((m ** 2).sum())
+    return max(0.0, float(excess) / scale) if scale > 0 else 0.0
+
+
+def marginal_shift(noisy_counts, marginals, noise_var: float, sampling_var, tau2: float) -> np.ndarray:
+    """``log((m + lambda (max(c, 0) - m) + 1) / (m + 1))``, ``lambda = tau^2 m^2 / (tau^2 m^2 +
+    sigma^2 + v)``: the one vector every cluster's visible biases move by, towards the posterior
+    mean of each true count given the models' marginal ``m`` (prior: relative error ``tau``) and
+    the noisy count ``c`` (noise ``sigma^2 + v``; one record added above and below keeps an empty
+    item finite). A Newton step of the exponential tilt the length-conditioned sampler makes
+    (docs/math.md section 5.4); ``tau = 0`` moves nothing."""
+    if not (float(noise_var) >= 0.0 and float(tau2) >= 0.0):
+        raise ParameterError(f"marginal_shift: noise_var and tau2 must be >= 0; got {noise_var!r}, {tau2!r}.")
     c = np.maximum(np.asarray(noisy_counts, dtype=np.float64), 0.0)
     m = np.maximum(np.asarray(marginals, dtype=np.float64), 0.0)
-    return np.log((c + float(shrink)) / (m + float(shrink)))
+    prior = float(tau2) * m ** 2
+    denom = prior + float(noise_var) + np.asarray(sampling_var, dtype=np.float64)
+    lam = np.divide(prior, denom, out=np.zeros_like(prior), where=denom > 0)
+    return np.log((m + lam * (c - m) + 1.0) / (m + 1.0))
 
 
 def shift_visible_biases(thetas: np.ndarray, shift: np.ndarray, d: int, hidden: int) -> np.ndarray:

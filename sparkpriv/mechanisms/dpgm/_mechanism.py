@@ -152,7 +152,7 @@ def _train_fn(plan: DPGMPlan, sizes: np.ndarray, centers: np.ndarray, seed: int,
     ``marginals`` (the plan's per-item counts released): the task then samples its cluster's
     share of the records that measure the mixture's marginals from its trained model
     (:func:`marginal_sums`, with the released length histograms ``lengths``) and appends their
-    ``d`` column sums."""
+    ``d`` column sums and ``d`` sums of squares."""
     sizes = np.array(sizes, dtype=np.float64, copy=True)
     lengths = None if lengths is None else np.array(lengths, dtype=np.float64, copy=True)
     samples = plan.marginals.cluster_samples(sizes) if marginals else None
@@ -362,7 +362,7 @@ class DPGM(_proto.Mechanism):
         marg = dplan.marginals is not None
         thetas = engine.train_groups(source, _group_fn(train_centres, bounds.row_bound),
                                      _train_fn(dplan, sizes, centers, seed, masses, chains, lengths, marg), k,
-                                     gen_dim + int(dplan.quantile) + (d if marg else 0), d,
+                                     gen_dim + int(dplan.quantile) + (2 * d if marg else 0), d,
                                      on_train=_training_progress(progress, dplan, plan.epsilon),
                                      what="dpgm training", order=training_order(sizes))
         thetas = np.asarray(thetas, float)

@@ -35,8 +35,7 @@ CHAIN_STAGE = 26  # stream(seed, CHAIN_STAGE, j): the fixed lengths of cluster j
 MARGINAL_STAGE = 27  # stream(seed, MARGINAL_STAGE): the noise of the per-item counts, drawn once on the driver
 MARGINAL_SAMPLE_STAGE = 28  # stream(seed, MARGINAL_SAMPLE_STAGE, j, b): batch b of cluster j's records that
 # measure the mixture's marginals (docs/dpgm.md, "Calibrating the marginals")
-MARGINAL_SHRINK_STDS = 2.0  # the marginal shift's shrinkage s, in noise stds of the per-item counts
-DEFAULT_MARGINAL_SAMPLES = 100_000
+DEFAULT_MARGINAL_SAMPLES = 20_000
 # the rbm's default length strata (interior edges; docs/dpgm.md, "Length strata")
 DEFAULT_LENGTH_STRATA = (3, 6, 13)
 # a cluster trains its strata offsets when the noise of its averaged gradient is at most this
@@ -82,7 +81,8 @@ class DPGMParams(_proto.Params):
         constraints=[Interval("real", 0, 1, "left")])
     marginal_samples: int = _proto.option(
         DEFAULT_MARGINAL_SAMPLES, help="with marginal_share: synthetic records (over all clusters, by noisy "
-        "size) that measure the mixture's marginals before the shift", constraints=[Interval("integer", 1, None, "left")])
+        "size) that measure the mixture's marginals before the shift (each counted as its mean given its hidden "
+        "units and length)", constraints=[Interval("integer", 1, None, "left")])
     length_strata: tuple | None = _proto.option(
         None, help="rbm with length histograms: interior edges e_1 < e_2 < ... (integers >= 1, at most the "
         "longest record L) of the record-length strata [0, e_1), [e_1, e_2), ..., [e_last, L]; each stratum "

@@ -14,8 +14,8 @@ from sparkpriv.mechanisms.kmeans import cluster_stats, fit_from_stats, initial_c
 from sparkpriv.privacy.random import new_secret_seed, stream
 from sparkpriv.mechanisms.dpgm._params import DPGMParams, length_strata, max_length
 from sparkpriv.mechanisms.dpgm._lengths import chain_lengths, cluster_sizes, expected_length, last_round_centres
-from sparkpriv.mechanisms.dpgm._marginals import (marginal_shift, mixture_marginals, shift_visible_biases,
-                                                  synthetic_sums)
+from sparkpriv.mechanisms.dpgm._marginals import (marginal_shift, mixture_marginals, model_error,
+                                                  shift_visible_biases, synthetic_sums)
 from sparkpriv.mechanisms.dpgm._plan import DPGMPlan, _bounds, _make_model, plan_dpgm
 from sparkpriv.mechanisms.dpgm._released import DPGMModel
 
@@ -132,8 +132,9 @@ def fit_dpgm_array(X, params: DPGMParams, *, seed: int | None = None, log=None) 
 
 
 def marginal_sums(plan: DPGMPlan, theta: np.ndarray, j: int, count: int, seed: int, lengths) -> np.ndarray:
-    """The ``(d,)`` column sums of ``count`` records of cluster ``j``'s trained model ``theta``
-    drawn as synthesis draws them (its released length histogram, the model's length strata):
+    """The ``(2 d,)`` column sums and sums of squares of ``count`` records of cluster ``j``'s
+    trained model ``theta`` drawn as synthesis draws them (its released length histogram, the
+    model's length strata), each counted as its mean given its last hidden units and length:
     :func:`synthetic_sums` from ``stream(seed, MARGINAL_SAMPLE_STAGE, j, b)``. A Spark task runs it
     after training its cluster. Post-processing of released values."""
     gen, lp = _make_model(plan.params, plan.d), plan.lengths
@@ -145,20 +146,27 @@ def marginal_sums(plan: DPGMPlan, theta: np.ndarray, j: int, count: int, seed: i
 
 def calibrate_marginals(plan: DPGMPlan, thetas: np.ndarray, sums: np.ndarray, sizes, item_counts) -> tuple:
     """``(thetas, shift, public)``: every cluster's visible biases plus ``shift =
-    marginal_shift(c, m, s)`` (:mod:`._marginals`), ``m`` the mixture's marginals from each cluster's
-    sampled sums (``plan.marginals.cluster_samples(sizes)`` records each), and the model file's
-    record of it. Post-processing of released values (docs/dpgm.md, "Calibrating the marginals")."""
+    marginal_shift(c, m, sigma^2, v, tau^2)`` (:mod:`._marginals`), ``(m, v)`` the mixture's
+    marginals and their sampling variance from each cluster's sampled sums
+    (``plan.marginals.cluster_samples(sizes)`` records each), ``tau^2 = model_error(...)``, and the
+    model file's record of it. Post-processing of released values (docs/dpgm.md, "Calibrating the
+    marginals")."""
     mp = plan.marginals
     samples = mp.cluster_samples(sizes)
-    m = mixture_marginals(sums, samples, sizes, plan.n)
-    shift = marginal_shift(item_counts, m, mp.shrink)
+    m, v = mixture_marginals(sums, samples, sizes, plan.n)
+    tau2 = model_error(item_counts, m, mp.noise_var, v)
+    shift = marginal_shift(item_counts, m, mp.noise_var, v, tau2)
     c = np.maximum(np.asarray(item_counts, dtype=np.float64), 0.0)
-    public = {"samples_per_cluster": [int(v) for v in samples], "shrink": mp.shrink,
+    public = {"samples_per_cluster": [int(x) for x in samples],
               "gap_before": float(np.abs(m - c).sum() / max(c.sum(), 1.0)),
+              "model_error": math.sqrt(tau2),
+              "sampling_std_total": float(np.sqrt(v.sum())),
               "note": "gap_before: sum |m - c| / sum c, the mixture's per-item marginals m (measured on "
-                      "samples_per_cluster synthetic records) against the noisy counts c, before every "
-                      "cluster's visible biases moved by log((c + shrink) / (m + shrink)) (the file's "
-                      "marginal_shift; post-processing)"}
+                      "samples_per_cluster synthetic records, total sampling std sampling_std_total) "
+                      "against the noisy counts c; model_error: tau, the models' relative error in "
+                      "their marginals estimated from c and m; every cluster's visible biases then moved "
+                      "by log((m + lambda (max(c, 0) - m) + 1) / (m + 1)), lambda = tau^2 m^2 / (tau^2 "
+                      "m^2 + std^2 + v) (the file's marginal_shift; post-processing)"}
     return shift_visible_biases(thetas, shift, plan.d, plan.params.hidden), shift, public
 
 
