@@ -87,7 +87,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--length-strata", default=None, type=lambda v: tuple(int(x) for x in v.split(",")),
                     help="DPGMParams.length_strata: comma-separated interior edges, or 0 for none (default: the library's)")
     ap.add_argument("--marginal-share", type=float, default=None,
-                    help="DPGMParams.marginal_share (default: the library's, 0): the per-item counts and the shift")
+                    help="DPGMParams.marginal_share (default: the library's, 0.1 for the rbm; 0: none): the per-item counts and the shift")
     ap.add_argument("--marginal-samples", type=int, default=None,
                     help="DPGMParams.marginal_samples (default: the library's)")
     ap.add_argument("--queries", type=int, default=1000)

@@ -204,7 +204,7 @@ class DPGMSynthesizer(BaseEstimator):
     """
 
     def __init__(self, *, epsilon: float = 1.0, delta: float = 1e-6, k: int = 10, model: str = "rbm",
-                 kmeans_share: float = 0.3, length_share=None, length_strata=None, marginal_share: float = 0.0,
+                 kmeans_share: float = 0.3, length_share=None, length_strata=None, marginal_share=None,
                  marginal_samples: int = 20_000, kmeans_iterations: int = 8,
                  row_bound=None,
                  clip: float = 10.0, clip_quantile=None, clip_lr: float = 0.2, clip_count_share: float = 0.05,

@@ -20,12 +20,15 @@ def plan():
     return dpgm.plan_dpgm(P, n=400, d=10)
 
 
-def test_plan_event_is_kmeans_plus_lengths_plus_one_cluster_of_dpsgd(plan):
+def test_plan_event_is_kmeans_plus_lengths_plus_item_counts_plus_one_cluster_of_dpsgd(plan):
+    """The rbm's defaults release the length histograms and the per-item counts before DP-SGD."""
     e = plan.dp_event()
     assert isinstance(e, ev.ComposedDpEvent)
-    km, lengths, sgd = e.events[:-2], e.events[-2], e.events[-1]
+    km, lengths, counts, sgd = e.events[:-3], e.events[-3], e.events[-2], e.events[-1]
     assert compose(km) == compose([plan.kmeans.dp_event()])
     assert lengths == plan.lengths.dp_event() and isinstance(lengths, ev.GaussianDpEvent)
+    assert counts == plan.marginals.dp_event() and isinstance(counts, ev.GaussianDpEvent)
+    assert plan.marginals.share == 0.1
     assert sgd.count == plan.steps == 40
     assert sgd.event.sampling_probability == 0.05
     # replace-one: an add/remove step of sensitivity 2C, multiplier at least sigma / 2
@@ -36,7 +39,7 @@ def test_plan_event_is_kmeans_plus_lengths_plus_one_cluster_of_dpsgd(plan):
 
 def test_plan_meets_the_request_and_the_noise_is_needed(plan):
     assert plan.epsilon_spent() <= P.epsilon
-    weaker = compose([plan.kmeans.dp_event(), plan.lengths.dp_event(),
+    weaker = compose([plan.kmeans.dp_event(), plan.lengths.dp_event(), plan.marginals.dp_event(),
                       dpsgd.dpsgd_event(P.sampling_rate, plan.noise_multiplier / 1.05, plan.steps)])
     assert dpsgd.accounted_epsilon(weaker, P.delta, P.accountant) > P.epsilon
     pub = plan.to_public_dict()

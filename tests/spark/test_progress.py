@@ -79,7 +79,7 @@ DPGM_ARGS = dict(epsilon=4.0, delta=1e-5, k=2, sampling_rate=0.2, epochs=3, hidd
 def test_dpgm_training_steps_in_order_with_the_spend_on_the_local_engine():
     """k clusters x min(T, 10) DP-SGD chunks, in order, after the k-means iterations; while the
     first cluster trains the spend so far grows up to the release's epsilon (the events released
-    before training, the k-means and the length histograms, plus t DP-SGD steps), then the whole
+    before training, the k-means, the length histograms and the item counts, plus t DP-SGD steps), then the whole
     reserved epsilon is spent (parallel composition)."""
     from sparkpriv.api import release_dpgm
     from sparkpriv.mechanisms import dpsgd
@@ -94,8 +94,9 @@ def test_dpgm_training_steps_in_order_with_the_spend_on_the_local_engine():
     ts = [int(s[3].split("DP-SGD step ")[1].split("/")[0]) for s in train]
     assert ts == [int(np.ceil(c * T / 10)) for c in range(1, 11)] * 2
     spent = [float(s[3].split("at most ")[1].split(" of")[0]) for s in train]
-    before = list(rel.events.events[:-1])  # the k-means and the length histograms (rbm, by default)
-    assert len(before) == 2 and rel.public["lengths"]["share_of_epsilon"] == 0.1
+    before = list(rel.events.events[:-1])  # the k-means, the length histograms, the item counts (rbm defaults)
+    assert len(before) == 3 and rel.public["lengths"]["share_of_epsilon"] == 0.1
+    assert rel.public["item_counts"]["share_of_epsilon"] == 0.1
     sigma = rel.public["noise_multiplier"]
     for t, e in zip(ts[:9], spent[:9]):  # independent: the accountant on those + t steps
         want = epsilon_of(compose(before + [dpsgd.dpsgd_event(0.2, sigma, t)]), 1e-5)

@@ -89,7 +89,7 @@ from __future__ import annotations
 from sparkpriv.mechanisms.column_types import SYNTHETIC_TYPES, synthetic_arrays, synthetic_type
 from sparkpriv.mechanisms.dpgm._params import (MODELS, FORMAT_VERSION, READ_VERSIONS, MODEL_FILE, SYNTH_STAGE,
                                                LENGTH_STAGE, CHAIN_STAGE, MARGINAL_STAGE, MARGINAL_SAMPLE_STAGE,
-                                               DEFAULT_MARGINAL_SAMPLES, DEFAULT_LENGTH_STRATA,
+                                               DEFAULT_MARGINAL_SAMPLES, DEFAULT_MARGINAL_SHARE, DEFAULT_LENGTH_STRATA,
                                                STRATA_NOISE_MAX, DEFAULT_LENGTH_SHARE, LENGTH_KEEP_STDS, _POS,
                                                DEFAULT_LEARNING_RATE, DEFAULT_AVERAGE_TAIL, LR_NOISE_REF,
                                                LR_MAX_FACTOR, DPGMParams, length_strata, max_length)

@@ -85,7 +85,7 @@ class MarginalPlan:
 
 def marginal_plan(params: DPGMParams, d: int, caller: str = "dpgm") -> MarginalPlan | None:
     """The per-item counts' plan from public parameters and ``d`` (None: ``marginal_share`` 0)."""
-    share = float(params.marginal_share)
+    share = params.marginals_share
     if share <= 0.0:
         return None
     if params.model != "rbm":
@@ -95,7 +95,8 @@ def marginal_plan(params: DPGMParams, d: int, caller: str = "dpgm") -> MarginalP
     if params.kmeans_share + params.lengths_share + share >= 1.0:
         raise ParameterError(f"kmeans_share + length_share + marginal_share of {caller} must be below 1 "
                              f"(DP-SGD needs the rest of epsilon); got {params.kmeans_share!r} + "
-                             f"{params.lengths_share!r} + {share!r}. Lower one of them.")
+                             f"{params.lengths_share!r} + {share!r} (for the rbm length_share and marginal_share "
+                             "default to 0.1 each). Lower one of them.")
     # the k-means' bound on a record (_bounds: default sqrt(d)); a record in [0, 1]^d is never longer
     row_bound = min(math.sqrt(d) if params.row_bound is None else float(params.row_bound), math.sqrt(d))
     noise = gaussian_alone(float(share * params.epsilon), float(params.delta), int(d),

@@ -212,11 +212,11 @@ def accounting_note(params: DPGMParams) -> str:
                "; per-cluster rates (min_batch): a cluster makes m_j of its T steps at once (each step's own "
                "batch and noise, the noisy sums added: post-processing of the same T steps)")
     head = ("Composed[k-means, " + ("lengths, " if params.lengths_share > 0 else "")
-            + ("item counts, " if params.marginal_share > 0 else ""))
+            + ("item counts, " if params.marginals_share > 0 else ""))
     lengths = ("; lengths: one Gaussian on the k histograms of record lengths (L2 sensitivity sqrt(2): a "
                "replaced record leaves one cell and enters one), calibrated to length_share epsilon"
                if params.lengths_share > 0 else "")
-    if params.marginal_share > 0:
+    if params.marginals_share > 0:
         lengths += ("; item counts: one Gaussian on the d column sums of the bounded records (L2 sensitivity "
                     "sqrt(2) times the row bound), calibrated to marginal_share epsilon; the shift of the "
                     "visible biases towards them is post-processing")
@@ -275,7 +275,7 @@ def requested_event(params: DPGMParams, kplan: KMeansPlan, sigma: float, d: int 
     ``sigma_b = count_noise_std(sigma, clip_count_share)``). ``d`` (the columns) is needed when
     the length histograms or the item counts are released (``length_share`` or ``marginal_share``
     above 0)."""
-    if (params.lengths_share > 0 or params.marginal_share > 0) and d is None:
+    if (params.lengths_share > 0 or params.marginals_share > 0) and d is None:
         raise ParameterError("requested_event: give d (the columns): the length histograms' and the item "
                              "counts' events depend on it.")
     base = _base_events(kplan, None if d is None else length_plan(params, int(d)),
