@@ -97,7 +97,8 @@ from sparkpriv.mechanisms.dpgm._lengths import (length_edges, LengthPlan, length
                                                 bin_slopes, expected_length, synthetic_lengths, draw_lengths,
                                                 cluster_sizes, last_round_centres, chain_lengths)
 from sparkpriv.mechanisms.dpgm._marginals import (MarginalPlan, marginal_plan, column_sums, sample_records,
-                                                  synthetic_sums, mixture_marginals, model_error, marginal_shift,
+                                                  synthetic_sums, mixture_marginals, model_error, error_bands,
+                                                  banded_model_error, marginal_shift,
                                                   shift_visible_biases)
 from sparkpriv.mechanisms.dpgm._plan import (_make_model, DPGMPlan, accounting_note, _Relations, _bounds,
                                              calibrate_dpgm, requested_event, plan_for_rows, plan_dpgm)
