@@ -82,8 +82,8 @@ class MarginalPlan:
                                "log((m + lambda (max(c, 0) - m) + 1) / (m + 1)), c the noisy counts, m the "
                                "mixture's per-item marginals measured on synthetic_samples records of the "
                                "released models (variance v), lambda = tau^2 m^2 / (tau^2 m^2 + std^2 + v), "
-                               "tau^2 the models' relative error estimated from c and m (post-processing: "
-                               "no budget)"}
+                               "tau^2 the models' relative error estimated from c and m within bands of "
+                               "items by m (post-processing: no budget)"}
 
 
 def marginal_plan(params: DPGMParams, d: int, caller: str = "dpgm") -> MarginalPlan | None:
