@@ -211,6 +211,10 @@ def test_a_release_records_the_source_types_and_synthesizes_a_table_in_them(tmp_
     assert rel.model.types == ("int", "boolean", "double", "bigint", "float")
     assert rel.receipt()["mechanism_details"]["model"]["column_types"] == list(rel.model.types)
     assert rel.receipt()["mechanism_details"]["model"]["format_version"] == dpgm.FORMAT_VERSION == 7
+    # the receipt states the shares and defaults as used, not the None the caller left
+    got = rel.receipt()["mechanism_details"]["parameters"]
+    assert (got["length_share"], got["marginal_share"], got["average_tail"]) == (0.1, 0.1, 0.5)
+    assert got["length_strata"] == [3] and got["row_bound"] == pytest.approx(np.sqrt(5))  # edges <= L = 5
     t = dpgm.synthesize_table(rel.model, 500, seed=1)
     assert t.column_names == cols
     assert [t.schema.field(c).type for c in cols] == [pa.int32(), pa.bool_(), pa.float64(), pa.int64(), pa.float32()]

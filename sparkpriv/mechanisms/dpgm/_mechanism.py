@@ -16,7 +16,7 @@ from sparkpriv.mechanisms.event_columns import EventColumns
 from sparkpriv.mechanisms.kmeans import fit_from_stats, initial_centres, make_feature_map, KMeansPlan
 from sparkpriv.privacy.accounting import RunningEpsilon, compose, epsilon_of
 from sparkpriv.privacy.random import new_secret_seed, stream
-from sparkpriv.mechanisms.dpgm._params import DPGMParams, FORMAT_VERSION, MODEL_FILE
+from sparkpriv.mechanisms.dpgm._params import DPGMParams, FORMAT_VERSION, MODEL_FILE, length_strata
 from sparkpriv.mechanisms.dpgm._lengths import (LengthPlan, chain_lengths, cluster_sizes, last_round_centres,
                                                 length_plan)
 from sparkpriv.mechanisms.dpgm._plan import (DPGMPlan, _Relations, _bounds, _make_model, accounting_note,
@@ -296,8 +296,13 @@ class DPGM(_proto.Mechanism):
                 "before the data is read (the realized noises' multipliers are at least those)"
             public["quantile_clipping"] = {"count_noise_std": cstd, "step_multiplier":
                                            dpsgd.quantile_step_multiplier(sigma, cstd)}
+        # the defaults that depend on the model, as used (a receipt states the shares spent, not None)
+        resolved = {"length_share": params.lengths_share if params.model == "rbm" else 0.0,
+                    "marginal_share": params.marginals_share if params.model == "rbm" else 0.0,
+                    "length_strata": list(length_strata(params, d, caller)), "average_tail": params.tail,
+                    "row_bound": bounds.row_bound}
         return _proto.Plan(events=event, epsilon=eps, delta=float(params.delta), public=public,
-                           neighbors=_proto.REPLACE_ONE,
+                           neighbors=_proto.REPLACE_ONE, parameters=resolved,
                            state=_DPGMState(params, d, kplan, sigma, _column_types(facts),
                                             getattr(facts, "events", None) if facts.kind == "records" else None),
                            secrets=new_secret_seed("dpgm"))
