@@ -123,7 +123,8 @@ def conditional_bernoulli(L: np.ndarray, m: np.ndarray, rng: np.random.Generator
     return out
 
 
-def inclusion_probabilities(L: np.ndarray, m: np.ndarray, table_values: int = CB_TABLE_VALUES) -> np.ndarray:
+def inclusion_probabilities(L: np.ndarray, m: np.ndarray, table_values: int = CB_TABLE_VALUES,
+                            fallback=None) -> np.ndarray:
     """Per row ``pi_ri = P(v_ri = 1 | |v_r| = m_r)`` (n, d) under independent Bernoulli(``sigmoid(L_r)``):
     the exact means of :func:`conditional_bernoulli`'s rows (docs/math.md section 5.4). With
     ``p = sigmoid(L_r + t)`` (the tilt of :func:`_tilt`: the law given the sum does not depend on
@@ -131,7 +132,12 @@ def inclusion_probabilities(L: np.ndarray, m: np.ndarray, table_values: int = CB
     ``S`` the sum of independent Bernoulli(``p``) and ``S_{-i}`` the sum without item ``i``:
     Poisson-binomial distributions truncated at ``m``, from a backward recursion over the items
     (kept) and a forward one (``O(d m)`` per row, every step a convex combination: no cancellation).
-    Rows are taken in order of length, at most ``table_values`` values of the backward table at once."""
+    Rows are taken in order of length, at most ``table_values`` values of the backward table at once.
+
+    A row whose ``P(S = m)`` underflows (logits beyond float range that the tilt cannot bring back,
+    e.g. more than ``m`` items at ``sigmoid = 1.0``) has no finite answer here: ``fallback(rows)``
+    gives those rows instead (e.g. records drawn by :func:`conditional_bernoulli`, whose mean the
+    row is); without it they raise ``FloatingPointError``: never a NaN in the result."""
     L = np.asarray(L, dtype=np.float64)
     n, d = L.shape
     m = np.clip(np.asarray(m, dtype=np.int64), 0, d)
@@ -167,7 +173,15 @@ def inclusion_probabilities(L: np.ndarray, m: np.ndarray, table_values: int = CB
             block[:, i] = P[:, i] * rest
             F[:, 1:] = F[:, 1:] * Q[:, i: i + 1] + F[:, :-1] * P[:, i: i + 1]
             F[:, 0] *= Q[:, i]
-        out[rows] = block / total[:, None]
+        ok = np.isfinite(total) & (total > 0.0)
+        out[rows[ok]] = block[ok] / total[ok, None]
+        if not ok.all():
+            bad = rows[~ok]
+            if fallback is None:
+                raise FloatingPointError(
+                    f"inclusion_probabilities: P(|v| = m) underflows on {bad.size} row(s) (logits beyond "
+                    "the float range the tilt can bring back); pass a fallback")
+            out[bad] = np.asarray(fallback(bad), dtype=np.float64)
     return out
 
 
@@ -374,7 +388,9 @@ class RBM:
         for s in range(steps):
             H = (rng.random((V.shape[0], self.hidden), dtype=np.float32) < _sigmoid(V @ W + c)).astype(np.float32)
             if means and s == steps - 1:
-                return inclusion_probabilities(H.astype(np.float64) @ W.T.astype(np.float64) + B, lengths)
+                Lm = H.astype(np.float64) @ W.T.astype(np.float64) + B
+                return inclusion_probabilities(  # rows beyond float range: a drawn record (its mean)
+                    Lm, lengths, fallback=lambda r: conditional_bernoulli(Lm[r], np.asarray(lengths)[r], rng))
             V = conditional_bernoulli(H @ W.T + B, lengths, rng)
         return V.astype(np.float64)
 

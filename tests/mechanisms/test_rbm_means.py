@@ -38,6 +38,25 @@ def test_inclusion_probabilities_against_enumeration():
         np.testing.assert_allclose(got.sum(axis=1), m, atol=1e-10)
 
 
+def test_rows_beyond_the_float_range_take_the_fallback_never_a_nan():
+    L = np.full((3, 10), -5.0)
+    L[:2, :6] = 800.0  # six items at sigmoid = 1.0: P(|v| = 3) and P(|v| = 5) underflow
+    m = np.array([3, 5, 2])
+    with pytest.raises(FloatingPointError, match="pass a fallback"):
+        inclusion_probabilities(L, m)
+    rng = np.random.default_rng(1)
+    asked = []
+
+    def draw(rows):
+        asked.extend(rows.tolist())
+        return conditional_bernoulli(L[rows], m[rows], rng)
+
+    pi = inclusion_probabilities(L, m, fallback=draw)
+    assert sorted(asked) == [0, 1] and np.isfinite(pi).all()
+    assert pi[:2].sum(axis=1).tolist() == [3.0, 5.0] and set(np.unique(pi[:2])) <= {0.0, 1.0}
+    np.testing.assert_allclose(pi[2], np.full(10, 0.2))  # the other rows exact
+
+
 def test_inclusion_probabilities_are_the_means_of_the_sampler():
     """At a realistic width (no enumeration): the mean of many conditional Bernoulli draws."""
     rng = np.random.default_rng(1)
