@@ -22,6 +22,7 @@ from sparkpriv.mechanisms import sparse
 from sparkpriv.privacy import _compiled
 from sparkpriv.privacy import _fast_samplers as fs
 from sparkpriv.privacy import noise as nz
+from sparkpriv.privacy import noise_draws as nd
 from sparkpriv.privacy.random import stream
 
 HAS_NUMBA = importlib.util.find_spec("numba") is not None
@@ -136,7 +137,7 @@ def test_add_noise_is_bit_identical(kern, shape, grid):
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1000])
 def test_transposed_noise_across_chunk_boundaries(kern, monkeypatch, chunk):
     """Chunks that end inside a row, at a row's end, or hold many rows."""
-    monkeypatch.setattr(nz, "_CHUNK", chunk)
+    monkeypatch.setattr(nd, "_CHUNK", chunk)  # the chunking of noise_draws (add_noise and its transposed form)
     y = np.random.default_rng(4).normal(scale=50.0, size=(301, 13))
     noise = _laplace(2.0**-10)
     ref = nz.add_noise(y, noise, gen(1), kern=None)

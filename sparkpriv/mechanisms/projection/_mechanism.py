@@ -12,6 +12,7 @@ from sparkpriv._validation import Interval, Options, check_param
 from sparkpriv.errors import InputError, ParameterError
 from sparkpriv.mechanisms import protocol as _p
 from sparkpriv.privacy import noise as _noise
+from sparkpriv.privacy.noise_draws import transposed
 from sparkpriv.privacy.accounting import epsilon_of
 from sparkpriv.privacy.bounds import (
     Bounds,
@@ -343,7 +344,7 @@ def _dense_row_map(P, bounds: Bounds, noise, seed: int, value_bound=None, counte
         for X in blocks:
             Y, counts = project_rows(X, P, bounds, value_bound)
             tot = tot + counts
-            yield list(_noise.transposed(Y) if noise is None else _noise.add_noise_transposed(Y, noise, rng))
+            yield list(transposed(Y) if noise is None else _noise.add_noise_transposed(Y, noise, rng))
         if counters is not None:
             counters[0].add(tot.rows)
             counters[1].add(tot.box_clipped)
@@ -367,7 +368,7 @@ def _sparse_row_map(P, noise, seed: int, value_bound=None):
             Y = project_sparse_rows(b.offsets, b.indices, b.values, P)
             if value_bound is not None:
                 clamp_projected(Y, value_bound)
-            yield list(_noise.transposed(Y) if noise is None else _noise.add_noise_transposed(Y, noise, rng))
+            yield list(transposed(Y) if noise is None else _noise.add_noise_transposed(Y, noise, rng))
 
     return sparse_projection_rows
 
