@@ -115,6 +115,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from fractions import Fraction
 
 import numpy as np
@@ -529,11 +530,21 @@ def _check_sigma(sigma: float, caller: str) -> None:
         )
 
 
-# the samplers and the adding of noise live in noise_draws (module size); the same names here
-from sparkpriv.privacy.noise_draws import (  # noqa: E402  (after the classes they import)
-    add_noise,
-    add_noise_symmetric,
-    add_noise_transposed,
-    sample_discrete_gaussian,
-    sample_discrete_laplace,
-)
+# the samplers and the adding of noise live in noise_draws (module size), which imports the classes
+# above; its names are served here on first use (PEP 562), so either module can be imported first
+if TYPE_CHECKING:  # the same names for readers and type checkers
+    from sparkpriv.privacy.noise_draws import (add_noise, add_noise_symmetric, add_noise_transposed,
+                                               sample_discrete_gaussian, sample_discrete_laplace)
+
+_DRAWS = frozenset({"add_noise", "add_noise_symmetric", "add_noise_transposed", "sample_discrete_gaussian",
+                    "sample_discrete_laplace"})
+
+
+def __getattr__(name: str):
+    if name in _DRAWS:
+        from sparkpriv.privacy import noise_draws
+
+        value = getattr(noise_draws, name)
+        globals()[name] = value  # later lookups are plain attribute reads
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

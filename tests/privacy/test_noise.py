@@ -719,3 +719,13 @@ def test_benchmark_smoke():
     bench.add_arguments(parser)
     args = parser.parse_args(["--samples", "5", "--repeats", "2", "--exact"])
     assert (args.samples, args.repeats, args.exact) == (5, 2, True)
+
+
+@pytest.mark.parametrize("first", ["sparkpriv.privacy.noise_draws", "sparkpriv.privacy.noise",
+                                   "sparkpriv.spark.batches"])
+def test_the_noise_modules_import_in_either_order(first):
+    """noise_draws imports noise's classes and noise serves noise_draws' names: a fresh process
+    (an executor) that imports either first gets both (no circular-import error)."""
+    code = (f"import {first}\nfrom sparkpriv.privacy.noise import add_noise, sample_discrete_gaussian\n"
+            "from sparkpriv.privacy.noise_draws import add_noise as a, transposed\nassert a is add_noise")
+    subprocess.run([sys.executable, "-c", code], check=True)
