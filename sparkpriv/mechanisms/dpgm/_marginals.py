@@ -231,7 +231,9 @@ def marginal_shift(noisy_counts, marginals, noise_var: float, sampling_var, tau2
     (docs/math.md section 5.4); ``tau = 0`` moves nothing."""
     tau2 = np.asarray(tau2, dtype=np.float64)
     if not (float(noise_var) >= 0.0 and np.all(tau2 >= 0.0)):
-        raise ParameterError(f"marginal_shift: noise_var and tau2 must be >= 0; got {noise_var!r}, {tau2!r}.")
+        low = float(np.min(tau2)) if tau2.size else 0.0  # the lowest, not d values in the message
+        raise ParameterError(f"marginal_shift: noise_var and tau2 must be >= 0; got noise_var={noise_var!r}, "
+                             f"lowest tau2={low!r}.")
     c = np.maximum(np.asarray(noisy_counts, dtype=np.float64), 0.0)
     m = np.maximum(np.asarray(marginals, dtype=np.float64), 0.0)
     prior = tau2 * m ** 2
