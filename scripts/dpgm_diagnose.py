@@ -1,0 +1,187 @@
+"""Where a DPGM model's counting-query error is, on a generated event table, in memory
+(docs/dpgm.md, "Where the model's error is").
+
+The people of ``sparkpriv generate cdr|transit --people N --seed 0`` capped at ``L`` items and the
+paper's query protocol, as scripts/dpgm_model_study.py has them (the same people, caps, queries
+and truth), and three yardsticks, none of them private (measurements with fixed test seeds):
+
+* ``--oracle-ks 1,30,300``: mixtures of ``k`` clusters (scikit-learn's MiniBatchKMeans on the
+  capped records) where each record has a real record's length and, given it, independent items
+  at its cluster's exact marginals: what clusters and exact marginals alone give.
+* ``--model FILE`` (a DPGM model file, as ``sparkpriv release dpgm`` writes it, or
+  ``DPGMModel.save``): ``--synthetic`` people synthesized from it, their error, and the error
+  when their weights are raked (maximum entropy) to the capped table's exact per-item counts
+  (an oracle: how far exact marginals would take this model's records) and to Gaussian-noised
+  counts at ``--count-epsilons`` (what the same reweighting could do with counts a release
+  could afford).
+* For the model's records and a real sample of the same size: the co-occurrence of items by the
+  distance between them (the generator's tower or station coordinates), as the synthetic table's
+  pair count over the real one in each distance band: 1 where the model puts the right mass on
+  pairs of that distance.
+
+    python scripts/dpgm_diagnose.py --people 4427486 --cache /tmp/cdr.npz --oracle-ks 1,30,300
+    python scripts/dpgm_diagnose.py --people 4427486 --cache /tmp/cdr.npz --model release/model.npz
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+from scipy.optimize import minimize
+from scipy.sparse import csr_matrix, vstack
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dpgm_model_study as study  # noqa: E402  (the same people, caps and answers)
+
+DISTANCE_BANDS = (0.0, 2.0, 5.0, 10.0, 20.0, 40.0, math.inf)  # km, the generator's map units
+
+
+def rake(V, target, total: float, reg: float = 1e-3, maxiter: int = 500) -> np.ndarray:
+    """Weights ``w_i = total exp(v_i . lam) / sum_r exp(v_r . lam)`` of the rows of ``V`` (n, d) with
+    ``sum_i w_i v_i = target`` (a maximum-entropy reweighting, raking): ``lam`` minimises the convex
+    ``total log sum_i exp(v_i . lam) - lam . target + reg |lam|^2 / 2`` (L-BFGS). An item no row
+    holds gets a target of ``1e-3`` more than asked, so ``lam`` stays finite; ``reg`` keeps it so
+    where a target cannot be met."""
+    target = np.asarray(target, dtype=np.float64) + 1e-3
+
+    def f(lam):
+        z = V @ lam
+        top = z.max()
+        e = np.exp(z - top)
+        Z = e.sum()
+        w = total * e / Z
+        return total * (math.log(Z) + top) - lam @ target + 0.5 * reg * lam @ lam, V.T @ w - target + reg * lam
+
+    res = minimize(f, np.zeros(V.shape[1]), jac=True, method="L-BFGS-B", options={"maxiter": maxiter})
+    z = V @ res.x
+    e = np.exp(z - z.max())
+    return total * e / e.sum()
+
+
+def weighted_answers(V, Q, w) -> np.ndarray:
+    """Per query (column of ``Q``), the weighted number of rows of ``V`` with any of its items."""
+    out = np.zeros(Q.shape[1])
+    for s in range(0, V.shape[0], 200_000):
+        out += w[s:s + 200_000] @ np.asarray((V[s:s + 200_000] @ Q) > 0, dtype=np.float64)
+    return out
+
+
+def pair_mass(M, D, bands=DISTANCE_BANDS) -> np.ndarray:
+    """Per distance band ``[a, b)``, the number of (person, unordered pair of distinct items of the
+    person) with the items' distance ``D[i, j]`` in the band."""
+    C = (M.T @ M).toarray()
+    np.fill_diagonal(C, 0.0)
+    return np.array([C[(D >= a) & (D < b)].sum() / 2.0 for a, b in zip(bands, bands[1:])])
+
+
+def oracle_mixture(X, k: int, S: int, seed: int):
+    """NOT private: ``S`` records of :func:`dpgm_model_study.oracle_sample` with ``k`` clusters of
+    MiniBatchKMeans (fit on at most 500,000 records; ``k = 1``: one cluster)."""
+    n = X.shape[0]
+    rng = np.random.default_rng(seed)
+    if k == 1:
+        labels = np.zeros(n, np.int64)
+    else:
+        from sklearn.cluster import MiniBatchKMeans
+
+        fit = X[rng.choice(n, min(n, 500_000), replace=False)]
+        km = MiniBatchKMeans(k, batch_size=8192, n_init=1, random_state=seed, max_iter=20).fit(fit)
+        labels = np.concatenate([km.predict(X[s:s + 500_000]) for s in range(0, n, 500_000)])
+    return csr_matrix(study.oracle_sample(X, labels, k, S, np.random.default_rng(seed + 1)))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kind", default="cdr", choices=["cdr", "transit"])
+    ap.add_argument("--people", type=int, default=1_000_000)
+    ap.add_argument("--max-items", type=int, default=128)
+    ap.add_argument("--cap-seed", type=int, default=7, help="the cap's seed (dpgm_model_study's --seed)")
+    ap.add_argument("--synthetic", type=int, default=200_000)
+    ap.add_argument("--oracle-ks", default="", help="comma-separated k of the oracle mixtures")
+    ap.add_argument("--model", default=None, help="a DPGM model file")
+    ap.add_argument("--count-epsilons", default="0.1,0.3",
+                    help="epsilon of the noised per-item counts the model's records are raked to")
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--cache", default=None, help="a .npz file: the generated table, made once and read after")
+    ap.add_argument("--out", default=None, help="append one JSON line per result here")
+    a = ap.parse_args(argv)
+
+    from scipy.sparse import load_npz, save_npz
+
+    from sparkpriv.mechanisms import counting_queries as cq
+    from sparkpriv.mechanisms import dpgm
+    from sparkpriv.privacy import noise as nz
+    from sparkpriv.spark.generate_events import CDR_MODEL, TRANSIT_MODEL, event_map
+
+    if a.cache and os.path.exists(a.cache):
+        Xfull = load_npz(a.cache).tocsr()
+    else:
+        Xfull = study.people(a.kind, a.people)
+        if a.cache:
+            save_npz(a.cache, Xfull)
+    n, d = Xfull.shape
+    X = study.cap(Xfull, a.max_items, a.cap_seed)
+    qs = cq.draw_queries(d, max_length=int(np.diff(Xfull.indptr).max()), n_queries=1000, groups=5, seed=0)
+    Q = qs.matrix
+    truth = study.answers(Xfull, Q)
+    exact = np.asarray(X.sum(axis=0)).ravel()
+    S = a.synthetic
+
+    def report(name, answers, **extra):
+        e = cq.relative_errors(truth, answers, n)
+        row = {"name": name, "kind": a.kind, "people": n, "synthetic": S, "error": round(float(e.mean()), 4),
+               "groups": [round(float(e[qs.group == g].mean()), 4) for g in range(1, 6)], **extra}
+        print(json.dumps(row), flush=True)
+        if a.out:
+            with open(a.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    idx = np.random.default_rng(a.seed).choice(n, min(S, n), replace=False)
+    real = X[idx]  # capped, for the pair counts; the size floor answers from the uncapped records
+    report("real sample", study.answers(Xfull[idx], Q) * n / idx.size)
+    for k in [int(v) for v in a.oracle_ks.split(",") if v.strip()]:
+        t = time.time()
+        V = oracle_mixture(X, k, S, a.seed)
+        report(f"oracle k={k}", study.answers(V, Q) * n / S, seconds=round(time.time() - t))
+        w = rake(V, exact * S / n, S)
+        report(f"oracle k={k} raked to the exact counts", weighted_answers(V, Q, w) * n / S)
+    if a.model:
+        model = dpgm.DPGMModel.load(a.model)
+        if model.d != d:
+            raise SystemExit(f"--model has d={model.d}; the {a.kind} table has {d} items: pass --kind.")
+        t = time.time()
+        V = vstack([csr_matrix(dpgm.synthesize_part(model, min(20_000, S - s), a.seed, s) >= 0.5, dtype=np.float64)
+                    for s in range(0, S, 20_000)]).tocsr()
+        marg = np.asarray(V.sum(axis=0)).ravel() * n / S
+        report("model", study.answers(V, Q) * n / S, seconds=round(time.time() - t),
+               marginal_l1=round(float(np.abs(marg - exact).sum() / exact.sum()), 4))
+        w = rake(V, exact * S / n, S)
+        report("model raked to the exact counts (oracle)", weighted_answers(V, Q, w) * n / S)
+        for eps in [float(v) for v in a.count_epsilons.split(",") if v.strip()]:
+            g = nz.calibrate_gaussian_noise(sensitivity=math.sqrt(2 * a.max_items), epsilon=eps, delta=0.5 / n,
+                                            dim=d, max_abs=float(exact.max()) * 4)
+            noisy = exact + np.random.default_rng(a.seed + 5).standard_normal(d) * g.std
+            w = rake(V, np.maximum(noisy, 0.0) * S / n, S)
+            report(f"model raked to Gaussian counts at epsilon {eps:g}", weighted_answers(V, Q, w) * n / S,
+                   count_std=round(float(g.std), 1))
+        xy = event_map({"cdr": CDR_MODEL, "transit": TRANSIT_MODEL}[a.kind], 0)[0]
+        D = np.linalg.norm(xy[:, None, :] - xy[None, :, :], axis=2)
+        pr, pv = pair_mass(real, D), pair_mass(V, D)
+        bands = [f"[{lo:g},{hi:g})" for lo, hi in zip(DISTANCE_BANDS, DISTANCE_BANDS[1:])]
+        row = {"name": "pair mass, model over real sample", "bands_km": bands,
+               "ratio": [round(float(v), 3) for v in pv / np.maximum(pr, 1.0) * real.shape[0] / S],
+               "real_share": [round(float(v), 4) for v in pr / pr.sum()]}
+        print(json.dumps(row), flush=True)
+        if a.out:
+            with open(a.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""scripts/dpgm_diagnose.py (docs/dpgm.md, "Where the model's error is"): the raking, the weighted
+answers and the pair counts against brute-force references, and one small run end to end."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy.sparse import csr_matrix
+
+from tests.scripts import load_script
+
+
+@pytest.fixture(scope="module")
+def diag():
+    return load_script("dpgm_diagnose")
+
+
+def _records(seed=0, n=3000, d=12):
+    rng = np.random.default_rng(seed)
+    return csr_matrix((rng.random((n, d)) < rng.uniform(0.05, 0.5, size=d)).astype(np.float64))
+
+
+def test_raking_meets_feasible_targets_with_exponential_weights(diag):
+    V = _records()
+    n, d = V.shape
+    rng = np.random.default_rng(1)
+    # a feasible target: the column sums under a known tilt of the rows
+    lam = rng.normal(0.0, 0.4, d)
+    t = np.exp(V @ lam)
+    target = V.T @ (n * t / t.sum())
+    w = diag.rake(V, target, float(n), reg=1e-9)
+    np.testing.assert_allclose(V.T @ w, target, rtol=2e-3)
+    assert abs(w.sum() - n) < 1e-6 * n
+    # maximum entropy: log w is affine in the row (log w = v . lam + const), checked by least squares
+    A = np.column_stack([V.toarray(), np.ones(n)])
+    coef, *_ = np.linalg.lstsq(A, np.log(w), rcond=None)
+    np.testing.assert_allclose(A @ coef, np.log(w), atol=1e-6)
+    np.testing.assert_allclose(coef[:d], lam, atol=5e-3)  # the tilt's own coefficients
+
+
+def test_raking_to_the_rows_own_sums_leaves_every_weight_one(diag):
+    V = _records(2)
+    w = diag.rake(V, np.asarray(V.sum(axis=0)).ravel(), float(V.shape[0]), reg=1e-9)
+    np.testing.assert_allclose(w, 1.0, atol=1e-3)
+
+
+def test_weighted_answers_count_weighted_people_with_any_item(diag):
+    V = _records(3, n=400)
+    rng = np.random.default_rng(4)
+    Q = (rng.random((V.shape[1], 20)) < 0.2).astype(np.float64)
+    w = rng.uniform(0.2, 3.0, V.shape[0])
+    Vd = V.toarray() > 0
+    want = [sum(w[i] for i in range(V.shape[0]) if (Vd[i] & (Q[:, q] > 0)).any()) for q in range(Q.shape[1])]
+    np.testing.assert_allclose(diag.weighted_answers(V, Q, w), want)
+
+
+def test_pair_mass_counts_each_persons_pairs_by_distance(diag):
+    V = _records(5, n=200, d=8)
+    rng = np.random.default_rng(6)
+    xy = rng.uniform(0, 30, (8, 2))
+    D = np.linalg.norm(xy[:, None] - xy[None], axis=2)
+    want = np.zeros(len(diag.DISTANCE_BANDS) - 1)
+    for row in V.toarray() > 0:
+        for i, j in itertools.combinations(np.flatnonzero(row), 2):
+            want[np.searchsorted(diag.DISTANCE_BANDS, D[i, j], side="right") - 1] += 1
+    np.testing.assert_allclose(diag.pair_mass(V, D), want)
+
+
+def test_a_small_run_reports_the_oracles_the_model_and_its_pairs(diag, tmp_path):
+    from sparkpriv.mechanisms import dpgm
+
+    study = load_script("dpgm_model_study")
+    X = study.cap(study.people("transit", 3000), 16, 7)
+    params = dpgm.DPGMParams(epsilon=1e4, delta=1e-5, k=2, sampling_rate=0.1, epochs=1.0, hidden=4,
+                             row_bound=math.sqrt(16))
+    model, _ = dpgm.fit_dpgm_array(X.toarray(), params, seed=1)
+    path = tmp_path / "model.npz"
+    model.save(path)
+    out = tmp_path / "diag.jsonl"
+    diag.main(["--kind", "transit", "--people", "3000", "--max-items", "16", "--synthetic", "1500",
+               "--oracle-ks", "1,2", "--model", str(path), "--count-epsilons", "1", "--out", str(out)])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["name"] for r in rows] == [
+        "real sample", "oracle k=1", "oracle k=1 raked to the exact counts", "oracle k=2",
+        "oracle k=2 raked to the exact counts", "model", "model raked to the exact counts (oracle)",
+        "model raked to Gaussian counts at epsilon 1", "pair mass, model over real sample"]
+    for r in rows[:-1]:
+        assert 0.0 < r["error"] < 1.5 and len(r["groups"]) == 5
+    pairs = rows[-1]
+    assert len(pairs["ratio"]) == len(pairs["real_share"]) == 6
+    assert abs(sum(pairs["real_share"]) - 1.0) < 1e-3 and all(v >= 0 for v in pairs["ratio"])
