@@ -80,10 +80,15 @@ def pair_mass(M, D, bands=DISTANCE_BANDS) -> np.ndarray:
     return np.array([C[(D >= a) & (D < b)].sum() / 2.0 for a, b in zip(bands, bands[1:])])
 
 
-def oracle_mixture(X, k: int, S: int, seed: int):
-    """NOT private: ``S`` records of :func:`dpgm_model_study.oracle_sample` with ``k`` clusters of
-    MiniBatchKMeans (fit on at most 500,000 records; ``k = 1``: one cluster)."""
-    n = X.shape[0]
+def oracle_mixture(X, k: int, S: int, seed: int, chunk: int = 20_000):
+    """NOT private: ``S`` records (CSR) of the mixture of ``k`` clusters of MiniBatchKMeans (fit on
+    at most 500,000 records; ``k = 1``: one cluster), cluster ``j`` by its real size, its record a
+    real record's length of the cluster and, given it, independent items at the cluster's exact
+    marginals (the conditional Bernoulli): :func:`dpgm_model_study.oracle_sample`, drawn in chunks
+    of ``chunk`` records so that only sparse records are kept."""
+    from sparkpriv.mechanisms.rbm import conditional_bernoulli
+
+    n, d = X.shape
     rng = np.random.default_rng(seed)
     if k == 1:
         labels = np.zeros(n, np.int64)
@@ -93,7 +98,21 @@ def oracle_mixture(X, k: int, S: int, seed: int):
         fit = X[rng.choice(n, min(n, 500_000), replace=False)]
         km = MiniBatchKMeans(k, batch_size=8192, n_init=1, random_state=seed, max_iter=20).fit(fit)
         labels = np.concatenate([km.predict(X[s:s + 500_000]) for s in range(0, n, 500_000)])
-    return csr_matrix(study.oracle_sample(X, labels, k, S, np.random.default_rng(seed + 1)))
+    rng = np.random.default_rng(seed + 1)
+    counts = np.bincount(labels, minlength=k)
+    take = rng.multinomial(S, counts / n)
+    order = np.argsort(labels, kind="stable")
+    starts = np.concatenate(([0], np.cumsum(counts)))
+    out = []
+    for j in np.flatnonzero(take):
+        Xj = X[order[starts[j]:starts[j + 1]]]
+        p = np.clip(np.asarray(Xj.mean(axis=0)).ravel(), 1e-7, 1 - 1e-7)
+        logit, lens = np.log(p / (1 - p)), np.diff(Xj.indptr)
+        for s in range(0, int(take[j]), chunk):
+            m = lens[rng.integers(0, Xj.shape[0], min(chunk, int(take[j]) - s))]
+            L = np.ascontiguousarray(np.broadcast_to(logit, (m.size, d)))
+            out.append(csr_matrix(conditional_bernoulli(L, m, rng)))
+    return vstack(out).tocsr()
 
 
 def main(argv=None):

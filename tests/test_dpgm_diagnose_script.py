@@ -93,3 +93,20 @@ def test_a_small_run_reports_the_oracles_the_model_and_its_pairs(diag, tmp_path)
     pairs = rows[-1]
     assert len(pairs["ratio"]) == len(pairs["real_share"]) == 6
     assert abs(sum(pairs["real_share"]) - 1.0) < 1e-3 and all(v >= 0 for v in pairs["ratio"])
+
+
+def test_oracle_mixture_draws_each_clusters_items_given_a_real_length(diag):
+    """Two clusters that hold fixed item sets ({0, 1} for 600 people, {3, 4, 5} for 400): every
+    synthetic record is one of the two sets, in about the clusters' proportions, and one cluster
+    (k = 1) mixes their items at the pooled marginals, each record with a real length."""
+    rows = [[0, 1]] * 600 + [[3, 4, 5]] * 400
+    X = csr_matrix((np.ones(sum(map(len, rows))), np.concatenate(rows),
+                    np.concatenate(([0], np.cumsum([len(r) for r in rows])))), shape=(1000, 6))
+    V = diag.oracle_mixture(X, 2, 5000, seed=3).toarray()
+    sets = {tuple(np.flatnonzero(r)) for r in V}
+    assert sets == {(0, 1), (3, 4, 5)}
+    share = float((V[:, 0] > 0).mean())
+    assert abs(share - 0.6) < 4 * math.sqrt(0.24 / 5000)
+    W = diag.oracle_mixture(X, 1, 5000, seed=3).toarray()
+    assert set(W.sum(axis=1).astype(int)) == {2, 3}
+    assert {tuple(np.flatnonzero(r)) for r in W} > sets  # mixed records too
