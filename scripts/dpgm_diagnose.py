@@ -115,6 +115,67 @@ def oracle_mixture(X, k: int, S: int, seed: int, chunk: int = 20_000):
     return vstack(out).tocsr()
 
 
+def table(kind: str, people: int, max_items: int, cap_seed: int, cache=None):
+    """``(Xfull, X, queries, truth)``: the generated people (uncapped, CSR; read from ``cache``, a
+    .npz file, when it exists, else made and written there), capped at ``max_items``, the paper's
+    1,000 queries in 5 length groups (``draw_queries(seed=0)``) and their answers on the uncapped
+    people, as scripts/dpgm_model_study.py has them."""
+    from scipy.sparse import load_npz, save_npz
+
+    from sparkpriv.mechanisms import counting_queries as cq
+
+    if cache and os.path.exists(cache):
+        Xfull = load_npz(cache).tocsr()
+    else:
+        Xfull = study.people(kind, people)
+        if cache:
+            save_npz(cache, Xfull)
+    X = study.cap(Xfull, max_items, cap_seed)
+    qs = cq.draw_queries(Xfull.shape[1], max_length=int(np.diff(Xfull.indptr).max()), n_queries=1000, groups=5,
+                         seed=0)
+    return Xfull, X, qs, study.answers(Xfull, qs.matrix)
+
+
+def emit(row: dict, out=None) -> None:
+    """Print ``row`` as a JSON line, and append it to the file ``out`` if given."""
+    print(json.dumps(row), flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def synthesize(model, S: int, seed: int):
+    """``S`` synthetic people (CSR) from ``model``, in slices of 20,000 as a Spark task makes them."""
+    from sparkpriv.mechanisms import dpgm
+
+    return vstack([csr_matrix(dpgm.synthesize_part(model, min(20_000, S - s), seed, s) >= 0.5, dtype=np.float64)
+                   for s in range(0, S, 20_000)]).tocsr()
+
+
+def shifted(model, counts, noise_var: float, n: int, samples: int, seed: int):
+    """``model`` with the release's shift of its visible biases towards ``counts`` (noise variance
+    ``noise_var``): the mixture's marginals from ``samples`` record means over the clusters by noisy
+    size (the release's ``synthetic_sums``), each item's ``tau`` by band (``banded_model_error``),
+    then ``marginal_shift`` and ``shift_visible_biases``: what ``calibrate_marginals`` does in a
+    release, on a saved model. Post-processing."""
+    import dataclasses
+
+    from sparkpriv.mechanisms import dpgm
+    from sparkpriv.mechanisms.dpgm import _marginals as mg
+
+    gen, d = model.generator(), model.d
+    longest = dpgm.max_length(model.params, d) if getattr(gen, "strata", ()) else None
+    w = mg._weights(model.sizes)
+    per = np.where(w > 0, np.ceil(samples * w - 1e-9), 0).astype(np.int64)  # MarginalPlan.cluster_samples
+    sums = np.stack([mg.synthetic_sums(gen, model.thetas[j], j, int(per[j]), seed, d, lengths=model.lengths,
+                                       edges=model.length_edges, std=model.length_std, longest=longest)
+                     for j in range(model.k)])
+    m, v = mg.mixture_marginals(sums, per, model.sizes, n)
+    tau2, _ = mg.banded_model_error(counts, m, noise_var, v)
+    shift = mg.marginal_shift(counts, m, noise_var, v, tau2)
+    return dataclasses.replace(model, thetas=mg.shift_visible_biases(model.thetas, shift, d, model.params.hidden))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kind", default="cdr", choices=["cdr", "transit"])
@@ -126,29 +187,24 @@ def main(argv=None):
     ap.add_argument("--model", default=None, help="a DPGM model file")
     ap.add_argument("--count-epsilons", default="0.1,0.3",
                     help="epsilon of the noised per-item counts the model's records are raked to")
+    ap.add_argument("--shift-epsilons", default="",
+                    help="with --model: comma-separated epsilons (or 'exact') of counts the release's shift of "
+                         "the model's visible biases moves to (its banded_model_error and marginal_shift on "
+                         "--marginal-samples record means); each shifted model synthesizes --synthetic people")
+    ap.add_argument("--marginal-samples", type=int, default=20_000)
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--cache", default=None, help="a .npz file: the generated table, made once and read after")
     ap.add_argument("--out", default=None, help="append one JSON line per result here")
     a = ap.parse_args(argv)
-
-    from scipy.sparse import load_npz, save_npz
 
     from sparkpriv.mechanisms import counting_queries as cq
     from sparkpriv.mechanisms import dpgm
     from sparkpriv.privacy import noise as nz
     from sparkpriv.spark.generate_events import CDR_MODEL, TRANSIT_MODEL, event_map
 
-    if a.cache and os.path.exists(a.cache):
-        Xfull = load_npz(a.cache).tocsr()
-    else:
-        Xfull = study.people(a.kind, a.people)
-        if a.cache:
-            save_npz(a.cache, Xfull)
+    Xfull, X, qs, truth = table(a.kind, a.people, a.max_items, a.cap_seed, a.cache)
     n, d = Xfull.shape
-    X = study.cap(Xfull, a.max_items, a.cap_seed)
-    qs = cq.draw_queries(d, max_length=int(np.diff(Xfull.indptr).max()), n_queries=1000, groups=5, seed=0)
     Q = qs.matrix
-    truth = study.answers(Xfull, Q)
     exact = np.asarray(X.sum(axis=0)).ravel()
     S = a.synthetic
 
@@ -156,10 +212,7 @@ def main(argv=None):
         e = cq.relative_errors(truth, answers, n)
         row = {"name": name, "kind": a.kind, "people": n, "synthetic": S, "error": round(float(e.mean()), 4),
                "groups": [round(float(e[qs.group == g].mean()), 4) for g in range(1, 6)], **extra}
-        print(json.dumps(row), flush=True)
-        if a.out:
-            with open(a.out, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        emit(row, a.out)
 
     idx = np.random.default_rng(a.seed).choice(n, min(S, n), replace=False)
     real = X[idx]  # capped, for the pair counts; the size floor answers from the uncapped records
@@ -175,8 +228,7 @@ def main(argv=None):
         if model.d != d:
             raise SystemExit(f"--model has d={model.d}; the {a.kind} table has {d} items: pass --kind.")
         t = time.time()
-        V = vstack([csr_matrix(dpgm.synthesize_part(model, min(20_000, S - s), a.seed, s) >= 0.5, dtype=np.float64)
-                    for s in range(0, S, 20_000)]).tocsr()
+        V = synthesize(model, S, a.seed)
         marg = np.asarray(V.sum(axis=0)).ravel() * n / S
         report("model", study.answers(V, Q) * n / S, seconds=round(time.time() - t),
                marginal_l1=round(float(np.abs(marg - exact).sum() / exact.sum()), 4))
@@ -189,6 +241,16 @@ def main(argv=None):
             w = rake(V, np.maximum(noisy, 0.0) * S / n, S)
             report(f"model raked to Gaussian counts at epsilon {eps:g}", weighted_answers(V, Q, w) * n / S,
                    count_std=round(float(g.std), 1))
+        for name in [v.strip() for v in a.shift_epsilons.split(",") if v.strip()]:
+            if name == "exact":
+                counts, var = exact, 0.0
+            else:
+                g = nz.calibrate_gaussian_noise(sensitivity=math.sqrt(2 * a.max_items), epsilon=float(name),
+                                                delta=1.0 / n, dim=d, max_abs=float(exact.max()) * 4)
+                counts, var = exact + np.random.default_rng(a.seed + 5).standard_normal(d) * g.std, g.std ** 2
+            Vs = synthesize(shifted(model, counts, var, n, a.marginal_samples, a.seed), S, a.seed + 1)
+            report(f"model shifted to counts at {name}", study.answers(Vs, Q) * n / S,
+                   count_std=round(math.sqrt(var), 1))
         xy = event_map({"cdr": CDR_MODEL, "transit": TRANSIT_MODEL}[a.kind], 0)[0]
         D = np.linalg.norm(xy[:, None, :] - xy[None, :, :], axis=2)
         pr, pv = pair_mass(real, D), pair_mass(V, D)
@@ -196,10 +258,7 @@ def main(argv=None):
         row = {"name": "pair mass, model over real sample", "bands_km": bands,
                "ratio": [round(float(v), 3) for v in pv / np.maximum(pr, 1.0) * real.shape[0] / S],
                "real_share": [round(float(v), 4) for v in pr / pr.sum()]}
-        print(json.dumps(row), flush=True)
-        if a.out:
-            with open(a.out, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        emit(row, a.out)
 
 
 if __name__ == "__main__":
