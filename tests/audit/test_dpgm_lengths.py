@@ -25,7 +25,8 @@ pytestmark = pytest.mark.audit
 
 DELTA = 1e-3
 # length_share * epsilon = 1: the audited histogram alone is about (1, 1e-3)
-PARAMS = dpgm.DPGMParams(epsilon=2.0, delta=DELTA, k=2, kmeans_share=0.3, length_share=0.5, hidden=2)
+PARAMS = dpgm.DPGMParams(epsilon=2.0, delta=DELTA, k=2, kmeans_share=0.3, length_share=0.5, marginal_share=0.1,
+                         hidden=2)
 D = 6
 
 

@@ -28,7 +28,7 @@ def test_plan_event_is_kmeans_plus_lengths_plus_item_counts_plus_one_cluster_of_
     assert compose(km) == compose([plan.kmeans.dp_event()])
     assert lengths == plan.lengths.dp_event() and isinstance(lengths, ev.GaussianDpEvent)
     assert counts == plan.marginals.dp_event() and isinstance(counts, ev.GaussianDpEvent)
-    assert plan.marginals.share == 0.1
+    assert plan.marginals.share == 0.3
     assert sgd.count == plan.steps == 40
     assert sgd.event.sampling_probability == 0.05
     # replace-one: an add/remove step of sensitivity 2C, multiplier at least sigma / 2
@@ -213,7 +213,7 @@ def test_a_release_records_the_source_types_and_synthesizes_a_table_in_them(tmp_
     assert rel.receipt()["mechanism_details"]["model"]["format_version"] == dpgm.FORMAT_VERSION == 7
     # the receipt states the shares and defaults as used, not the None the caller left
     got = rel.receipt()["mechanism_details"]["parameters"]
-    assert (got["length_share"], got["marginal_share"], got["average_tail"]) == (0.1, 0.1, 0.5)
+    assert (got["length_share"], got["marginal_share"], got["average_tail"]) == (0.1, 0.3, 0.5)
     assert got["length_strata"] == [3] and got["row_bound"] == pytest.approx(np.sqrt(5))  # edges <= L = 5
     t = dpgm.synthesize_table(rel.model, 500, seed=1)
     assert t.column_names == cols

@@ -220,7 +220,7 @@ def test_the_sizes_weigh_the_data_part_of_the_rbm_gradient():
     p = np.array([0.1, 0.2, 0.3, 0.4, 0.6, 0.8])
     X = (rng.random((4000, 6)) < p).astype(float)
     params = dpgm.DPGMParams(k=2, hidden=1, sampling_rate=0.2, epochs=80, clip=4.0, epsilon=1e6, delta=1e-5,
-                             accountant="rdp", length_share=0, learning_rate=0.01, average_tail=0.5)
+                             accountant="rdp", length_share=0, marginal_share=0, learning_rate=0.01, average_tail=0.5)
     plan = dpgm.plan_dpgm(params, n=4000, d=6)
     assert plan.noise_multiplier < 0.1  # noise std sigma C / (q n) < 5e-4: negligible; no record is clipped
     labels = np.zeros(4000, dtype=np.int64)

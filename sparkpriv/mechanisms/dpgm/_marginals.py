@@ -31,7 +31,8 @@ import numpy as np
 from sparkpriv.errors import ParameterError
 from sparkpriv.privacy import noise as _noise
 from sparkpriv.privacy.random import stream
-from sparkpriv.mechanisms.dpgm._params import DPGMParams, MARGINAL_SAMPLE_STAGE, MARGINAL_STAGE
+from sparkpriv.mechanisms.dpgm._params import (DEFAULT_LENGTH_SHARE, DEFAULT_MARGINAL_SHARE, DPGMParams,
+                                               MARGINAL_SAMPLE_STAGE, MARGINAL_STAGE)
 from sparkpriv.mechanisms.dpgm._lengths import draw_lengths, gaussian_alone
 
 MARGINAL_BATCH_VALUES = 1 << 22  # a task samples at most this many values at once (32 MiB of float64)
@@ -98,8 +99,9 @@ def marginal_plan(params: DPGMParams, d: int, caller: str = "dpgm") -> MarginalP
     if params.kmeans_share + params.lengths_share + share >= 1.0:
         raise ParameterError(f"kmeans_share + length_share + marginal_share of {caller} must be below 1 "
                              f"(DP-SGD needs the rest of epsilon); got {params.kmeans_share!r} + "
-                             f"{params.lengths_share!r} + {share!r} (for the rbm length_share and marginal_share "
-                             "default to 0.1 each). Lower one of them.")
+                             f"{params.lengths_share!r} + {share!r} (for the rbm length_share defaults to "
+                             f"{DEFAULT_LENGTH_SHARE['rbm']} and marginal_share to {DEFAULT_MARGINAL_SHARE['rbm']}). "
+                             "Lower one of them.")
     # the k-means' bound on a record (_bounds: default sqrt(d)); a record in [0, 1]^d is never longer
     row_bound = min(math.sqrt(d) if params.row_bound is None else float(params.row_bound), math.sqrt(d))
     noise = gaussian_alone(float(share * params.epsilon), float(params.delta), int(d),

@@ -42,7 +42,7 @@ DEFAULT_LENGTH_STRATA = (3, 6, 13)
 STRATA_NOISE_MAX = 0.03
 # share of epsilon the histograms of record lengths are calibrated to (docs/dpgm.md, "Record lengths")
 DEFAULT_LENGTH_SHARE = {"rbm": 0.1, "vae": 0.0}
-DEFAULT_MARGINAL_SHARE = {"rbm": 0.1, "vae": 0.0}  # the per-item counts (docs/dpgm.md, "Calibrating the marginals")
+DEFAULT_MARGINAL_SHARE = {"rbm": 0.3, "vae": 0.0}  # the per-item counts (docs/dpgm.md, "Calibrating the marginals")
 LENGTH_KEEP_STDS = 2.0  # synthesis: a noisy bin below this many noise stds counts as empty
 _POS = Interval("real", 0, None, "neither")
 DEFAULT_LEARNING_RATE = {"rbm": 0.002, "vae": 0.01}  # docs/dpgm.md, "Training: a first study"
@@ -79,7 +79,7 @@ class DPGMParams(_proto.Params):
         None, help="share of epsilon the per-item counts (the column sums of the bounded records) are calibrated "
         "to, in [0, 1); after training every cluster's visible biases are shifted so that the mixture's "
         "per-item marginals move towards them, as far as the counts are more precise than the models (rbm "
-        "only; docs/dpgm.md, 'Calibrating the marginals'); 0: none", doc_default="rbm: 0.1; vae: 0",
+        "only; docs/dpgm.md, 'Calibrating the marginals'); 0: none", doc_default="rbm: 0.3; vae: 0",
         constraints=[Interval("real", 0, 1, "left")])
     marginal_samples: int = _proto.option(
         DEFAULT_MARGINAL_SAMPLES, help="with marginal_share: synthetic records (over all clusters, by noisy "
