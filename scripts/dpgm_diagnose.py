@@ -13,7 +13,8 @@ and truth), and three yardsticks, none of them private (measurements with fixed 
   when their weights are raked (maximum entropy) to the capped table's exact per-item counts
   (an oracle: how far exact marginals would take this model's records) and to Gaussian-noised
   counts at ``--count-epsilons`` (what the same reweighting could do with counts a release
-  could afford).
+  could afford); with ``--shift-epsilons exact,0.3,0.1`` also the release's shift of the model's
+  visible biases towards the exact or noised counts (``shifted``), and the shifted model's error.
 * For the model's records and a real sample of the same size: the co-occurrence of items by the
   distance between them (the generator's tower or station coordinates), as the synthetic table's
   pair count over the real one in each distance band: 1 where the model puts the right mass on
