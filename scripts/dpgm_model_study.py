@@ -169,6 +169,9 @@ def main(argv=None):
                          "format 6), burn_in, sweeps")
     ap.add_argument("--out", default=None, help="append one JSON line per variant here")
     ap.add_argument("--cache", default=None, help="a .npz file: the generated table, made once and read after")
+    ap.add_argument("--save-model", default=None,
+                    help="a directory: each variant's model (before any calibration) saved there as <name>.npz, "
+                         "a DPGM model file (scripts/dpgm_diagnose.py --model)")
     a = ap.parse_args(argv)
 
     from sparkpriv.mechanisms import counting_queries as cq
@@ -252,6 +255,9 @@ def main(argv=None):
                                          chain_lengths=dpgm.chain_lengths(plan, lengths, a.seed))
             public = plan.to_public_dict()
             model = dpgm._model(params, d, thetas, sizes, centers, public, plan, lengths)
+            if a.save_model:
+                os.makedirs(a.save_model, exist_ok=True)
+                model.save(os.path.join(a.save_model, f"{name}.npz"))
             W = thetas[:, : d * params.hidden]
             wstats = {"w_abs_mean": round(float(np.abs(W).mean()), 4), "w_abs_max": round(float(np.abs(W).max()), 3)}
             t2 = time.time()

@@ -47,7 +47,7 @@ def test_answers_count_people_with_any_item_of_the_query(study):
 def test_a_small_run_writes_every_variant(study, tmp_path):
     out = tmp_path / "study.jsonl"
     study.main(["--people", "3000", "--max-items", "16", "--synthetic", "2000", "--k", "2",
-                "--sampling-rate", "0.1", "--epochs", "2", "--out", str(out),
+                "--sampling-rate", "0.1", "--epochs", "2", "--out", str(out), "--save-model", str(tmp_path / "m"),
                 "--variants", json.dumps([{"name": "defaults"}, {"name": "tail 0", "average_tail": 0.0},
                                           {"name": "oracle", "oracle": True}])])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -57,6 +57,10 @@ def test_a_small_run_writes_every_variant(study, tmp_path):
         assert 0.0 < r["error"] < 1.5 and r["marginal_l1"] >= 0.0
     assert rows[0]["sigma"] == rows[1]["sigma"] > 0 and rows[2]["sigma"] is None
     assert rows[0]["error"] != rows[1]["error"]  # the tail mean is a different model
+    from sparkpriv.mechanisms import dpgm
+
+    saved = dpgm.DPGMModel.load(tmp_path / "m" / "defaults.npz")  # the oracle has no model to save
+    assert saved.k == 2 and sorted(p.name for p in (tmp_path / "m").iterdir()) == ["defaults.npz", "tail 0.npz"]
 
 
 def test_calibration_moves_the_mixtures_marginals_towards_the_target(study):
