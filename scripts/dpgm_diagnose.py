@@ -155,26 +155,18 @@ def synthesize(model, S: int, seed: int):
 
 def shifted(model, counts, noise_var: float, n: int, samples: int, seed: int):
     """``model`` with the release's shift of its visible biases towards ``counts`` (noise variance
-    ``noise_var``): the mixture's marginals from ``samples`` record means over the clusters by noisy
-    size (the release's ``synthetic_sums``), each item's ``tau`` by band (``banded_model_error``),
-    then ``marginal_shift`` and ``shift_visible_biases``: what ``calibrate_marginals`` does in a
-    release, on a saved model. Post-processing."""
+    ``noise_var``): the library's own steps on a saved model, ``samples`` record means over the
+    clusters by noisy size (``cluster_samples``, ``model_sums``: a release's training tasks), then
+    ``calibration`` and ``shift_visible_biases``, which is what ``calibrate_marginals`` does in a
+    release. Post-processing."""
     import dataclasses
 
-    from sparkpriv.mechanisms import dpgm
     from sparkpriv.mechanisms.dpgm import _marginals as mg
 
-    gen, d = model.generator(), model.d
-    longest = dpgm.max_length(model.params, d) if getattr(gen, "strata", ()) else None
-    w = mg._weights(model.sizes)
-    per = np.where(w > 0, np.ceil(samples * w - 1e-9), 0).astype(np.int64)  # MarginalPlan.cluster_samples
-    sums = np.stack([mg.synthetic_sums(gen, model.thetas[j], j, int(per[j]), seed, d, lengths=model.lengths,
-                                       edges=model.length_edges, std=model.length_std, longest=longest)
-                     for j in range(model.k)])
-    m, v = mg.mixture_marginals(sums, per, model.sizes, n)
-    tau2, _ = mg.banded_model_error(counts, m, noise_var, v)
-    shift = mg.marginal_shift(counts, m, noise_var, v, tau2)
-    return dataclasses.replace(model, thetas=mg.shift_visible_biases(model.thetas, shift, d, model.params.hidden))
+    per = mg.cluster_samples(samples, model.sizes)
+    sums = np.stack([mg.model_sums(model, j, int(per[j]), seed) for j in range(model.k)])
+    shift, _ = mg.calibration(counts, sums, per, model.sizes, n, noise_var)
+    return dataclasses.replace(model, thetas=mg.shift_visible_biases(model.thetas, shift, model.d, model.params.hidden))
 
 
 def main(argv=None):

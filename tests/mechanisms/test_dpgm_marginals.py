@@ -247,6 +247,33 @@ def test_in_memory_release_adds_the_noise_to_the_exact_counts_and_shifts_the_mod
     assert record["model_error_by_band"] == [{"items": 10, "tau": pytest.approx(math.sqrt(one))}]
 
 
+def test_the_shift_is_reproduced_from_the_model_file_alone(tmp_path):
+    """``model_sums`` (cluster ``j`` of a saved model, its length histograms and strata read from
+    the file) draws the sums a release's training task drew, and ``calibration`` gives the
+    release's shift and record from them: the plan-free path of ``calibrate_marginals``."""
+    X = _records()
+    model, plan = dpgm.fit_dpgm_array(X, dataclasses.replace(P, epsilon=8.0), seed=11)
+    model.save(tmp_path / "m.npz")
+    back = dpgm.DPGMModel.load(tmp_path / "m.npz")
+    unshifted = dataclasses.replace(back, thetas=back.thetas - dpgm.shift_visible_biases(
+        np.zeros_like(back.thetas), back.marginal_shift, 10, P.hidden))
+    per = dpgm.cluster_samples(P.marginal_samples, back.sizes)
+    np.testing.assert_array_equal(per, plan.marginals.cluster_samples(model.sizes))
+    assert per.sum() >= P.marginal_samples and np.all(per > 0)
+    for j in range(2):  # the same records as the plan's path on the same parameters
+        np.testing.assert_array_equal(dpgm.model_sums(unshifted, j, per[j], 11),
+                                      dpgm.marginal_sums(plan, unshifted.thetas[j], j, per[j], 11, model.lengths))
+    sums = np.stack([dpgm.model_sums(unshifted, j, per[j], 11) for j in range(2)])
+    shift, record = dpgm.calibration(back.item_counts, sums, per, back.sizes, X.shape[0], plan.marginals.noise_var)
+    np.testing.assert_allclose(shift, model.marginal_shift, rtol=1e-7, atol=1e-10)
+    want = model.plan_public["marginal_calibration"]
+    assert record["samples_per_cluster"] == want["samples_per_cluster"]
+    for key in ("gap_before", "model_error", "sampling_std_total"):
+        assert record[key] == pytest.approx(want[key], rel=1e-7), key
+    # another seed draws other records: the sums are the seed's, not a constant
+    assert not np.array_equal(dpgm.model_sums(unshifted, 0, per[0], 12), sums[0])
+
+
 def test_table_rows_longer_than_the_bound_are_counted_as_the_kmeans_scales_them():
     X = _records()
     X[:5] = 1.0  # 10 items, longer than the row bound sqrt(4): scaled onto it (norm 2)

@@ -99,7 +99,7 @@ from sparkpriv.mechanisms.dpgm._lengths import (length_edges, LengthPlan, length
 from sparkpriv.mechanisms.dpgm._marginals import (MarginalPlan, marginal_plan, column_sums, sample_records,
                                                   synthetic_sums, mixture_marginals, model_error, error_bands,
                                                   banded_model_error, marginal_shift,
-                                                  shift_visible_biases)
+                                                  shift_visible_biases, cluster_samples, calibration, model_sums)
 from sparkpriv.mechanisms.dpgm._plan import (_make_model, DPGMPlan, accounting_note, _Relations, _bounds,
                                              calibrate_dpgm, requested_event, plan_for_rows, plan_dpgm)
 from sparkpriv.mechanisms.dpgm._released import (DPGMModel, synthesize, synthesize_table, synthesize_part,

@@ -32,7 +32,7 @@ from sparkpriv.errors import ParameterError
 from sparkpriv.privacy import noise as _noise
 from sparkpriv.privacy.random import stream
 from sparkpriv.mechanisms.dpgm._params import (DEFAULT_LENGTH_SHARE, DEFAULT_MARGINAL_SHARE, DPGMParams,
-                                               MARGINAL_SAMPLE_STAGE, MARGINAL_STAGE)
+                                               MARGINAL_SAMPLE_STAGE, MARGINAL_STAGE, max_length)
 from sparkpriv.mechanisms.dpgm._lengths import draw_lengths, gaussian_alone
 
 MARGINAL_BATCH_VALUES = 1 << 22  # a task samples at most this many values at once (32 MiB of float64)
@@ -70,10 +70,8 @@ class MarginalPlan:
         return _noise.add_noise(np.asarray(sums, dtype=np.float64), self.noise, stream(seed, MARGINAL_STAGE))
 
     def cluster_samples(self, sizes) -> np.ndarray:
-        """``S_j = ceil(samples w_j)`` records per cluster, ``w`` the released sizes normalised
-        (uniform when all are 0). Public: a function of released sizes and ``samples``."""
-        w = _weights(sizes)
-        return np.where(w > 0, np.ceil(self.samples * w - 1e-9), 0).astype(np.int64)
+        """:func:`cluster_samples` of this plan's ``samples``."""
+        return cluster_samples(self.samples, sizes)
 
     def to_public_dict(self) -> dict:
         return {"share_of_epsilon": self.share, "sensitivity_l2": self.sensitivity, "row_bound": self.row_bound,
@@ -107,6 +105,13 @@ def marginal_plan(params: DPGMParams, d: int, caller: str = "dpgm") -> MarginalP
     noise = gaussian_alone(float(share * params.epsilon), float(params.delta), int(d),
                            float(math.sqrt(2.0) * row_bound), caller)
     return MarginalPlan(noise, share, float(row_bound), int(params.marginal_samples))
+
+
+def cluster_samples(samples: int, sizes) -> np.ndarray:
+    """``S_j = ceil(samples w_j)`` records per cluster, ``w`` the released sizes normalised
+    (uniform when all are 0). Public: a function of released sizes and ``samples``."""
+    w = _weights(sizes)
+    return np.where(w > 0, np.ceil(int(samples) * w - 1e-9), 0).astype(np.int64)
 
 
 def _weights(sizes) -> np.ndarray:
@@ -251,3 +256,44 @@ def shift_visible_biases(thetas: np.ndarray, shift: np.ndarray, d: int, hidden: 
     out = np.array(thetas, dtype=np.float64, copy=True)
     out[:, int(d) * int(hidden): int(d) * int(hidden) + int(d)] += np.asarray(shift, dtype=np.float64)
     return out
+
+
+def calibration(item_counts, sums, samples_per_cluster, sizes, n: int, noise_var: float) -> tuple:
+    """``(shift, public)``: the driver's part of the calibration (docs/dpgm.md, "Calibrating the
+    marginals"). ``(m, v)`` the mixture's marginals and their sampling variance from each cluster's
+    sampled sums (:func:`mixture_marginals`; ``samples_per_cluster[j]`` records of cluster ``j``),
+    ``tau^2`` each item's (:func:`banded_model_error`), ``shift = marginal_shift(c, m, sigma^2, v,
+    tau^2)``, and the model file's public record of it. Post-processing of released values."""
+    samples_per_cluster = np.asarray(samples_per_cluster, dtype=np.int64)
+    m, v = mixture_marginals(sums, samples_per_cluster, sizes, n)
+    tau2, by_band = banded_model_error(item_counts, m, noise_var, v)
+    shift = marginal_shift(item_counts, m, noise_var, v, tau2)
+    c = np.maximum(np.asarray(item_counts, dtype=np.float64), 0.0)
+    public = {"samples_per_cluster": [int(x) for x in samples_per_cluster],
+              "gap_before": float(np.abs(m - c).sum() / max(c.sum(), 1.0)),
+              "model_error": math.sqrt(model_error(item_counts, m, noise_var, v)),
+              "model_error_by_band": [{"items": k, "tau": t} for k, t in by_band],
+              "sampling_std_total": float(np.sqrt(v.sum())),
+              "note": "gap_before: sum |m - c| / sum c, the mixture's per-item marginals m (measured on "
+                      "samples_per_cluster synthetic records, total sampling std sampling_std_total) "
+                      "against the noisy counts c; model_error: tau, the models' relative error in "
+                      "their marginals estimated from c and m over all items, model_error_by_band within "
+                      "bands of items by m (the most common first), each item's tau its band's; every "
+                      "cluster's visible biases then moved by log((m + lambda (max(c, 0) - m) + 1) / (m + "
+                      "1)), lambda = tau^2 m^2 / (tau^2 m^2 + std^2 + v) (the file's marginal_shift; "
+                      "post-processing)"}
+    return shift, public
+
+
+def model_sums(model, j: int, count: int, seed: int) -> np.ndarray:
+    """:func:`synthetic_sums` of cluster ``j`` of a released model (a ``DPGMModel``: its generator,
+    length histograms and strata), ``count`` records from ``stream(seed, MARGINAL_SAMPLE_STAGE, j,
+    b)``: what a release's training task computes for cluster ``j`` after training, from the model
+    file alone. Post-processing."""
+    from sparkpriv.mechanisms.dpgm._params import max_length
+
+    gen = model.generator()
+    longest = max_length(model.params, model.d) if getattr(gen, "strata", ()) else None
+    return synthetic_sums(gen, np.asarray(model.thetas[int(j)], dtype=np.float64), int(j), int(count), seed,
+                          model.d, lengths=model.lengths, edges=model.length_edges, std=model.length_std,
+                          longest=longest)

@@ -14,8 +14,7 @@ from sparkpriv.mechanisms.kmeans import cluster_stats, fit_from_stats, initial_c
 from sparkpriv.privacy.random import new_secret_seed, stream
 from sparkpriv.mechanisms.dpgm._params import DPGMParams, length_strata, max_length
 from sparkpriv.mechanisms.dpgm._lengths import chain_lengths, cluster_sizes, expected_length, last_round_centres
-from sparkpriv.mechanisms.dpgm._marginals import (banded_model_error, marginal_shift, mixture_marginals,
-                                                  model_error, shift_visible_biases, synthetic_sums)
+from sparkpriv.mechanisms.dpgm._marginals import calibration, shift_visible_biases, synthetic_sums
 from sparkpriv.mechanisms.dpgm._plan import DPGMPlan, _bounds, _make_model, plan_dpgm
 from sparkpriv.mechanisms.dpgm._released import DPGMModel
 
@@ -145,31 +144,13 @@ def marginal_sums(plan: DPGMPlan, theta: np.ndarray, j: int, count: int, seed: i
 
 
 def calibrate_marginals(plan: DPGMPlan, thetas: np.ndarray, sums: np.ndarray, sizes, item_counts) -> tuple:
-    """``(thetas, shift, public)``: every cluster's visible biases plus ``shift =
-    marginal_shift(c, m, sigma^2, v, tau^2)`` (:mod:`._marginals`), ``(m, v)`` the mixture's
-    marginals and their sampling variance from each cluster's sampled sums
-    (``plan.marginals.cluster_samples(sizes)`` records each), ``tau^2`` each item's
-    (:func:`banded_model_error`), and the model file's record of it. Post-processing of released
-    values (docs/dpgm.md, "Calibrating the marginals")."""
+    """``(thetas, shift, public)``: every cluster's visible biases plus the shift of
+    :func:`._marginals.calibration` (the mixture's marginals from each cluster's sampled sums,
+    ``plan.marginals.cluster_samples(sizes)`` records each, moved towards the noisy counts), and the
+    model file's record of it. Post-processing of released values (docs/dpgm.md, "Calibrating the
+    marginals")."""
     mp = plan.marginals
-    samples = mp.cluster_samples(sizes)
-    m, v = mixture_marginals(sums, samples, sizes, plan.n)
-    tau2, by_band = banded_model_error(item_counts, m, mp.noise_var, v)
-    shift = marginal_shift(item_counts, m, mp.noise_var, v, tau2)
-    c = np.maximum(np.asarray(item_counts, dtype=np.float64), 0.0)
-    public = {"samples_per_cluster": [int(x) for x in samples],
-              "gap_before": float(np.abs(m - c).sum() / max(c.sum(), 1.0)),
-              "model_error": math.sqrt(model_error(item_counts, m, mp.noise_var, v)),
-              "model_error_by_band": [{"items": k, "tau": t} for k, t in by_band],
-              "sampling_std_total": float(np.sqrt(v.sum())),
-              "note": "gap_before: sum |m - c| / sum c, the mixture's per-item marginals m (measured on "
-                      "samples_per_cluster synthetic records, total sampling std sampling_std_total) "
-                      "against the noisy counts c; model_error: tau, the models' relative error in "
-                      "their marginals estimated from c and m over all items, model_error_by_band within "
-                      "bands of items by m (the most common first), each item's tau its band's; every "
-                      "cluster's visible biases then moved by log((m + lambda (max(c, 0) - m) + 1) / (m + "
-                      "1)), lambda = tau^2 m^2 / (tau^2 m^2 + std^2 + v) (the file's marginal_shift; "
-                      "post-processing)"}
+    shift, public = calibration(item_counts, sums, mp.cluster_samples(sizes), sizes, plan.n, mp.noise_var)
     return shift_visible_biases(thetas, shift, plan.d, plan.params.hidden), shift, public
 
 
