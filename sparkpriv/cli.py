@@ -74,6 +74,9 @@ EVALUATE_COUNTING_OPTIONS = (
     Option("groups", "int", "query groups of growing length", default=5),
     Option("max_length", "int", "longest query [default: max distinct items of a person in the source]"),
     Option("seed", "int", "seed of the random queries", default=0),
+    Option("release_people", "int", "the people the release stands for; its answers are scaled by the "
+           "source's people / this [default: the release's rows; give the --rows of the synthesis for an "
+           "event-table release]"),
 )
 
 
@@ -350,7 +353,7 @@ def evaluate_tables(spark, *, source: str, release: str, person_col: str, item_c
                     release_item_ids: bool = False, release_events: bool = False,
                     release_person_col: str | None = None, release_item_col: str | None = None,
                     threshold: float = 0.5, queries: int = 1000, groups: int = 5, max_length: int | None = None,
-                    seed: int = 0) -> dict:
+                    seed: int = 0, release_people: int | None = None) -> dict:
     """Read ``source`` and ``release`` (paths or table names) and evaluate (the CLI's entry point)."""
     from sparkpriv.io.inputs import read_table
     from sparkpriv.mechanisms.sparse import Vocabulary
@@ -366,7 +369,7 @@ def evaluate_tables(spark, *, source: str, release: str, person_col: str, item_c
         person=person_col, item=item_col, vocabulary=vocabulary, release_columns=release_columns,
         release_items_col=release_items_col, release_item_ids=release_item_ids, release_events=release_events,
         release_person=release_person_col, release_item=release_item_col, threshold=threshold, n_queries=queries,
-        groups=groups, max_length=max_length, seed=seed)
+        groups=groups, max_length=max_length, seed=seed, release_people=release_people)
 
 
 def _cmd_evaluate_counting(args) -> int:

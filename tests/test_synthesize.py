@@ -506,7 +506,9 @@ def test_counting_queries_read_the_synthetic_items_and_events(spark, event_relea
             synthesize_dpgm(event_release, rows=500, output=str(tmp_path / name), partitions=2, spark=spark, **kw)
     src = _source_events(spark)
     voc = list(EV_IDS)
-    common = dict(source=src, person="caller_id", item="tower_id", vocabulary=voc, n_queries=60, groups=3, seed=1)
+    # the release stands for 500 synthetic people (an exploded event table has no row for one without items)
+    common = dict(source=src, person="caller_id", item="tower_id", vocabulary=voc, n_queries=60, groups=3, seed=1,
+                  release_people=500)
     read = lambda n: spark.read.parquet(str(tmp_path / n))  # noqa: E731
     wide = evaluate_counting_queries(spark, release=read("wide"), release_columns=[f"x{j}" for j in range(5)],
                                      **common)
@@ -514,9 +516,10 @@ def test_counting_queries_read_the_synthetic_items_and_events(spark, event_relea
     events = evaluate_counting_queries(spark, release=read("events"), release_events=True, **common)
     assert items["groups"] == wide["groups"] and events["groups"] == wide["groups"]
     assert items["release_rows"] == wide["release_rows"] == 500 and events["release_rows"] <= 500
+    assert wide["people"] < 400 and wide["scale"] == events["scale"] == pytest.approx(wide["people"] / 500)
     assert wide["mean_relative_error"] > 0
     exact = evaluate_counting_queries(spark, release=src.withColumnRenamed("tower_id", "t"), release_events=True,
-                                      release_item="t", **common)
+                                      release_item="t", **dict(common, release_people=None))
     assert exact["mean_relative_error"] == 0.0
     # the ids read as indices are refused (130 is outside [0, 5)), not silently miscounted
     with pytest.raises(Exception, match="outside"):

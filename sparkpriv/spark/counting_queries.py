@@ -27,6 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
+from sparkpriv._validation import Interval, check_param
 from sparkpriv.errors import ParameterError, SchemaError
 from sparkpriv.mechanisms import counting_queries as cq
 from sparkpriv.mechanisms.sparse import Vocabulary
@@ -144,8 +145,17 @@ def evaluate_counting_queries(
     max_length: int | None = None,
     sanity: float = 0.001,
     seed: int = 0,
+    release_people: int | None = None,
 ) -> dict:
     """Relative errors of counting queries on ``release`` against the private ``source``.
+
+    A release of another size than the source (a synthetic table of ``sparkpriv synthesize
+    --rows N``) answers for its own people: its answers are scaled by ``n / release_people``
+    (``n`` the source's people, public under replace-one), as the paper's protocol compares a
+    synthetic table's proportions. ``release_people`` defaults to the release's rows (one per
+    person); an event-table release has no row for a person without items, so give it the number
+    of people it was made for (the ``--rows`` of the synthesis). A release of ``n`` people is not
+    scaled.
 
     Parameters
     ----------
@@ -166,14 +176,22 @@ def evaluate_counting_queries(
     max_length : int, optional
         Longest query of the last group; default: the largest number of
         distinct items of a person in the source (the paper's max ||x||_1).
+    release_people : int, optional
+        The number of people the release stands for (default: its rows); its answers are
+        scaled by ``n / release_people``.
 
     Returns
     -------
     dict
-        ``people``, ``release_rows``, ``max_length``, ``queries``, per-group
-        summaries and the overall mean relative error.
+        ``people``, ``release_rows``, ``release_people``, ``scale`` (the factor on the release's
+        answers), ``max_length``, ``queries``, per-group summaries and the overall mean relative
+        error.
     """
     from pyspark.sql import functions as F
+
+    if release_people is not None:
+        check_param("release_people", release_people, [Interval("integer", 1, None, "left")],
+                    "evaluate_counting_queries")
 
     if release_events and (release_columns or release_item_ids):
         raise ParameterError("release_events reads an event table: release_columns and release_item_ids do not "
@@ -199,16 +217,22 @@ def evaluate_counting_queries(
     else:
         rel_a, n_rel = answer_release(release, qs.matrix, items_col=release_items_col, columns=release_columns,
                                       threshold=threshold, item_ids=vocabulary if release_item_ids else None)
-    err = cq.relative_errors(true_a, rel_a, n, sanity)
-    return {"people": n, "release_rows": n_rel, "vocabulary_size": d, "max_length": max_length,
+    people = int(release_people) if release_people is not None else int(n_rel)
+    scale = float(n) / people if people > 0 else 1.0  # an empty release answers 0 at any scale
+    err = cq.relative_errors(true_a, rel_a * scale, n, sanity)
+    return {"people": n, "release_rows": n_rel, "release_people": people, "scale": scale,
+            "vocabulary_size": d, "max_length": max_length,
             "queries": qs.size, "sanity_bound": sanity * n, "seed": seed,
             "groups": cq.group_summary(err, qs), "mean_relative_error": float(err.mean())}
 
 
 def format_table(result: dict) -> str:
     """The per-group table printed by ``sparkpriv evaluate counting-queries``."""
+    scale = result.get("scale", 1.0)
+    scaled = "" if scale == 1.0 else (f" (answers scaled by {result['people']} / {result['release_people']} "
+                                      f"= {scale:.6g})")
     lines = [f"counting queries: {result['queries']} queries, {result['people']} people in the source, "
-             f"{result['release_rows']} release rows, sanity bound {result['sanity_bound']:.6g}",
+             f"{result['release_rows']} release rows{scaled}, sanity bound {result['sanity_bound']:.6g}",
              f"{'group':>5} {'lengths':>11} {'queries':>8} {'mean rel. err':>14} {'median':>10} {'max':>10}"]
     for g in result["groups"]:
         lines.append(f"{g['group']:>5} {str(g['length_min']) + '-' + str(g['length_max']):>11} {g['queries']:>8} "

@@ -291,6 +291,45 @@ def test_counting_queries_evaluator_on_spark_vs_hand_computation(spark, tmp_path
             assert g["mean_relative_error"] == pytest.approx(expect[qs.group == g["group"]].mean(), rel=1e-12)
 
 
+def test_counting_queries_of_a_release_of_another_size_are_scaled_to_the_source(spark, capsys):
+    """A release of 2n rows (each of the hand-made release's rows twice) answers for 2n people: scaled
+    by n / 2n it has the hand-made release's errors; ``release_people`` overrides the rows (an event
+    table has no row for a person without items), and a bad one is refused before anything is read."""
+    from sparkpriv.errors import ParameterError
+    from sparkpriv.mechanisms import counting_queries as cq
+    from sparkpriv.mechanisms.sparse import sparse_rows_from_lists
+    from sparkpriv.spark.counting_queries import evaluate_counting_queries, format_table
+
+    truth = {"p0": [0, 1], "p1": [2], "p2": [3], "p3": [1, 3]}
+    release = [[0], [2, 3], [0], [1, 3]]
+    ev = spark.createDataFrame([(p, 10 + i) for p, items in truth.items() for i in items], "person string, cell int")
+    qs = cq.draw_queries(4, max_length=2, n_queries=50, groups=5, seed=3)
+    t = cq.answer_queries(*sparse_rows_from_lists(list(truth.values())), qs.matrix)
+    r = cq.answer_queries(*sparse_rows_from_lists(release), qs.matrix)
+    expect = cq.relative_errors(t, r, n=4)
+    common = dict(source=ev, person="person", item="cell", vocabulary="10..13", n_queries=50, groups=5, seed=3)
+    twice = spark.createDataFrame([(x,) for x in release + release], "items array<int>")
+    res = evaluate_counting_queries(spark, release=twice, **common)
+    assert res["release_rows"] == res["release_people"] == 8 and res["scale"] == 0.5
+    assert res["mean_relative_error"] == pytest.approx(expect.mean(), rel=1e-12)
+    assert "answers scaled by 4 / 8 = 0.5" in format_table(res)
+    # the same 2n people as an event table where one of them has no items: 7 rows, 8 people declared
+    events = spark.createDataFrame([(f"s{i}", 10 + j) for i, x in enumerate(release + release[:3] + [[]])
+                                    for j in x], "person string, cell int")
+    unscaled = evaluate_counting_queries(spark, release=events, release_events=True, **common)
+    assert unscaled["release_rows"] == 7 and unscaled["scale"] == pytest.approx(4 / 7)
+    declared = evaluate_counting_queries(spark, release=events, release_events=True, release_people=8, **common)
+    want = cq.relative_errors(t, cq.answer_queries(*sparse_rows_from_lists(release + release[:3] + [[]]),
+                                                   qs.matrix) * 0.5, n=4)
+    assert declared["scale"] == 0.5 and declared["mean_relative_error"] == pytest.approx(want.mean(), rel=1e-12)
+    same = evaluate_counting_queries(spark, release=spark.createDataFrame([(x,) for x in release], "items array<int>"),
+                                     **common)
+    assert same["scale"] == 1.0 and "scaled" not in format_table(same)
+    for bad in (0, -3, 2.5):
+        with pytest.raises(ParameterError, match="release_people"):
+            evaluate_counting_queries(spark, release=twice, release_people=bad, **dict(common, source=None))
+
+
 def test_cli_release_projection_from_events(spark, tmp_path):
     from sparkpriv.cli import main
 
