@@ -290,8 +290,6 @@ def model_sums(model, j: int, count: int, seed: int) -> np.ndarray:
     length histograms and strata), ``count`` records from ``stream(seed, MARGINAL_SAMPLE_STAGE, j,
     b)``: what a release's training task computes for cluster ``j`` after training, from the model
     file alone. Post-processing."""
-    from sparkpriv.mechanisms.dpgm._params import max_length
-
     gen = model.generator()
     longest = max_length(model.params, model.d) if getattr(gen, "strata", ()) else None
     return synthetic_sums(gen, np.asarray(model.thetas[int(j)], dtype=np.float64), int(j), int(count), seed,
