@@ -131,6 +131,12 @@ def column_sums(block) -> np.ndarray:
     return np.asarray(block, dtype=np.float64).sum(axis=0)
 
 
+def strata_longest(gen, params: DPGMParams, d: int) -> int | None:
+    """The longest record a model with length strata samples (:func:`max_length`, the
+    ``longest`` of :func:`sample_records`); None for a model without strata."""
+    return max_length(params, d) if getattr(gen, "strata", ()) else None
+
+
 def sample_records(gen, theta: np.ndarray, n: int, rng: np.random.Generator, *, j: int = 0, lengths=None,
                    edges=None, std: float = math.nan, longest: int | None = None,
                    within: str = "exponential", means: bool = False) -> np.ndarray:
@@ -291,7 +297,7 @@ def model_sums(model, j: int, count: int, seed: int) -> np.ndarray:
     b)``: what a release's training task computes for cluster ``j`` after training, from the model
     file alone. Post-processing."""
     gen = model.generator()
-    longest = max_length(model.params, model.d) if getattr(gen, "strata", ()) else None
+    longest = strata_longest(gen, model.params, model.d)
     return synthetic_sums(gen, np.asarray(model.thetas[int(j)], dtype=np.float64), int(j), int(count), seed,
                           model.d, lengths=model.lengths, edges=model.length_edges, std=model.length_std,
                           longest=longest)

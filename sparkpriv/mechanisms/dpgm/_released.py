@@ -17,9 +17,9 @@ from sparkpriv.mechanisms.event_columns import EventColumns
 from sparkpriv.mechanisms.kmeans import KMeansPlan
 from sparkpriv.privacy.random import new_secret_seed, stream
 from sparkpriv.mechanisms.dpgm._params import (DPGMParams, FORMAT_VERSION, READ_VERSIONS, SYNTH_STAGE,
-                                               length_strata, max_length)
+                                               length_strata)
 from sparkpriv.mechanisms.dpgm._lengths import WITHIN_BIN
-from sparkpriv.mechanisms.dpgm._marginals import sample_records
+from sparkpriv.mechanisms.dpgm._marginals import sample_records, strata_longest
 from sparkpriv.mechanisms.dpgm._plan import _make_model
 
 
@@ -65,7 +65,7 @@ class DPGMModel:
         """``n`` records of cluster ``j``'s model; with the length histograms, each record's length
         drawn from cluster ``j``'s (:func:`synthetic_lengths`; a model with length strata falls back
         to the pooled histogram, then ``L``: :func:`draw_lengths`), then the record given it."""
-        longest = max_length(self.params, self.d) if getattr(gen, "strata", ()) else None
+        longest = strata_longest(gen, self.params, self.d)
         return sample_records(gen, self.thetas[j], int(n), rng, j=j, lengths=self.lengths, edges=self.length_edges,
                               std=self.length_std, longest=longest, within=self.length_within)
 

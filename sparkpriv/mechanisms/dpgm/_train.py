@@ -14,7 +14,7 @@ from sparkpriv.mechanisms.kmeans import cluster_stats, fit_from_stats, initial_c
 from sparkpriv.privacy.random import new_secret_seed, stream
 from sparkpriv.mechanisms.dpgm._params import DPGMParams, length_strata, max_length
 from sparkpriv.mechanisms.dpgm._lengths import chain_lengths, cluster_sizes, expected_length, last_round_centres
-from sparkpriv.mechanisms.dpgm._marginals import calibration, shift_visible_biases, synthetic_sums
+from sparkpriv.mechanisms.dpgm._marginals import calibration, shift_visible_biases, strata_longest, synthetic_sums
 from sparkpriv.mechanisms.dpgm._plan import DPGMPlan, _bounds, _make_model, plan_dpgm
 from sparkpriv.mechanisms.dpgm._released import DPGMModel
 
@@ -137,7 +137,7 @@ def marginal_sums(plan: DPGMPlan, theta: np.ndarray, j: int, count: int, seed: i
     :func:`synthetic_sums` from ``stream(seed, MARGINAL_SAMPLE_STAGE, j, b)``. A Spark task runs it
     after training its cluster. Post-processing of released values."""
     gen, lp = _make_model(plan.params, plan.d), plan.lengths
-    longest = max_length(plan.params, plan.d) if getattr(gen, "strata", ()) else None
+    longest = strata_longest(gen, plan.params, plan.d)
     return synthetic_sums(gen, np.asarray(theta, dtype=np.float64), int(j), int(count), seed, plan.d,
                           lengths=None if lp is None else lengths, edges=None if lp is None else lp.edges,
                           std=math.nan if lp is None else float(lp.noise.std), longest=longest)
