@@ -7,7 +7,11 @@ and truth), and three yardsticks, none of them private (measurements with fixed 
 
 * ``--oracle-ks 1,30,300``: mixtures of ``k`` clusters (scikit-learn's MiniBatchKMeans on the
   capped records) where each record has a real record's length and, given it, independent items
-  at its cluster's exact marginals: what clusters and exact marginals alone give.
+  at its cluster's exact marginals: what clusters and exact marginals alone give. With
+  ``--length-bins 1,2,...,129`` each cluster is split further by record length (the bins
+  ``[e_i, e_{i+1})`` of the given edges), each cell with its own exact marginals: what exact
+  marginals by cluster AND length give (``--length-bins fine``: each length 1-12 alone, then
+  13-15, 16-19, 20-23, 24-31, 32-47, 48-63, 64-128).
 * ``--model FILE`` (a DPGM model file, as ``sparkpriv release dpgm`` writes it, or
   ``DPGMModel.save``): ``--synthetic`` people synthesized from it, their error, and the error
   when their weights are raked (maximum entropy) to the capped table's exact per-item counts
@@ -15,6 +19,8 @@ and truth), and three yardsticks, none of them private (measurements with fixed 
   counts at ``--count-epsilons`` (what the same reweighting could do with counts a release
   could afford); with ``--shift-epsilons exact,0.3,0.1`` also the release's shift of the model's
   visible biases towards the exact or noised counts (``shifted``), and the shifted model's error.
+* Every row: the mean relative error per length group and its ``bias``, the mean of the signed
+  relative error ``(q(D') - q(D)) / max(q(D), 0.001 n)`` per group (positive: too many people hit).
 * For the model's records and a real sample of the same size: the co-occurrence of items by the
   distance between them (the generator's tower or station coordinates), as the synthetic table's
   pair count over the real one in each distance band: 1 where the model puts the right mass on
@@ -41,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dpgm_model_study as study  # noqa: E402  (the same people, caps and answers)
 
 DISTANCE_BANDS = (0.0, 2.0, 5.0, 10.0, 20.0, 40.0, math.inf)  # km, the generator's map units
+FINE_LENGTH_BINS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 16, 20, 24, 32, 48, 64)  # --length-bins fine
 
 
 def rake(V, target, total: float, reg: float = 1e-3, maxiter: int = 500) -> np.ndarray:
@@ -81,12 +88,14 @@ def pair_mass(M, D, bands=DISTANCE_BANDS) -> np.ndarray:
     return np.array([C[(D >= a) & (D < b)].sum() / 2.0 for a, b in zip(bands, bands[1:])])
 
 
-def oracle_mixture(X, k: int, S: int, seed: int, chunk: int = 20_000):
+def oracle_mixture(X, k: int, S: int, seed: int, chunk: int = 20_000, length_bins=None):
     """NOT private: ``S`` records (CSR) of the mixture of ``k`` clusters of MiniBatchKMeans (fit on
     at most 500,000 records; ``k = 1``: one cluster), cluster ``j`` by its real size, its record a
     real record's length of the cluster and, given it, independent items at the cluster's exact
     marginals (the conditional Bernoulli): :func:`dpgm_model_study.oracle_sample`, drawn in chunks
-    of ``chunk`` records so that only sparse records are kept."""
+    of ``chunk`` records so that only sparse records are kept. ``length_bins`` (increasing edges,
+    the first at most the shortest length): the cells are (cluster, bin of the record's length),
+    each by its real size with its own exact marginals and real lengths."""
     from sparkpriv.mechanisms.rbm import conditional_bernoulli
 
     n, d = X.shape
@@ -99,6 +108,16 @@ def oracle_mixture(X, k: int, S: int, seed: int, chunk: int = 20_000):
         fit = X[rng.choice(n, min(n, 500_000), replace=False)]
         km = MiniBatchKMeans(k, batch_size=8192, n_init=1, random_state=seed, max_iter=20).fit(fit)
         labels = np.concatenate([km.predict(X[s:s + 500_000]) for s in range(0, n, 500_000)])
+    if length_bins is not None:
+        edges = np.asarray(length_bins, dtype=np.int64)
+        if edges.size == 0 or np.any(np.diff(edges) <= 0):
+            raise ValueError(f"length_bins must be increasing edges; got {list(length_bins)}")
+        nb = edges.size
+        b = np.searchsorted(edges, np.diff(X.indptr), side="right") - 1
+        if np.any(b < 0):
+            raise ValueError(f"length_bins starts at {int(edges[0])}, above the shortest record "
+                             f"({int(np.diff(X.indptr).min())} items): start the edges lower")
+        labels, k = labels * nb + b, k * nb
     rng = np.random.default_rng(seed + 1)
     counts = np.bincount(labels, minlength=k)
     take = rng.multinomial(S, counts / n)
@@ -177,6 +196,9 @@ def main(argv=None):
     ap.add_argument("--cap-seed", type=int, default=7, help="the cap's seed (dpgm_model_study's --seed)")
     ap.add_argument("--synthetic", type=int, default=200_000)
     ap.add_argument("--oracle-ks", default="", help="comma-separated k of the oracle mixtures")
+    ap.add_argument("--length-bins", default="",
+                    help="the oracles' cells also by record length: comma-separated increasing edges "
+                         "(bins [e_i, e_i+1)), or 'fine' (each length 1-12, then 13, 16, 20, 24, 32, 48, 64+)")
     ap.add_argument("--model", default=None, help="a DPGM model file")
     ap.add_argument("--count-epsilons", default="0.1,0.3",
                     help="epsilon of the noised per-item counts the model's records are raked to")
@@ -203,19 +225,24 @@ def main(argv=None):
 
     def report(name, answers, **extra):
         e = cq.relative_errors(truth, answers, n)
+        signed = (answers - truth) / np.maximum(truth, 0.001 * n)  # the relative error with its sign
         row = {"name": name, "kind": a.kind, "people": n, "synthetic": S, "error": round(float(e.mean()), 4),
-               "groups": [round(float(e[qs.group == g].mean()), 4) for g in range(1, 6)], **extra}
+               "groups": [round(float(e[qs.group == g].mean()), 4) for g in range(1, 6)],
+               "bias": [round(float(signed[qs.group == g].mean()), 4) for g in range(1, 6)], **extra}
         emit(row, a.out)
 
     idx = np.random.default_rng(a.seed).choice(n, min(S, n), replace=False)
     real = X[idx]  # capped, for the pair counts; the size floor answers from the uncapped records
     report("real sample", study.answers(Xfull[idx], Q) * n / idx.size)
+    bins = (FINE_LENGTH_BINS if a.length_bins.strip() == "fine"
+            else [int(v) for v in a.length_bins.split(",") if v.strip()]) or None
+    by = "" if bins is None else " by length"
     for k in [int(v) for v in a.oracle_ks.split(",") if v.strip()]:
         t = time.time()
-        V = oracle_mixture(X, k, S, a.seed)
-        report(f"oracle k={k}", study.answers(V, Q) * n / S, seconds=round(time.time() - t))
+        V = oracle_mixture(X, k, S, a.seed, length_bins=bins)
+        report(f"oracle k={k}{by}", study.answers(V, Q) * n / S, seconds=round(time.time() - t))
         w = rake(V, exact * S / n, S)
-        report(f"oracle k={k} raked to the exact counts", weighted_answers(V, Q, w) * n / S)
+        report(f"oracle k={k}{by} raked to the exact counts", weighted_answers(V, Q, w) * n / S)
     if a.model:
         model = dpgm.DPGMModel.load(a.model)
         if model.d != d:

@@ -82,16 +82,17 @@ def test_a_small_run_reports_the_oracles_the_model_and_its_pairs(diag, tmp_path)
     model.save(path)
     out = tmp_path / "diag.jsonl"
     diag.main(["--kind", "transit", "--people", "3000", "--max-items", "16", "--synthetic", "1500",
-               "--oracle-ks", "1,2", "--model", str(path), "--count-epsilons", "1", "--shift-epsilons", "exact,1",
+               "--oracle-ks", "1,2", "--length-bins", "1,3,6", "--model", str(path), "--count-epsilons", "1", "--shift-epsilons", "exact,1",
                "--marginal-samples", "500", "--out", str(out)])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["name"] for r in rows] == [
-        "real sample", "oracle k=1", "oracle k=1 raked to the exact counts", "oracle k=2",
-        "oracle k=2 raked to the exact counts", "model", "model raked to the exact counts (oracle)",
+        "real sample", "oracle k=1 by length", "oracle k=1 by length raked to the exact counts",
+        "oracle k=2 by length", "oracle k=2 by length raked to the exact counts", "model", "model raked to the exact counts (oracle)",
         "model raked to Gaussian counts at epsilon 1", "model shifted to counts at exact",
         "model shifted to counts at 1", "pair mass, model over real sample"]
     for r in rows[:-1]:
-        assert 0.0 < r["error"] < 1.5 and len(r["groups"]) == 5
+        assert 0.0 < r["error"] < 1.5 and len(r["groups"]) == len(r["bias"]) == 5
+        assert all(abs(b) <= g + 1e-4 for b, g in zip(r["bias"], r["groups"]))  # |mean| <= mean |.|
     pairs = rows[-1]
     assert len(pairs["ratio"]) == len(pairs["real_share"]) == 6
     assert abs(sum(pairs["real_share"]) - 1.0) < 1e-3 and all(v >= 0 for v in pairs["ratio"])
@@ -112,6 +113,29 @@ def test_oracle_mixture_draws_each_clusters_items_given_a_real_length(diag):
     W = diag.oracle_mixture(X, 1, 5000, seed=3).toarray()
     assert set(W.sum(axis=1).astype(int)) == {2, 3}
     assert {tuple(np.flatnonzero(r)) for r in W} > sets  # mixed records too
+
+
+def test_oracle_mixture_by_length_keeps_each_lengths_own_items(diag):
+    """One cluster whose short records (1 item) hold item 0 or 1 and whose long records (3 items)
+    hold items of {2, ..., 5}: with length bins [1, 2), [2, inf) every synthetic record of length 1
+    is {0} or {1}, every record of length 3 is within {2, ..., 5}, at the pooled lengths' shares;
+    without the bins the pooled marginals put items 0 and 1 into long records too."""
+    rng = np.random.default_rng(8)
+    rows = [[int(rng.integers(0, 2))] for _ in range(700)] + [sorted(rng.choice(np.arange(2, 6), 3, replace=False))
+                                                               for _ in range(300)]
+    X = csr_matrix((np.ones(sum(map(len, rows))), np.concatenate(rows),
+                    np.concatenate(([0], np.cumsum([len(r) for r in rows])))), shape=(1000, 6))
+    V = diag.oracle_mixture(X, 1, 6000, seed=4, length_bins=[1, 2]).toarray()
+    lens = V.sum(axis=1).astype(int)
+    assert set(lens) == {1, 3}
+    assert V[lens == 1][:, 2:].sum() == 0 and V[lens == 3][:, :2].sum() == 0
+    assert abs(float((lens == 1).mean()) - 0.7) < 4 * math.sqrt(0.21 / 6000)
+    W = diag.oracle_mixture(X, 1, 6000, seed=4).toarray()
+    assert W[W.sum(axis=1) == 3][:, :2].sum() > 0
+    with pytest.raises(ValueError, match="increasing"):
+        diag.oracle_mixture(X, 1, 10, seed=4, length_bins=[2, 2])
+    with pytest.raises(ValueError, match="shortest record"):
+        diag.oracle_mixture(X, 1, 10, seed=4, length_bins=[2, 3])
 
 
 def test_the_shift_moves_a_models_marginals_to_exact_counts(diag):
