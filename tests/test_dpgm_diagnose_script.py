@@ -82,12 +82,14 @@ def test_a_small_run_reports_the_oracles_the_model_and_its_pairs(diag, tmp_path)
     model.save(path)
     out = tmp_path / "diag.jsonl"
     diag.main(["--kind", "transit", "--people", "3000", "--max-items", "16", "--synthetic", "1500",
-               "--oracle-ks", "1,2", "--length-bins", "1,3,6", "--model", str(path), "--count-epsilons", "1", "--shift-epsilons", "exact,1",
+               "--oracle-ks", "1,2", "--length-bins", "1,3,6", "--model", str(path), "--count-epsilons", "1",
+               "--shift-epsilons", "exact,1",
                "--marginal-samples", "500", "--out", str(out)])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["name"] for r in rows] == [
         "real sample", "oracle k=1 by length", "oracle k=1 by length raked to the exact counts",
-        "oracle k=2 by length", "oracle k=2 by length raked to the exact counts", "model", "model raked to the exact counts (oracle)",
+        "oracle k=2 by length", "oracle k=2 by length raked to the exact counts", "model",
+        "model raked to the exact counts (oracle)",
         "model raked to Gaussian counts at epsilon 1", "model shifted to counts at exact",
         "model shifted to counts at 1", "pair mass, model over real sample"]
     for r in rows[:-1]:
