@@ -225,7 +225,7 @@ def main(argv=None):
 
     def report(name, answers, **extra):
         e = cq.relative_errors(truth, answers, n)
-        signed = (answers - truth) / np.maximum(truth, 0.001 * n)  # the relative error with its sign
+        signed = np.sign(answers - truth) * e  # the relative error with its sign
         row = {"name": name, "kind": a.kind, "people": n, "synthetic": S, "error": round(float(e.mean()), 4),
                "groups": [round(float(e[qs.group == g].mean()), 4) for g in range(1, 6)],
                "bias": [round(float(signed[qs.group == g].mean()), 4) for g in range(1, 6)], **extra}
