@@ -7,10 +7,10 @@ training is the Spark engine's ``train_groups`` call
 each row of the declared columns to its cluster of the k-means' last round
 (nearest to the centres that round assigned with; internal, never written),
 the rows of cluster ``j`` go to their own partition (``repartition(k, key)``,
-one task per cluster, largest noisy size first, clusters in parallel) in
-source order (partition id, block number, row: a retried task samples the
-same batches),
-and the numpy DP-SGD of that cluster runs alone (its keyed streams ``(seed,
+one task per cluster, largest noisy size first, clusters in parallel), a
+table's rows there in their canonical order (sorted by their contents:
+``canonical_order``, docs/dpgm.md "Row order", so a retried task samples the
+same batches whatever order the source gives), and the numpy DP-SGD of that cluster runs alone (its keyed streams ``(seed,
 stage, j, step)``). Only the ``k`` parameter vectors reach the driver.
 
 :func:`train_clusters` is that step alone, given the centres and sizes: the

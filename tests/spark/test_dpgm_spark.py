@@ -40,6 +40,27 @@ def test_spark_per_cluster_training_equals_numpy(spark, min_batch):
     np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
 
 
+def test_spark_training_does_not_depend_on_the_sources_row_order(spark):
+    """The same rows, reversed and spread over 3 partitions (a source whose partitions or rows come
+    back in another order, as a retried task's may): the same models, equal to numpy's on the rows
+    in their first order (each cluster trains on its rows in their canonical order)."""
+    rng = np.random.default_rng(8)
+    n, d = 600, 8
+    X = (rng.random((n, d)) < np.where(np.arange(n)[:, None] % 2 == 0, 0.7, 0.1)).astype(float)
+    params = dpgm.DPGMParams(epsilon=3.0, delta=1e-5, k=2, sampling_rate=0.1, epochs=1, hidden=3, accountant="rdp",
+                             kmeans_iterations=2, chains=10)
+    plan = dpgm.plan_dpgm(params, n=n, d=d)
+    centers = np.vstack([np.full(d, 0.7), np.full(d, 0.1)])
+    sizes = np.array([300.0, 300.0])
+    row_bound = float(np.sqrt(d))
+    ref = dpgm.train_clusters(X, dpgm.assign_clusters(X, centers, row_bound), sizes, centers, plan, seed=5)
+    cols = [f"c{j}" for j in range(d)]
+    pdf = pd.DataFrame(X[::-1].copy(), columns=cols)
+    for df in (spark.createDataFrame(pdf).coalesce(1), spark.createDataFrame(pdf).repartition(3)):
+        got = sdpgm.train_clusters(df, cols, centers, sizes, plan, seed=5, row_bound=row_bound)
+        np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
+
+
 def _events(spark, parts):
     """300 people over 10 items: even people visit items 0-4, odd people items 5-9 (each w.p. 0.7)."""
     rng = np.random.default_rng(12)

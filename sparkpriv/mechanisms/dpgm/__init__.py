@@ -108,13 +108,13 @@ from sparkpriv.mechanisms.dpgm._released import (DPGMModel, synthesize, synthesi
 from sparkpriv.mechanisms.dpgm._train import (INIT_FLOOR, project_capped, visible_masses, visible_init,
                                               fit_dpgm_array, _model, training_order, model_public,
                                               final_clips_public, assign_clusters, train_clusters, marginal_sums,
-                                              calibrate_marginals)
+                                              calibrate_marginals, canonical_order)
 from sparkpriv.mechanisms.dpgm._mechanism import (dense_rows, assign_sparse, _records_stats_fn, _group_fn,
                                                   _lengths_fn, _train_fn, TRAINING_CHUNKS, _training_progress,
                                                   DPGM, DPGM_MECHANISM)
 
 __all__ = ["MODELS", "FORMAT_VERSION", "MODEL_FILE", "DPGMParams", "DPGMPlan", "DPGMModel", "calibrate_dpgm",
            "cluster_sizes", "requested_event", "plan_for_rows", "plan_dpgm", "fit_dpgm_array", "assign_clusters",
-           "train_clusters", "assign_sparse", "synthesize", "synthesize_part", "synthesize_table", "synthetic_type",
-           "synthetic_arrays", "SYNTHETIC_TYPES", "query_spread", "QuerySpread", "answer_dense",
+           "train_clusters", "canonical_order", "assign_sparse", "synthesize", "synthesize_part", "synthesize_table",
+           "synthetic_type", "synthetic_arrays", "SYNTHETIC_TYPES", "query_spread", "QuerySpread", "answer_dense",
            "DPGM", "DPGM_MECHANISM"]

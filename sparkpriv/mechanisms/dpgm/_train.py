@@ -220,11 +220,51 @@ def assign_clusters(X: np.ndarray, centers: np.ndarray, row_bound: float) -> np.
     return assign_nearest(Xc, np.asarray(centers, dtype=np.float64))
 
 
+# fixed odd multipliers of the row hash in canonical_order (public constants, not a secret)
+_ROW_HASH = np.random.default_rng(0x5EED).integers(1, 2**63, 4096, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+
+
+def canonical_order(X: np.ndarray) -> np.ndarray:
+    """A permutation that puts the rows of ``X`` (n, w) in an order fixed by their contents alone:
+    ``X[canonical_order(X)]`` is the same matrix for every order of the same rows (the rows as a
+    multiset). A cluster's DP-SGD trains on its rows in this order (docs/dpgm.md, "Row order"), so
+    its model does not depend on the order the rows arrive in: a retried Spark task, a source whose
+    partitions come back in another order, and the in-memory engine all train the same model.
+
+    The rows are sorted by a hash of their float64 bits (a fixed multiply-sum modulo 2^64, then a
+    mixing step): rows of equal hash are identical, and then interchangeable, unless two different
+    rows collide, which is checked exactly; on a collision the order is the lexicographic order of
+    the rows' bits (first column first). Work ``O(n w)`` plus a sort of ``n`` keys."""
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    n = X.shape[0]
+    if n < 2:
+        return np.arange(n)
+    U = X.reshape(n, -1).view(np.uint64)
+    w = U.shape[1]
+    mult = _ROW_HASH[np.arange(w) % _ROW_HASH.size]
+    h = np.empty(n, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for s in range(0, n, 8192):  # slices of rows, the products wrap modulo 2^64
+            part = U[s:s + 8192]
+            h[s:s + part.shape[0]] = (part * mult).sum(axis=1, dtype=np.uint64) \
+                + (part >> np.uint64(29)).sum(axis=1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        h ^= h >> np.uint64(31)
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(27)
+    o = np.argsort(h, kind="stable")
+    hs = h[o]
+    tie = np.flatnonzero(hs[1:] == hs[:-1])
+    if tie.size and np.any(U[o[tie]] != U[o[tie + 1]]):  # two different rows share a hash
+        return np.lexsort(U.T[::-1])
+    return o
+
+
 def train_clusters(X: np.ndarray, labels: np.ndarray, sizes: np.ndarray, centers: np.ndarray,
                    plan: DPGMPlan, seed: int, clusters=None, log=None, on_step=None,
                    clips: dict | None = None, masses=None, chain_lengths=None) -> np.ndarray:
     """DP-SGD of every cluster's model on its own rows (a Spark task per cluster does the same
-    for one ``j``): ``(k, dim)`` parameters. Cluster ``j`` sees only ``X[labels == j]``, the
+    for one ``j``): ``(k, dim)`` parameters. Cluster ``j`` sees only ``X[labels == j]`` (a table's
+    rows in their :func:`canonical_order`, whatever order they came in), the
     public ``sizes[j]``, ``centers[j]``, ``masses[j]`` and its own streams ``(seed, stage, j, step)``.
     ``masses``: the rbm's starting mass per cluster (:func:`visible_masses` of the released length
     histograms; None: the longest record the bounds admit, for every cluster).
@@ -243,6 +283,9 @@ def train_clusters(X: np.ndarray, labels: np.ndarray, sizes: np.ndarray, centers
     thetas = np.zeros((params.k, gen.dim))
     for j in clusters:
         Xj = X[labels == j]
+        if isinstance(Xj, np.ndarray):  # a table's rows in an order fixed by their contents (event
+            # records arrive sparse, in the keyed person layout: already an order a retry repeats)
+            Xj = Xj[canonical_order(Xj)]
         n_pub = max(float(sizes[j]), 1.0)
         gj = gen
         if strata:  # with its strata and chains of fixed lengths; a noisy cluster, or no chain lengths:
