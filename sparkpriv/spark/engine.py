@@ -241,8 +241,8 @@ class SparkEngine:
         to one call of ``train_fn``, in source order (partition id, batch number, row), so a
         retried task of a deterministic source sees the same rows in the same order (DPGM's
         ``train_fn`` then sorts a table's rows by their contents: ``canonical_order``, for
-        sources whose partitions may come back in another order). Each group is its own partition of
-        ``repartition(k, key)`` (a ``groupBy`` hashes groups into the configured shuffle
+        sources whose partitions may come back in another order). Each group is its own
+        partition of ``repartition(k, key)`` (a ``groupBy`` hashes groups into the configured shuffle
         partitions, where they collide, and adaptive execution coalesces them: several groups in
         one task, trained one after another): group ``j`` gets the key that Spark's hash
         partitioning sends to partition ``slot(j)`` (:func:`slot_keys`), and the slots follow

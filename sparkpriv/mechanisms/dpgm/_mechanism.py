@@ -147,7 +147,8 @@ def _lengths_fn(centers: np.ndarray, row_bound: float, lplan: LengthPlan):
 def _train_fn(plan: DPGMPlan, sizes: np.ndarray, centers: np.ndarray, seed: int, masses=None, chains=None,
               lengths=None, marginals: bool = False):
     """(j, rows of cluster j in any order[, report]) -> cluster j's DP-SGD parameters (its own
-    streams; a table's rows train in their canonical order, :func:`canonical_order`); ``report(t, steps)`` after each step, where the engine trains in-process.
+    streams; a table's rows train in their canonical order, :func:`canonical_order`);
+    ``report(t, steps)`` after each step, where the engine trains in-process.
     ``masses``, ``chains``: the rbm's starting masses and chain lengths (:func:`train_clusters`).
     ``marginals`` (the plan's per-item counts released): the task then samples its cluster's
     share of the records that measure the mixture's marginals from its trained model

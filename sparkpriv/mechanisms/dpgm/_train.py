@@ -254,8 +254,10 @@ def canonical_order(X: np.ndarray) -> np.ndarray:
     o = np.argsort(h, kind="stable")
     hs = h[o]
     tie = np.flatnonzero(hs[1:] == hs[:-1])
-    if tie.size and np.any(U[o[tie]] != U[o[tie + 1]]):  # two different rows share a hash
-        return np.lexsort(U.T[::-1])
+    for s in range(0, tie.size, 8192):  # in slices: a table of many identical rows has many ties
+        t = tie[s:s + 8192]
+        if np.any(U[o[t]] != U[o[t + 1]]):  # two different rows share a hash
+            return np.lexsort(U.T[::-1])
     return o
 
 
