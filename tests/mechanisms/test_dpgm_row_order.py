@@ -28,6 +28,8 @@ def test_canonical_order_is_a_permutation_fixed_by_the_rows_contents():
         p = rng.permutation(X.shape[0])
         Y = X[p]
         assert np.array_equal(Y[dpgm.canonical_order(Y)], X[o])
+    idx = np.flatnonzero(rng.random(X.shape[0]) < 0.4)  # some rows, ordered without copying them
+    assert np.array_equal(X[idx[dpgm.canonical_order(X, idx)]], X[idx][dpgm.canonical_order(X[idx])])
     assert dpgm.canonical_order(X[:1]).tolist() == [0]
     assert dpgm.canonical_order(X[:0]).size == 0
 
@@ -41,6 +43,9 @@ def test_colliding_rows_fall_back_to_the_exact_order(monkeypatch):
     for p in ([0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [1, 0, 3, 2, 4]):
         Y = X[p]
         assert np.array_equal(Y[dpgm.canonical_order(Y)], want)
+        Z = np.vstack([np.full((2, 3), 0.5), Y])  # the same rows picked out of a larger matrix
+        rows = np.arange(2, 7)
+        assert np.array_equal(Z[rows[dpgm.canonical_order(Z, rows)]], want)
 
 
 @pytest.mark.parametrize("model", ["rbm", "vae"])
@@ -60,7 +65,8 @@ def test_a_clusters_model_does_not_depend_on_its_rows_order(monkeypatch, model):
     got = dpgm.train_clusters(X[p], labels[p], sizes, centers, plan, seed=5)
     np.testing.assert_array_equal(got, ref)
     # the power of the check: trained in the order given, the two orders give other models
-    monkeypatch.setattr(_train, "canonical_order", lambda Y: np.arange(Y.shape[0]))
+    monkeypatch.setattr(_train, "canonical_order",
+                        lambda Y, rows=None: np.arange(Y.shape[0] if rows is None else len(rows)))
     a = dpgm.train_clusters(X, labels, sizes, centers, plan, seed=5)
     b = dpgm.train_clusters(X[p], labels[p], sizes, centers, plan, seed=5)
     assert not np.allclose(a, b)

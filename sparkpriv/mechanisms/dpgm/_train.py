@@ -224,40 +224,43 @@ def assign_clusters(X: np.ndarray, centers: np.ndarray, row_bound: float) -> np.
 _ROW_HASH = np.random.default_rng(0x5EED).integers(1, 2**63, 4096, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
 
 
-def canonical_order(X: np.ndarray) -> np.ndarray:
+def canonical_order(X: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
     """A permutation that puts the rows of ``X`` (n, w) in an order fixed by their contents alone:
     ``X[canonical_order(X)]`` is the same matrix for every order of the same rows (the rows as a
     multiset). A cluster's DP-SGD trains on its rows in this order (docs/dpgm.md, "Row order"), so
     its model does not depend on the order the rows arrive in: a retried Spark task, a source whose
     partitions come back in another order, and the in-memory engine all train the same model.
+    ``rows`` (indices into ``X``): order those rows only, without copying them; the result then
+    permutes ``rows`` (``X[rows[canonical_order(X, rows)]]``).
 
     The rows are sorted by a hash of their float64 bits (a fixed multiply-sum modulo 2^64, then a
     mixing step): rows of equal hash are identical, and then interchangeable, unless two different
     rows collide, which is checked exactly; on a collision the order is the lexicographic order of
     the rows' bits (first column first). Work ``O(n w)`` plus a sort of ``n`` keys."""
-    X = np.ascontiguousarray(X, dtype=np.float64)
-    n = X.shape[0]
+    X = np.asarray(X, dtype=np.float64)
+    rows = None if rows is None else np.asarray(rows, dtype=np.int64)
+    n = X.shape[0] if rows is None else rows.size
     if n < 2:
         return np.arange(n)
-    U = X.reshape(n, -1).view(np.uint64)
+    U = np.ascontiguousarray(X.reshape(X.shape[0], -1)).view(np.uint64)
     w = U.shape[1]
     mult = _ROW_HASH[np.arange(w) % _ROW_HASH.size]
     h = np.empty(n, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for s in range(0, n, 8192):  # slices of rows, the products wrap modulo 2^64
-            part = U[s:s + 8192]
-            h[s:s + part.shape[0]] = (part * mult).sum(axis=1, dtype=np.uint64) \
-                + (part >> np.uint64(29)).sum(axis=1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-        h ^= h >> np.uint64(31)
-        h *= np.uint64(0xBF58476D1CE4E5B9)
-        h ^= h >> np.uint64(27)
+    for s in range(0, n, 8192):  # slices of rows, the products wrap modulo 2^64
+        part = U[s:s + 8192] if rows is None else U[rows[s:s + 8192]]
+        h[s:s + part.shape[0]] = (part * mult).sum(axis=1, dtype=np.uint64) \
+            + (part >> np.uint64(29)).sum(axis=1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    h ^= h >> np.uint64(31)
+    h *= np.uint64(0xBF58476D1CE4E5B9)
+    h ^= h >> np.uint64(27)
     o = np.argsort(h, kind="stable")
     hs = h[o]
     tie = np.flatnonzero(hs[1:] == hs[:-1])
     for s in range(0, tie.size, 8192):  # in slices: a table of many identical rows has many ties
         t = tie[s:s + 8192]
-        if np.any(U[o[t]] != U[o[t + 1]]):  # two different rows share a hash
-            return np.lexsort(U.T[::-1])
+        a, b = (o[t], o[t + 1]) if rows is None else (rows[o[t]], rows[o[t + 1]])
+        if np.any(U[a] != U[b]):  # two different rows share a hash
+            return np.lexsort((U if rows is None else U[rows]).T[::-1])
     return o
 
 
@@ -284,10 +287,11 @@ def train_clusters(X: np.ndarray, labels: np.ndarray, sizes: np.ndarray, centers
     strata = params.model == "rbm" and bool(gen.strata)
     thetas = np.zeros((params.k, gen.dim))
     for j in clusters:
-        Xj = X[labels == j]
-        if isinstance(Xj, np.ndarray):  # a table's rows in an order fixed by their contents (event
-            # records arrive sparse, in the keyed person layout: already an order a retry repeats)
-            Xj = Xj[canonical_order(Xj)]
+        if isinstance(X, np.ndarray):  # a table's rows in an order fixed by their contents, one copy
+            idx = np.flatnonzero(labels == j)  # (a Spark task's rows are all of cluster j)
+            Xj = X[idx[canonical_order(X, None if idx.size == X.shape[0] else idx)]]
+        else:  # event records arrive sparse, in the keyed person layout: an order a retry repeats
+            Xj = X[labels == j]
         n_pub = max(float(sizes[j]), 1.0)
         gj = gen
         if strata:  # with its strata and chains of fixed lengths; a noisy cluster, or no chain lengths:
