@@ -11,7 +11,8 @@ one task per cluster, largest noisy size first, clusters in parallel), a
 table's rows there in their canonical order (sorted by their contents:
 ``canonical_order``, docs/dpgm.md "Row order", so a retried task samples the
 same batches whatever order the source gives), and the numpy DP-SGD of that
-cluster runs alone (its keyed streams ``(seed, stage, j, step)``). Only the ``k`` parameter vectors reach the driver.
+cluster runs alone (its keyed streams ``(seed, stage, j, step)``). Only the
+``k`` parameter vectors reach the driver.
 
 :func:`train_clusters` is that step alone, given the centres and sizes: the
 Spark twin of :func:`sparkpriv.mechanisms.dpgm.train_clusters` (equal to it

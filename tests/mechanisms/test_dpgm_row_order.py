@@ -34,6 +34,14 @@ def test_canonical_order_is_a_permutation_fixed_by_the_rows_contents():
     assert dpgm.canonical_order(X[:0]).size == 0
 
 
+def test_the_hash_multipliers_are_splitmix64():
+    """Fixed integer arithmetic, not a generator's stream (which may change between NumPy
+    versions): the first outputs of SplitMix64 from state 0, as its reference code gives them."""
+    assert [int(v) for v in _train._splitmix64(np.array([1, 2, 3], dtype=np.uint64))] == [
+        0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
+    assert np.all(_train._ROW_HASH % np.uint64(2) == 1)
+
+
 def test_colliding_rows_fall_back_to_the_exact_order(monkeypatch):
     """With every multiplier 1 the hash is symmetric in the columns: rows (a, b) and (b, a)
     collide, and the order must still be one fixed by their contents (lexicographic)."""

@@ -220,8 +220,17 @@ def assign_clusters(X: np.ndarray, centers: np.ndarray, row_bound: float) -> np.
     return assign_nearest(Xc, np.asarray(centers, dtype=np.float64))
 
 
+def _splitmix64(i: np.ndarray) -> np.ndarray:
+    """SplitMix64's output for the counters ``i`` (uint64, wrapping): fixed integer arithmetic, the
+    same on every machine and NumPy version (a generator's stream may change between versions)."""
+    z = np.asarray(i, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
 # fixed odd multipliers of the row hash in canonical_order (public constants, not a secret)
-_ROW_HASH = np.random.default_rng(0x5EED).integers(1, 2**63, 4096, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+_ROW_HASH = _splitmix64(np.arange(1, 4097, dtype=np.uint64)) | np.uint64(1)
 
 
 def canonical_order(X: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
