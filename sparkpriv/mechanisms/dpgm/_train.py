@@ -11,6 +11,7 @@ import numpy as np
 from sparkpriv.errors import ParameterError
 from sparkpriv.mechanisms import dpsgd
 from sparkpriv.mechanisms.kmeans import cluster_stats, fit_from_stats, initial_centres, make_feature_map
+from sparkpriv.mechanisms.sparse import _GOLDEN, _splitmix
 from sparkpriv.privacy.random import new_secret_seed, stream
 from sparkpriv.mechanisms.dpgm._params import DPGMParams, length_strata, max_length
 from sparkpriv.mechanisms.dpgm._lengths import chain_lengths, cluster_sizes, expected_length, last_round_centres
@@ -220,17 +221,23 @@ def assign_clusters(X: np.ndarray, centers: np.ndarray, row_bound: float) -> np.
     return assign_nearest(Xc, np.asarray(centers, dtype=np.float64))
 
 
-def _splitmix64(i: np.ndarray) -> np.ndarray:
-    """SplitMix64's output for the counters ``i`` (uint64, wrapping): fixed integer arithmetic, the
-    same on every machine and NumPy version (a generator's stream may change between versions)."""
-    z = np.asarray(i, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
+# fixed salts of the row hash in canonical_order, one per column: SplitMix64's outputs (public
+# constants, not a secret; integer arithmetic, the same on every machine and NumPy version)
+_ROW_HASH = _splitmix(np.arange(4096, dtype=np.uint64) * _GOLDEN)
 
 
-# fixed odd multipliers of the row hash in canonical_order (public constants, not a secret)
-_ROW_HASH = _splitmix64(np.arange(1, 4097, dtype=np.uint64)) | np.uint64(1)
+def _row_hashes(U: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+    """Per row of ``U`` (n, w) uint64 (or of ``U[rows]``): ``sum_c splitmix(U_rc ^ salt_c)``
+    modulo 2^64, in slices of rows. Each value is mixed before the sum, so rows that differ in
+    any bit get unrelated hashes (a plain multiply-sum keeps only the low bits of each product,
+    where the float64 of 0 or 1 has none)."""
+    n = U.shape[0] if rows is None else rows.size
+    salt = _ROW_HASH[np.arange(U.shape[1]) % _ROW_HASH.size]
+    h = np.empty(n, dtype=np.uint64)
+    for s in range(0, n, 8192):
+        part = U[s:s + 8192] if rows is None else U[rows[s:s + 8192]]
+        h[s:s + part.shape[0]] = _splitmix(part ^ salt).sum(axis=1, dtype=np.uint64)
+    return h
 
 
 def canonical_order(X: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
@@ -242,26 +249,18 @@ def canonical_order(X: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray
     ``rows`` (indices into ``X``): order those rows only, without copying them; the result then
     permutes ``rows`` (``X[rows[canonical_order(X, rows)]]``).
 
-    The rows are sorted by a hash of their float64 bits (a fixed multiply-sum modulo 2^64, then a
-    mixing step): rows of equal hash are identical, and then interchangeable, unless two different
-    rows collide, which is checked exactly; on a collision the order is the lexicographic order of
-    the rows' bits (first column first). Work ``O(n w)`` plus a sort of ``n`` keys."""
+    The rows are sorted by a hash of their float64 bits (:func:`_row_hashes`: each value mixed
+    with its column's fixed salt by SplitMix64, summed modulo 2^64): rows of equal hash are
+    identical, and then interchangeable, unless two different rows collide, which is checked
+    exactly; on a collision the order is the lexicographic order of the rows' bits (first column
+    first). Work ``O(n w)`` plus a sort of ``n`` keys."""
     X = np.asarray(X, dtype=np.float64)
     rows = None if rows is None else np.asarray(rows, dtype=np.int64)
     n = X.shape[0] if rows is None else rows.size
     if n < 2:
         return np.arange(n)
     U = np.ascontiguousarray(X.reshape(X.shape[0], -1)).view(np.uint64)
-    w = U.shape[1]
-    mult = _ROW_HASH[np.arange(w) % _ROW_HASH.size]
-    h = np.empty(n, dtype=np.uint64)
-    for s in range(0, n, 8192):  # slices of rows, the products wrap modulo 2^64
-        part = U[s:s + 8192] if rows is None else U[rows[s:s + 8192]]
-        h[s:s + part.shape[0]] = (part * mult).sum(axis=1, dtype=np.uint64) \
-            + (part >> np.uint64(29)).sum(axis=1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    h ^= h >> np.uint64(31)
-    h *= np.uint64(0xBF58476D1CE4E5B9)
-    h ^= h >> np.uint64(27)
+    h = _row_hashes(U, rows)
     o = np.argsort(h, kind="stable")
     hs = h[o]
     tie = np.flatnonzero(hs[1:] == hs[:-1])
