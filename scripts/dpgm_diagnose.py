@@ -11,7 +11,9 @@ and truth), and three yardsticks, none of them private (measurements with fixed 
   ``--length-bins 1,2,...,129`` each cluster is split further by record length (the bins
   ``[e_i, e_{i+1})`` of the given edges), each cell with its own exact marginals: what exact
   marginals by cluster AND length give (``--length-bins fine``: each length 1-12 alone, then
-  13-15, 16-19, 20-23, 24-31, 32-47, 48-63, 64-128).
+  13-15, 16-19, 20-23, 24-31, 32-47, 48-63, 64-128). ``--oracle-half``: the cells (clusters,
+  marginals, sizes, lengths) from a random half of the people, the truth on all of them: whether
+  fine cells memorise their people.
 * ``--model FILE`` (a DPGM model file, as ``sparkpriv release dpgm`` writes it, or
   ``DPGMModel.save``): ``--synthetic`` people synthesized from it, their error, and the error
   when their weights are raked (maximum entropy) to the capped table's exact per-item counts
@@ -199,6 +201,9 @@ def main(argv=None):
     ap.add_argument("--length-bins", default="",
                     help="the oracles' cells also by record length: comma-separated increasing edges "
                          "(bins [e_i, e_i+1)), or 'fine' (each length 1-12, then 13, 16, 20, 24, 32, 48, 64+)")
+    ap.add_argument("--oracle-half", action="store_true",
+                    help="the oracles' cells (clusters, marginals, sizes, lengths) from a random half of the people "
+                         "only, the truth on all: whether the cells memorise their people")
     ap.add_argument("--model", default=None, help="a DPGM model file")
     ap.add_argument("--count-epsilons", default="0.1,0.3",
                     help="epsilon of the noised per-item counts the model's records are raked to")
@@ -237,9 +242,12 @@ def main(argv=None):
     bins = (FINE_LENGTH_BINS if a.length_bins.strip() == "fine"
             else [int(v) for v in a.length_bins.split(",") if v.strip()]) or None
     by = "" if bins is None else " by length"
+    if a.oracle_half:
+        by += ", cells from half the people"
     for k in [int(v) for v in a.oracle_ks.split(",") if v.strip()]:
         t = time.time()
-        V = oracle_mixture(X, k, S, a.seed, length_bins=bins)
+        half = np.random.default_rng(99).permutation(n)[: n // 2] if a.oracle_half else slice(None)
+        V = oracle_mixture(X[half], k, S, a.seed, length_bins=bins)
         report(f"oracle k={k}{by}", study.answers(V, Q) * n / S, seconds=round(time.time() - t))
         w = rake(V, exact * S / n, S)
         report(f"oracle k={k}{by} raked to the exact counts", weighted_answers(V, Q, w) * n / S)

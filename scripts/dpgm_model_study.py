@@ -93,6 +93,22 @@ def kmeans(X, params, plan, d: int, seed: int, previous: bool = False):
     return centers, np.maximum(np.asarray(km.counts, float), 0.0), labels, float(km.count_std)
 
 
+def exact_kmeans(X, params, plan, d: int, seed: int, previous: bool = True):
+    """NOT private: ``params.k`` clusters of scikit-learn's MiniBatchKMeans (fit on at most 500,000
+    records), their exact sizes and centres (clipped to ``[0, 1]``), in the place of the DP k-means
+    (the variant key ``exact_kmeans``): what the RBMs give on clusters the DP k-means' noise has not
+    emptied. ``plan`` and ``previous`` are unused (the signature of :func:`kmeans`)."""
+    from sklearn.cluster import MiniBatchKMeans
+
+    n = X.shape[0]
+    rng = np.random.default_rng(seed)
+    fit = X[rng.choice(n, min(n, 500_000), replace=False)]
+    km = MiniBatchKMeans(params.k, batch_size=8192, n_init=1, random_state=seed, max_iter=20).fit(fit)
+    labels = np.concatenate([km.predict(X[s:s + 500_000]) for s in range(0, n, 500_000)])
+    sizes = np.bincount(labels, minlength=params.k).astype(np.float64)
+    return np.clip(km.cluster_centers_, 0.0, 1.0), sizes, labels, 1e-6
+
+
 def dp_item_counts(real_marg, L: int, epsilon: float, delta: float, seed: int) -> tuple[np.ndarray, float]:
     """The per-item counts of distinct people with discrete Gaussian noise at (epsilon, delta),
     replace-one (L2 sensitivity sqrt(2 L): a person has at most L items), and the noise std. Fixed
@@ -166,7 +182,8 @@ def main(argv=None):
                          "nearest the released centres, and James-Stein sizes; by default the library's "
                          "since model format 7, the k-means' last round's clusters with inverse-variance "
                          "sizes), kmeans_sizes (with previous false: the k-means' counts as sizes, as before "
-                         "format 6), burn_in, sweeps")
+                         "format 6), exact_kmeans (true: NOT private MiniBatchKMeans clusters and sizes in the "
+                         "place of the DP k-means), burn_in, sweeps")
     ap.add_argument("--out", default=None, help="append one JSON line per variant here")
     ap.add_argument("--cache", default=None, help="a .npz file: the generated table, made once and read after")
     ap.add_argument("--save-model", default=None,
@@ -223,6 +240,7 @@ def main(argv=None):
         oracle_strata = kw.pop("oracle_strata", None)  # with "oracle": marginals per (cluster, stratum)
         kmeans_sizes = kw.pop("kmeans_sizes", False)  # the k-means' counts as sizes (before format 6)
         previous = kw.pop("previous", True)  # the last k-means round's clusters (the library's since format 7)
+        exact = kw.pop("exact_kmeans", False)  # NOT private clusters: exact_kmeans
         calibrate = kw.pop("calibrate", None)  # "oracle" (NOT private) or "dp": see calibrate_marginals
         rounds = kw.pop("calibrate_rounds", 2)
         share = kw.pop("calibrate_share", 0.1)  # with "dp": the share of epsilon the per-item counts take
@@ -233,7 +251,7 @@ def main(argv=None):
         sweeps = kw.pop("sweeps", None)
         params = dpgm.DPGMParams(**kw)
         plan = dpgm.plan_dpgm(params, n=n, d=d, caller="study")
-        centers, sizes, labels, kstd = kmeans(X, params, plan, d, a.seed, previous)
+        centers, sizes, labels, kstd = (exact_kmeans if exact else kmeans)(X, params, plan, d, a.seed, previous)
         t2 = time.time()
         wstats = {}
         if oracle:  # NOT private: each cluster's real marginals, records given their real lengths

@@ -4,6 +4,7 @@ answers and the pair counts against brute-force references, and one small run en
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 import json
 import math
 
@@ -169,3 +170,39 @@ def test_the_share_study_runs_each_share_unshifted_and_shifted(tmp_path):
                                                         (0.3, "unshifted"), (0.3, "shifted")]
     assert rows[2]["sigma"] > rows[0]["sigma"] and rows[2]["count_std"] < rows[0]["count_std"]
     assert all(0.0 < r["error"] < 1.5 and len(r["groups"]) == 5 for r in rows)
+
+
+def test_oracle_half_builds_the_cells_from_half_the_people(diag, tmp_path):
+    out = tmp_path / "half.jsonl"
+    diag.main(["--kind", "transit", "--people", "3000", "--max-items", "16", "--synthetic", "1500",
+               "--oracle-ks", "2", "--length-bins", "1,3,6", "--oracle-half", "--out", str(out)])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["name"] for r in rows] == [
+        "real sample", "oracle k=2 by length, cells from half the people",
+        "oracle k=2 by length, cells from half the people raked to the exact counts"]
+    assert all(0.0 < r["error"] < 1.5 for r in rows)
+
+
+def test_oracle_half_passes_a_random_half_of_the_capped_people(diag, monkeypatch, tmp_path):
+    """--oracle-half gives oracle_mixture n // 2 distinct people of the capped table (and the
+    whole table without it)."""
+    study = load_script("dpgm_model_study")
+    X = study.cap(study.people("transit", 3000), 16, 7)
+    seen = []
+    real = diag.oracle_mixture
+
+    def spy(Xs, *args, **kw):
+        seen.append(Xs)
+        return real(Xs, *args, **kw)
+
+    monkeypatch.setattr(diag, "oracle_mixture", spy)
+    common = ["--kind", "transit", "--people", "3000", "--max-items", "16", "--synthetic", "500",
+              "--oracle-ks", "1", "--out", str(tmp_path / "o.jsonl")]
+    diag.main(common + ["--oracle-half"])
+    diag.main(common)
+    half, whole = seen
+    assert half.shape == (1500, X.shape[1]) and whole.shape == X.shape
+    # the half's rows are rows of the capped table, each once: match them by their item sets
+    key = lambda M: sorted(tuple(M.indices[M.indptr[i]:M.indptr[i + 1]]) for i in range(M.shape[0]))
+    assert not Counter(key(half)) - Counter(key(X))
+    assert (whole != X).nnz == 0

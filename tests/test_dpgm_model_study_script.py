@@ -88,3 +88,32 @@ def test_calibration_moves_the_mixtures_marginals_towards_the_target(study):
     before = dpgm.synthesize(model, n, seed=3).mean(axis=0)
     after = dpgm.synthesize(cal, n, seed=3).mean(axis=0)
     assert np.abs(after * n - target).sum() < 0.5 * np.abs(before * n - target).sum()
+
+
+def test_exact_kmeans_gives_the_exact_clusters_and_their_sizes(study):
+    """The non-private yardstick's clusters: two far-apart groups of records (items 0-3 and
+    items 6-9), found exactly, with their real sizes and centres in [0, 1]."""
+    from sparkpriv.mechanisms import dpgm
+
+    rng = np.random.default_rng(5)
+    a = (rng.random((700, 12)) < np.r_[[0.9] * 4, [0.0] * 8]).astype(np.float64)
+    b = (rng.random((300, 12)) < np.r_[[0.0] * 6, [0.9] * 4, [0.0] * 2]).astype(np.float64)
+    X = csr_matrix(np.vstack([a, b]))
+    params = dpgm.DPGMParams(epsilon=1.0, delta=1e-5, k=2, row_bound=4.0)
+    centers, sizes, labels, kstd = study.exact_kmeans(X, params, None, 12, 3)
+    assert sorted(sizes.tolist()) == [300.0, 700.0] and kstd < 1e-3
+    assert len(set(labels[:700])) == 1 and len(set(labels[700:])) == 1 and labels[0] != labels[-1]
+    np.testing.assert_array_equal(np.bincount(labels, minlength=2), sizes)
+    assert centers.shape == (2, 12) and centers.min() >= 0.0 and centers.max() <= 1.0
+    big = centers[labels[0]]
+    assert big[:4].min() > 0.8 and big[4:].max() == 0.0  # the centre of items 0-3's group
+
+
+def test_a_small_run_with_exact_kmeans(study, tmp_path):
+    out = tmp_path / "study.jsonl"
+    study.main(["--people", "3000", "--max-items", "16", "--synthetic", "1000", "--k", "2",
+                "--sampling-rate", "0.1", "--epochs", "1", "--out", str(out),
+                "--variants", json.dumps([{"name": "exact", "exact_kmeans": True}])])
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["name"] == "exact" and sum(row["sizes"]) in range(2990, 3011)  # exact sizes as trained
+    assert 0.0 < row["error"] < 1.5 and row["sigma"] > 0
