@@ -101,15 +101,7 @@ def oracle_mixture(X, k: int, S: int, seed: int, chunk: int = 20_000, length_bin
     from sparkpriv.mechanisms.rbm import conditional_bernoulli
 
     n, d = X.shape
-    rng = np.random.default_rng(seed)
-    if k == 1:
-        labels = np.zeros(n, np.int64)
-    else:
-        from sklearn.cluster import MiniBatchKMeans
-
-        fit = X[rng.choice(n, min(n, 500_000), replace=False)]
-        km = MiniBatchKMeans(k, batch_size=8192, n_init=1, random_state=seed, max_iter=20).fit(fit)
-        labels = np.concatenate([km.predict(X[s:s + 500_000]) for s in range(0, n, 500_000)])
+    labels = np.zeros(n, np.int64) if k == 1 else study.minibatch_kmeans(X, k, seed)[0]
     if length_bins is not None:
         edges = np.asarray(length_bins, dtype=np.int64)
         if edges.size == 0 or np.any(np.diff(edges) <= 0):

@@ -93,20 +93,25 @@ def kmeans(X, params, plan, d: int, seed: int, previous: bool = False):
     return centers, np.maximum(np.asarray(km.counts, float), 0.0), labels, float(km.count_std)
 
 
-def exact_kmeans(X, params, plan, d: int, seed: int, previous: bool = True):
-    """NOT private: ``params.k`` clusters of scikit-learn's MiniBatchKMeans (fit on at most 500,000
-    records), their exact sizes and centres (clipped to ``[0, 1]``), in the place of the DP k-means
-    (the variant key ``exact_kmeans``): what the RBMs give on clusters the DP k-means' noise has not
-    emptied. ``plan`` and ``previous`` are unused (the signature of :func:`kmeans`)."""
+def minibatch_kmeans(X, k: int, seed: int):
+    """NOT private: ``(labels, centres)`` of ``k`` clusters of scikit-learn's MiniBatchKMeans, fit on
+    at most 500,000 of the records (drawn with ``default_rng(seed)``), every record labelled."""
     from sklearn.cluster import MiniBatchKMeans
 
     n = X.shape[0]
-    rng = np.random.default_rng(seed)
-    fit = X[rng.choice(n, min(n, 500_000), replace=False)]
-    km = MiniBatchKMeans(params.k, batch_size=8192, n_init=1, random_state=seed, max_iter=20).fit(fit)
-    labels = np.concatenate([km.predict(X[s:s + 500_000]) for s in range(0, n, 500_000)])
+    fit = X[np.random.default_rng(seed).choice(n, min(n, 500_000), replace=False)]
+    km = MiniBatchKMeans(k, batch_size=8192, n_init=1, random_state=seed, max_iter=20).fit(fit)
+    return np.concatenate([km.predict(X[s:s + 500_000]) for s in range(0, n, 500_000)]), km.cluster_centers_
+
+
+def exact_kmeans(X, params, plan, d: int, seed: int, previous: bool = True):
+    """NOT private: the clusters of :func:`minibatch_kmeans`, their exact sizes and centres
+    (clipped to ``[0, 1]``), in the place of the DP k-means (the variant key ``exact_kmeans``): what
+    the RBMs give on clusters the DP k-means' noise has not emptied. ``plan`` and ``previous`` are
+    unused (the signature of :func:`kmeans`)."""
+    labels, centres = minibatch_kmeans(X, params.k, seed)
     sizes = np.bincount(labels, minlength=params.k).astype(np.float64)
-    return np.clip(km.cluster_centers_, 0.0, 1.0), sizes, labels, 1e-6
+    return np.clip(centres, 0.0, 1.0), sizes, labels, 1e-6
 
 
 def dp_item_counts(real_marg, L: int, epsilon: float, delta: float, seed: int) -> tuple[np.ndarray, float]:
