@@ -114,6 +114,209 @@ def exact_kmeans(X, params, plan, d: int, seed: int, previous: bool = True):
     return np.clip(centres, 0.0, 1.0), sizes, labels, 1e-6
 
 
+class SharedRBM:
+    """A study model (docs/dpgm.md, "One model for all clusters"): ONE Bernoulli RBM for all
+    clusters, its weights ``W`` (d, m), hidden biases ``c`` and length-strata offsets ``A`` (S, d)
+    shared, and a visible bias ``B_j`` per cluster. A record ``v`` of cluster ``j`` (its training
+    cluster, internal) and stratum ``s(|v|)`` has the free energy
+
+        F(v) = -(B_j + A_s).v - sum_i softplus(c_i + (v W)_i),
+
+    so its gradient is ``-v h^T`` (W), ``-h`` (c), ``-v`` in row ``j`` of ``B`` and in row ``s`` of
+    ``A``, zero elsewhere: ``||grad F(v)||^2 = ||v||^2 ||h||^2 + ||h||^2 + 2 ||v||^2``, as for one
+    cluster's RBM with strata. DP-SGD runs ONCE over all ``n`` people (one Poisson sample a step,
+    the clipped sum of every sampled record's gradient, one Gaussian noise), so the privacy event is
+    that of one cluster's training at the same ``(q, sigma, T)``; the noise on the shared weights is
+    averaged over ``q n`` people a step instead of ``q n_j``.
+
+    The negative phase: persistent chains per cluster, each of a fixed public length drawn from
+    its cluster's released length histogram, swept at its cluster's bias; cluster ``j``'s chains
+    weigh ``w_j`` (its noisy size's share) in the model's mean. All public: released sizes,
+    histograms, centres.
+
+    ``theta = [W.ravel(), c, B.ravel(), A.ravel()]``. The training data are the records with one
+    more column, ``label + 1`` (the cluster), so that a batch carries its rows' clusters."""
+
+    def __init__(self, d: int, hidden: int, k: int, strata: tuple, weights, chain_cluster, chain_lengths,
+                 gibbs_steps: int = 1, b_scales=None, w_scale: float = 1.0):
+        from sparkpriv.mechanisms.rbm import RBM
+
+        self.d, self.hidden, self.k, self.strata = int(d), int(hidden), int(k), tuple(strata)
+        self._rbm = RBM(d, hidden, strata=self.strata, chain_lengths=(1,), chains=1)  # stratum(), only
+        self.S = len(self.strata) + 1 if self.strata else 1
+        self.gibbs_steps = int(gibbs_steps)
+        self.chain_cluster = np.asarray(chain_cluster, dtype=np.int64)
+        self.chain_lengths = np.asarray(chain_lengths, dtype=np.int64)
+        w = np.asarray(weights, dtype=np.float64)
+        per = np.bincount(self.chain_cluster, minlength=self.k).astype(np.float64)
+        self.chain_weight = (w / np.maximum(per, 1.0))[self.chain_cluster]  # sums to sum(w) = 1
+        self.b_scales = None if b_scales is None else np.asarray(b_scales, dtype=np.float64)
+        self.w_scale = float(w_scale)
+
+    @property
+    def dim(self) -> int:
+        return self.d * self.hidden + self.hidden + self.k * self.d + self.S * self.d
+
+    def unpack(self, theta):
+        d, m, k = self.d, self.hidden, self.k
+        W = theta[: d * m].reshape(d, m)
+        c = theta[d * m: d * m + m]
+        B = theta[d * m + m: d * m + m + k * d].reshape(k, d)
+        A = theta[d * m + m + k * d:].reshape(self.S, d)
+        return W, c, B, A
+
+    def pack(self, W, c, B, A) -> np.ndarray:
+        return np.concatenate([np.ravel(W), np.ravel(c), np.ravel(B), np.ravel(A)])
+
+    def stratum(self, lengths) -> np.ndarray:
+        if not self.strata:
+            return np.zeros(np.asarray(lengths).size, dtype=np.int64)
+        return self._rbm.stratum(lengths)
+
+    def free_energy(self, V, labels, theta) -> np.ndarray:
+        W, c, B, A = self.unpack(theta)
+        V = np.asarray(V, dtype=np.float64)
+        s = self.stratum(np.rint(V.sum(axis=1)).astype(np.int64))
+        return -(V * (B[labels] + A[s])).sum(axis=1) - np.logaddexp(0.0, V @ W + c).sum(axis=1)
+
+    def per_example_grads(self, V, labels, theta) -> np.ndarray:
+        """``grad F(v_i)`` materialised (n, dim): tests only."""
+        W, c, _, _ = self.unpack(theta)
+        V = np.asarray(V, dtype=np.float64)
+        n = V.shape[0]
+        H = 1.0 / (1.0 + np.exp(-(V @ W + c)))
+        Bg = np.zeros((n, self.k, self.d))
+        Bg[np.arange(n), labels] = V
+        Ag = np.zeros((n, self.S, self.d))
+        Ag[np.arange(n), self.stratum(np.rint(V.sum(axis=1)).astype(np.int64))] = V
+        return -np.concatenate([np.einsum("ni,nj->nij", V, H).reshape(n, -1), H, Bg.reshape(n, -1),
+                                Ag.reshape(n, -1)], axis=1)
+
+    def _sum(self, V, labels, theta, clip, weight=None):
+        """``(sum_i weight_i f_i grad F(v_i), squared norms)`` without per-example gradients."""
+        from scipy.sparse import csr_matrix as _csr
+
+        from sparkpriv.mechanisms.dpsgd import clip_factors
+
+        W, c, _, _ = self.unpack(theta)
+        V = _csr(np.asarray(V, dtype=np.float64))  # records are sparse: products by their nonzeros
+        H = 0.5 * (1.0 + np.tanh(0.5 * (np.asarray(V @ W) + c)))
+        vv = np.asarray(V.multiply(V).sum(axis=1)).ravel()
+        hh = np.einsum("ij,ij->i", H, H)
+        sq = vv * hh + hh + 2.0 * vv
+        f = np.ones(V.shape[0]) if clip is None else clip_factors(sq, clip)
+        if weight is not None:
+            f = f * weight
+        n = V.shape[0]
+        Hf = H * f[:, None]
+        Mk = _csr((f, (labels, np.arange(n))), shape=(self.k, n))
+        Ms = _csr((f, (self.stratum(np.rint(vv).astype(np.int64)), np.arange(n))), shape=(self.S, n))
+        return -self.pack(np.asarray(V.T @ Hf), Hf.sum(axis=0), (Mk @ V).toarray(), (Ms @ V).toarray()), sq
+
+    def clipped_sum(self, Xb, theta, clip, rng=None):
+        """DP-SGD's data term on a batch of records with their ``label + 1`` as the last column."""
+        Xb = np.asarray(Xb)
+        labels = np.rint(Xb[:, self.d]).astype(np.int64) - 1
+        return self._sum(Xb[:, : self.d], labels, theta, clip)
+
+    def init_state(self, rng, theta):
+        """The chains: each drawn given its fixed length at its cluster's starting bias."""
+        from sparkpriv.mechanisms.rbm import conditional_bernoulli
+
+        _, _, B, A = self.unpack(theta)
+        L = B[self.chain_cluster] + A[self.stratum(self.chain_lengths)]
+        return conditional_bernoulli(L, self.chain_lengths, rng)
+
+    def model_term(self, theta, chains, rng, clip=None):
+        """``(-sum_i w_i f_i grad F(chain_i), new chains)`` after ``gibbs_steps`` sweeps ``h | v``,
+        ``v | h, |v| = m`` of every chain at its cluster's bias (clipped like the records, as
+        :meth:`RBM.model_term`)."""
+        from sparkpriv.mechanisms.rbm import conditional_bernoulli
+
+        W, c, B, A = self.unpack(theta)
+        bias = B[self.chain_cluster] + A[self.stratum(self.chain_lengths)]
+        for _ in range(self.gibbs_steps):
+            Hs = (rng.random((chains.shape[0], self.hidden)) < 1.0 / (1.0 + np.exp(-(chains @ W + c))))
+            chains = conditional_bernoulli(Hs.astype(np.float64) @ W.T + bias, self.chain_lengths, rng)
+        g, _ = self._sum(chains, self.chain_cluster, theta, clip, self.chain_weight)
+        return -g, chains
+
+    def lr_scales(self) -> np.ndarray:
+        """Adam's rate multiples: ``W`` and ``c`` at ``w_scale``, the strata offsets at the RBM's
+        STRATA_LR, each ``B_j`` at ``b_scales[j]`` (the library's per-cluster rate for its noisy
+        size, over the base rate)."""
+        from sparkpriv.mechanisms.rbm import STRATA_LR
+
+        out = np.ones(self.dim)
+        d, m, k = self.d, self.hidden, self.k
+        out[: d * m + m] = self.w_scale
+        if self.b_scales is not None:
+            out[d * m + m: d * m + m + k * d] = np.repeat(self.b_scales, d)
+        out[d * m + m + k * d:] = STRATA_LR if self.strata else 1.0
+        return out
+
+    def cluster_thetas(self, theta) -> np.ndarray:
+        """``(k, RBM dim)``: cluster ``j``'s RBM ``[W, B_j, c, A]`` (the library's layout with
+        strata), so the library's synthesis draws from the mixture."""
+        W, c, B, A = self.unpack(theta)
+        if not self.strata:  # the one offset row is a visible bias every record shares
+            return np.stack([np.concatenate([W.ravel(), B[j] + A[0], c]) for j in range(self.k)])
+        rows = [np.concatenate([W.ravel(), B[j], c, A.ravel()]) for j in range(self.k)]
+        return np.stack(rows)
+
+
+def train_shared(X, labels, sizes, centers, plan, seed: int, lengths, masses, *, rate: float | None = None,
+                 steps: int | None = None, chains: int = 20, lr: float | None = None, w_lr: float = 1.0):
+    """DP-SGD of one :class:`SharedRBM` over all people (the variant key ``shared``). ``rate``,
+    ``steps``: its ``(q, T)`` (default the plan's); the noise multiplier is calibrated again for
+    them by :func:`dpgm.plan_dpgm` with the same release parameters otherwise, so the release's
+    privacy is the plan's: the k-means, histograms and counts as before, and one DP-SGD run at
+    ``(q, sigma, T)`` over ``n`` people in the place of ``k`` in parallel at theirs. Returns ``(k,
+    RBM dim)`` per-cluster thetas and the calibrated sigma. Fixed test seed: a measurement."""
+    import dataclasses
+
+    from scipy.sparse import hstack
+
+    from sparkpriv.mechanisms import dpgm, dpsgd
+    from sparkpriv.mechanisms.dpgm._train import visible_init
+    from sparkpriv.privacy.random import stream
+
+    params, n, d = plan.params, X.shape[0], X.shape[1]
+    q = float(rate or params.sampling_rate)
+    T = int(steps or plan.steps)
+    splan = dpgm.plan_dpgm(dataclasses.replace(params, sampling_rate=q, epochs=q * T * (1 - 1e-12)), n=n, d=d,
+                           caller="study")
+    assert splan.steps == T, (splan.steps, T)
+    assert splan.kmeans.to_public_dict() == plan.kmeans.to_public_dict()
+    k, h = params.k, params.hidden
+    gen = dpgm._make_model(params, d)
+    strata = tuple(gen.strata)
+    sizes = np.maximum(np.asarray(sizes, dtype=np.float64), 0.0)
+    weights = sizes / sizes.sum()
+    cl = np.asarray(dpgm.chain_lengths(plan, lengths, seed))[:, :chains]  # (k, chains), public draws
+    b_scales = np.asarray([splan.learning_rate_for(max(float(s), 1.0)) for s in sizes]) / params.lr
+    model = SharedRBM(d, h, k, strata, weights, np.repeat(np.arange(k), cl.shape[1]), cl.ravel(),
+                      gibbs_steps=params.gibbs_steps, b_scales=b_scales, w_scale=w_lr)
+    theta0 = np.zeros(model.dim)
+    theta0[: d * h] = 0.01 * stream(seed, 2, 0).standard_normal(d * h)
+    B0 = np.stack([visible_init(centers[j], masses[j]) for j in range(k)])
+    theta0[d * h + h: d * h + h + k * d] = B0.ravel()
+    noise = dpsgd.step_noise(clip=params.clip, noise_multiplier=splan.noise_multiplier, dim=model.dim,
+                             neighbors=params.neighbors, max_abs=float(n) * params.clip)
+    assert noise.dp_event().noise_multiplier >= splan.noise_multiplier / 2 * (1 - 1e-9)
+    Xl = hstack([X, csr_matrix((np.asarray(labels, np.float64) + 1.0)[:, None])], format="csr").astype(np.float32)
+    t0 = time.time()
+
+    def progress(u, total):
+        if u % max(total // 10, 1) == 0:
+            print(f"  shared: step {u}/{total} ({time.time() - t0:.0f}s)", flush=True)
+
+    theta = dpsgd.train(model, Xl, theta0, clip=params.clip, sampling_rate=q, steps=T, noise=noise,
+                        n_pub=float(n), seed=seed, cluster=0, lr=lr or params.lr, schedule=params.lr_schedule,
+                        average=params.tail, on_step=progress)
+    return model.cluster_thetas(theta), float(splan.noise_multiplier)
+
+
 def dp_item_counts(real_marg, L: int, epsilon: float, delta: float, seed: int) -> tuple[np.ndarray, float]:
     """The per-item counts of distinct people with discrete Gaussian noise at (epsilon, delta),
     replace-one (L2 sensitivity sqrt(2 L): a person has at most L items), and the noise std. Fixed
@@ -188,7 +391,8 @@ def main(argv=None):
                          "since model format 7, the k-means' last round's clusters with inverse-variance "
                          "sizes), kmeans_sizes (with previous false: the k-means' counts as sizes, as before "
                          "format 6), exact_kmeans (true: NOT private MiniBatchKMeans clusters and sizes in the "
-                         "place of the DP k-means), burn_in, sweeps")
+                         "place of the DP k-means), shared (true: one model for all clusters, SharedRBM, with shared_rate, "
+                         "shared_steps, shared_chains, shared_lr, shared_w_lr: W's rate over the rest's), burn_in, sweeps")
     ap.add_argument("--out", default=None, help="append one JSON line per variant here")
     ap.add_argument("--cache", default=None, help="a .npz file: the generated table, made once and read after")
     ap.add_argument("--save-model", default=None,
@@ -252,13 +456,15 @@ def main(argv=None):
         if calibrate == "dp":
             kw["epsilon"] = a.epsilon * (1 - share)
             kw["delta"] = 0.5 / n
+        shared = kw.pop("shared", False)  # one SharedRBM over all people (train_shared)
+        shared_kw = {key: kw.pop("shared_" + key) for key in ("rate", "steps", "chains", "lr", "w_lr") if "shared_" + key in kw}
         burn_in = kw.pop("burn_in", None)
         sweeps = kw.pop("sweeps", None)
         params = dpgm.DPGMParams(**kw)
         plan = dpgm.plan_dpgm(params, n=n, d=d, caller="study")
         centers, sizes, labels, kstd = (exact_kmeans if exact else kmeans)(X, params, plan, d, a.seed, previous)
         t2 = time.time()
-        wstats = {}
+        wstats, sigma = {}, None
         if oracle:  # NOT private: each cluster's real marginals, records given their real lengths
             V = csr_matrix(oracle_sample(X, labels, params.k, S, np.random.default_rng(11), oracle_strata))
         else:
@@ -273,9 +479,14 @@ def main(argv=None):
                 var = kstd ** 2 + lengths.shape[1] * plan.lengths.noise.std ** 2
                 with np.errstate(divide="ignore", invalid="ignore"):
                     sizes = np.maximum(sizes + D * np.where(D != 0, np.maximum(0.0, 1 - var / (D * D)), 0.0), 0.0)
-            thetas = dpgm.train_clusters(X, labels, sizes, centers, plan, a.seed,
-                                         masses=dpgm.visible_masses(plan, lengths),
-                                         chain_lengths=dpgm.chain_lengths(plan, lengths, a.seed))
+            sigma = plan.noise_multiplier
+            if shared:
+                thetas, sigma = train_shared(X, labels, sizes, centers, plan, a.seed, lengths,
+                                             dpgm.visible_masses(plan, lengths), **shared_kw)
+            else:
+                thetas = dpgm.train_clusters(X, labels, sizes, centers, plan, a.seed,
+                                             masses=dpgm.visible_masses(plan, lengths),
+                                             chain_lengths=dpgm.chain_lengths(plan, lengths, a.seed))
             public = plan.to_public_dict()
             model = dpgm._model(params, d, thetas, sizes, centers, public, plan, lengths)
             if a.save_model:
@@ -316,10 +527,10 @@ def main(argv=None):
         merr = float(np.abs(marg - real_marg).sum() / real_marg.sum())
         sl = np.diff(V.indptr)
         row = {"name": name, "kind": a.kind, "people": n, "epsilon": a.epsilon, "params": v,
-               "steps": plan.steps, "sizes": [int(s) for s in sizes],
+               "steps": int(shared_kw.get("steps") or plan.steps) if shared else plan.steps, "sizes": [int(s) for s in sizes],
                "error": round(float(e.mean()), 4), "groups": groups, "marginal_l1": round(merr, 4),
                "short": [round(float((sl <= m).mean()), 4) for m in (2, 4, 8)],
-               **wstats, "sigma": None if oracle else plan.noise_multiplier, "train_s": round(t2 - t1), "synth_s": round(time.time() - t2)}
+               **wstats, "sigma": None if oracle else sigma, "train_s": round(t2 - t1), "synth_s": round(time.time() - t2)}
         print(json.dumps(row), flush=True)
         if a.out:
             with open(a.out, "a") as f:

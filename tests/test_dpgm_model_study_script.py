@@ -117,3 +117,87 @@ def test_a_small_run_with_exact_kmeans(study, tmp_path):
     (row,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert row["name"] == "exact" and sum(row["sizes"]) in range(2990, 3011)  # exact sizes as trained
     assert 0.0 < row["error"] < 1.5 and row["sigma"] > 0
+
+
+def _shared(study, strata=(3, 6), k=3, d=9, hidden=4, seed=0):
+    rng = np.random.default_rng(seed)
+    chain_cluster = np.repeat(np.arange(k), 4)
+    model = study.SharedRBM(d, hidden, k, strata, weights=np.array([0.5, 0.3, 0.2])[:k],
+                            chain_cluster=chain_cluster, chain_lengths=rng.integers(1, d, chain_cluster.size))
+    theta = 0.3 * rng.standard_normal(model.dim)
+    V = (rng.random((40, d)) < 0.4).astype(np.float64)
+    labels = rng.integers(0, k, V.shape[0])
+    return model, theta, V, labels
+
+
+@pytest.mark.parametrize("strata", [(3, 6), ()])
+def test_shared_rbm_gradients_are_those_of_the_free_energy(study, strata):
+    """Each record's materialised gradient against central finite differences of F(v) of its own
+    cluster and stratum, and the clipped sum without per-example gradients against the
+    materialised gradients clipped one by one."""
+    model, theta, V, labels = _shared(study, strata)
+    G = model.per_example_grads(V, labels, theta)
+    eps = 1e-6
+    for i in (0, 7, 23):
+        num = np.empty(model.dim)
+        for p in range(model.dim):
+            e = np.zeros(model.dim)
+            e[p] = eps
+            num[p] = (model.free_energy(V[i:i + 1], labels[i:i + 1], theta + e)[0]
+                      - model.free_energy(V[i:i + 1], labels[i:i + 1], theta - e)[0]) / (2 * eps)
+        np.testing.assert_allclose(G[i], num, atol=1e-6)
+    norms = np.linalg.norm(G, axis=1)
+    for clip in (None, float(np.median(norms))):
+        f = np.ones(V.shape[0]) if clip is None else np.minimum(1.0, clip / norms)
+        Xb = np.hstack([V, (labels + 1.0)[:, None]])
+        got, sq = model.clipped_sum(Xb, theta, clip)
+        np.testing.assert_allclose(sq, norms ** 2, rtol=1e-10)
+        np.testing.assert_allclose(got, (f[:, None] * G).sum(axis=0), atol=1e-10)
+        if clip is not None:  # every record's share of the sum is within the clip
+            assert np.all(np.linalg.norm(f[:, None] * G, axis=1) <= clip * (1 + 1e-12))
+
+
+def test_shared_rbm_model_term_weighs_each_clusters_chains_by_its_share(study):
+    """The negative phase is -sum_j w_j mean over cluster j's chains of grad F (chains after the
+    sweep; unclipped here), and the chains keep their fixed lengths."""
+    model, theta, _, _ = _shared(study)
+    chains = model.init_state(np.random.default_rng(1), theta)
+    np.testing.assert_array_equal(chains.sum(axis=1), model.chain_lengths)
+    g, new = model.model_term(theta, chains, np.random.default_rng(2))
+    np.testing.assert_array_equal(new.sum(axis=1), model.chain_lengths)
+    G = model.per_example_grads(new, model.chain_cluster, theta)
+    want = -sum(w * G[model.chain_cluster == j].mean(axis=0) for j, w in enumerate([0.5, 0.3, 0.2]))
+    np.testing.assert_allclose(g, want, atol=1e-10)
+
+
+def test_shared_rbm_cluster_thetas_are_rbms_of_the_same_free_energy(study):
+    """Cluster j's RBM of cluster_thetas has, for every record, the shared model's free energy
+    for cluster j (the library's RBM with the same strata reads it), with and without strata."""
+    from sparkpriv.mechanisms.rbm import RBM
+
+    for strata in ((3, 6), ()):
+        model, theta, V, _ = _shared(study, strata)
+        thetas = model.cluster_thetas(theta)
+        rbm = RBM(model.d, model.hidden, strata=strata)
+        assert thetas.shape == (model.k, rbm.dim)
+        for j in range(model.k):
+            np.testing.assert_allclose(rbm.free_energy(V, thetas[j]),
+                                       model.free_energy(V, np.full(V.shape[0], j), theta), atol=1e-12)
+
+
+def test_a_small_run_with_one_shared_model(study, tmp_path):
+    out = tmp_path / "study.jsonl"
+    study.main(["--people", "3000", "--max-items", "16", "--synthetic", "2000", "--k", "3",
+                "--sampling-rate", "0.1", "--epochs", "2", "--out", str(out),
+                "--variants", json.dumps([{"name": "shared", "shared": True, "shared_rate": 0.05,
+                                           "shared_steps": 30, "shared_chains": 5}])])
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["steps"] == 30 and len(row["groups"]) == 5 and 0.0 < row["error"] < 1.5
+    # sigma calibrated again for (q, T) = (0.05, 30), the rest of the release as the plan's (0.1, 20)
+    from sparkpriv.mechanisms import dpgm
+    from sparkpriv.spark.generate_events import CDR_MODEL
+
+    kw = dict(epsilon=1.0, delta=1 / 3000, k=3, row_bound=4.0)
+    want = dpgm.plan_dpgm(dpgm.DPGMParams(sampling_rate=0.05, epochs=1.5, **kw), n=3000, d=CDR_MODEL.items)
+    base = dpgm.plan_dpgm(dpgm.DPGMParams(sampling_rate=0.1, epochs=2.0, **kw), n=3000, d=CDR_MODEL.items)
+    assert want.steps == 30 and row["sigma"] == want.noise_multiplier != base.noise_multiplier
