@@ -181,10 +181,12 @@ class SharedRBM:
 
     def per_example_grads(self, V, labels, theta) -> np.ndarray:
         """``grad F(v_i)`` materialised (n, dim): tests only."""
+        from sparkpriv.mechanisms.rbm import _sigmoid
+
         W, c, _, _ = self.unpack(theta)
         V = np.asarray(V, dtype=np.float64)
         n = V.shape[0]
-        H = 1.0 / (1.0 + np.exp(-(V @ W + c)))
+        H = _sigmoid(V @ W + c)
         Bg = np.zeros((n, self.k, self.d))
         Bg[np.arange(n), labels] = V
         Ag = np.zeros((n, self.S, self.d))
@@ -197,10 +199,11 @@ class SharedRBM:
         from scipy.sparse import csr_matrix as _csr
 
         from sparkpriv.mechanisms.dpsgd import clip_factors
+        from sparkpriv.mechanisms.rbm import _sigmoid
 
         W, c, _, _ = self.unpack(theta)
         V = _csr(np.asarray(V, dtype=np.float64))  # records are sparse: products by their nonzeros
-        H = 0.5 * (1.0 + np.tanh(0.5 * (np.asarray(V @ W) + c)))
+        H = _sigmoid(np.asarray(V @ W) + c)
         vv = np.asarray(V.multiply(V).sum(axis=1)).ravel()
         hh = np.einsum("ij,ij->i", H, H)
         sq = vv * hh + hh + 2.0 * vv
@@ -231,12 +234,12 @@ class SharedRBM:
         """``(-sum_i w_i f_i grad F(chain_i), new chains)`` after ``gibbs_steps`` sweeps ``h | v``,
         ``v | h, |v| = m`` of every chain at its cluster's bias (clipped like the records, as
         :meth:`RBM.model_term`)."""
-        from sparkpriv.mechanisms.rbm import conditional_bernoulli
+        from sparkpriv.mechanisms.rbm import _sigmoid, conditional_bernoulli
 
         W, c, B, A = self.unpack(theta)
         bias = B[self.chain_cluster] + A[self.stratum(self.chain_lengths)]
         for _ in range(self.gibbs_steps):
-            Hs = (rng.random((chains.shape[0], self.hidden)) < 1.0 / (1.0 + np.exp(-(chains @ W + c))))
+            Hs = rng.random((chains.shape[0], self.hidden)) < _sigmoid(chains @ W + c)
             chains = conditional_bernoulli(Hs.astype(np.float64) @ W.T + bias, self.chain_lengths, rng)
         g, _ = self._sum(chains, self.chain_cluster, theta, clip, self.chain_weight)
         return -g, chains
