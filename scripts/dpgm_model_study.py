@@ -268,14 +268,27 @@ class SharedRBM:
         return np.stack(rows)
 
 
+def allocate_chains(sizes, total: int) -> np.ndarray:
+    """Per cluster, how many of ``total`` persistent chains it runs when they are shared out in
+    proportion to the noisy sizes (at least one each): the weighted negative phase ``sum_j w_j
+    mean_j`` has the least Monte Carlo variance, for chains of equal variance, when cluster ``j``
+    runs a number proportional to ``w_j``. Post-processing of released sizes: public."""
+    w = np.maximum(np.asarray(sizes, dtype=np.float64), 0.0)
+    w = w / w.sum() if w.sum() > 0 else np.full(w.size, 1.0 / w.size)
+    return np.maximum(1, np.rint(w * int(total))).astype(np.int64)
+
+
 def train_shared(X, labels, sizes, centers, plan, seed: int, lengths, masses, *, rate: float | None = None,
-                 steps: int | None = None, chains: int = 20, lr: float | None = None, w_lr: float = 1.0):
+                 steps: int | None = None, chains: int = 20, lr: float | None = None, w_lr: float = 1.0,
+                 allocate: bool = False):
     """DP-SGD of one :class:`SharedRBM` over all people (the variant key ``shared``). ``rate``,
     ``steps``: its ``(q, T)`` (default the plan's); the noise multiplier is calibrated again for
     them by :func:`dpgm.plan_dpgm` with the same release parameters otherwise, so the release's
     privacy is the plan's: the k-means, histograms and counts as before, and one DP-SGD run at
     ``(q, sigma, T)`` over ``n`` people in the place of ``k`` in parallel at theirs. Returns ``(k,
-    RBM dim)`` per-cluster thetas and the calibrated sigma. Fixed test seed: a measurement."""
+    RBM dim)`` per-cluster thetas and the calibrated sigma. ``allocate``: the ``chains x k`` chains
+    shared out by :func:`allocate_chains` instead of ``chains`` a cluster. Fixed test seed: a
+    measurement."""
     import dataclasses
 
     from scipy.sparse import hstack
@@ -296,9 +309,20 @@ def train_shared(X, labels, sizes, centers, plan, seed: int, lengths, masses, *,
     strata = tuple(gen.strata)
     sizes = np.maximum(np.asarray(sizes, dtype=np.float64), 0.0)
     weights = sizes / sizes.sum()
-    cl = np.asarray(dpgm.chain_lengths(plan, lengths, seed))[:, :chains]  # (k, chains), public draws
+    if allocate:  # each cluster's fixed lengths drawn as dpgm.chain_lengths draws them, public
+        from sparkpriv.mechanisms.dpgm._lengths import draw_lengths
+        from sparkpriv.mechanisms.dpgm._params import CHAIN_STAGE
+
+        per = allocate_chains(sizes, chains * k)
+        chain_cluster = np.repeat(np.arange(k), per)
+        chain_len = np.concatenate([draw_lengths(lengths, plan.lengths.edges, plan.lengths.noise.std, j, int(per[j]),
+                                                 stream(seed, CHAIN_STAGE, j), dpgm.max_length(params, d))
+                                    for j in range(k)])
+    else:
+        cl = np.asarray(dpgm.chain_lengths(plan, lengths, seed))[:, :chains]  # (k, chains), public draws
+        chain_cluster, chain_len = np.repeat(np.arange(k), cl.shape[1]), cl.ravel()
     b_scales = np.asarray([splan.learning_rate_for(max(float(s), 1.0)) for s in sizes]) / params.lr
-    model = SharedRBM(d, h, k, strata, weights, np.repeat(np.arange(k), cl.shape[1]), cl.ravel(),
+    model = SharedRBM(d, h, k, strata, weights, chain_cluster, chain_len,
                       gibbs_steps=params.gibbs_steps, b_scales=b_scales, w_scale=w_lr)
     theta0 = np.zeros(model.dim)
     theta0[: d * h] = 0.01 * stream(seed, 2, 0).standard_normal(d * h)
@@ -395,7 +419,8 @@ def main(argv=None):
                          "sizes), kmeans_sizes (with previous false: the k-means' counts as sizes, as before "
                          "format 6), exact_kmeans (true: NOT private MiniBatchKMeans clusters and sizes in the "
                          "place of the DP k-means), shared (true: one model for all clusters, SharedRBM, with shared_rate, "
-                         "shared_steps, shared_chains, shared_lr, shared_w_lr: W's rate over the rest's), burn_in, sweeps")
+                         "shared_steps, shared_chains, shared_lr, shared_w_lr: W's rate over the rest's, shared_allocate: the "
+                         "chains shared out by noisy size), burn_in, sweeps")
     ap.add_argument("--out", default=None, help="append one JSON line per variant here")
     ap.add_argument("--cache", default=None, help="a .npz file: the generated table, made once and read after")
     ap.add_argument("--save-model", default=None,
@@ -460,7 +485,7 @@ def main(argv=None):
             kw["epsilon"] = a.epsilon * (1 - share)
             kw["delta"] = 0.5 / n
         shared = kw.pop("shared", False)  # one SharedRBM over all people (train_shared)
-        shared_kw = {key: kw.pop("shared_" + key) for key in ("rate", "steps", "chains", "lr", "w_lr") if "shared_" + key in kw}
+        shared_kw = {key: kw.pop("shared_" + key) for key in ("rate", "steps", "chains", "lr", "w_lr", "allocate") if "shared_" + key in kw}
         burn_in = kw.pop("burn_in", None)
         sweeps = kw.pop("sweeps", None)
         params = dpgm.DPGMParams(**kw)

@@ -185,14 +185,27 @@ def test_shared_rbm_cluster_thetas_are_rbms_of_the_same_free_energy(study):
                                        model.free_energy(V, np.full(V.shape[0], j), theta), atol=1e-12)
 
 
+def test_chains_are_shared_out_in_proportion_to_the_noisy_sizes(study):
+    """allocate_chains: at least one chain a cluster, the rest in proportion to the clamped sizes
+    (closed form on sizes whose shares of 1,000 are whole numbers), and equal shares when no
+    cluster has people."""
+    got = study.allocate_chains([600.0, 300.0, 100.0, 0.0, -5.0], 1000)
+    np.testing.assert_array_equal(got, [600, 300, 100, 1, 1])
+    np.testing.assert_array_equal(study.allocate_chains([0.0, 0.0], 10), [5, 5])
+    assert study.allocate_chains([1e6, 1.0], 40).tolist() == [40, 1]
+
+
 def test_a_small_run_with_one_shared_model(study, tmp_path):
     out = tmp_path / "study.jsonl"
     study.main(["--people", "3000", "--max-items", "16", "--synthetic", "2000", "--k", "3",
                 "--sampling-rate", "0.1", "--epochs", "2", "--out", str(out),
                 "--variants", json.dumps([{"name": "shared", "shared": True, "shared_rate": 0.05,
-                                           "shared_steps": 30, "shared_chains": 5}])])
-    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+                                           "shared_steps": 30, "shared_chains": 5},
+                                          {"name": "allocated", "shared": True, "shared_rate": 0.05,
+                                           "shared_steps": 30, "shared_chains": 5, "shared_allocate": True}])])
+    row, allocated = [json.loads(line) for line in out.read_text().splitlines()]
     assert row["steps"] == 30 and len(row["groups"]) == 5 and 0.0 < row["error"] < 1.5
+    assert allocated["sigma"] == row["sigma"] and 0.0 < allocated["error"] < 1.5  # the same privacy event
     # sigma calibrated again for (q, T) = (0.05, 30), the rest of the release as the plan's (0.1, 20)
     from sparkpriv.mechanisms import dpgm
     from sparkpriv.spark.generate_events import CDR_MODEL
