@@ -270,7 +270,8 @@ class SharedRBM:
 
 def allocate_chains(sizes, total: int) -> np.ndarray:
     """Per cluster, how many of ``total`` persistent chains it runs when they are shared out in
-    proportion to the noisy sizes (at least one each): the weighted negative phase ``sum_j w_j
+    proportion to the noisy sizes, rounded, at least one each (so the sum can pass ``total`` by
+    up to ``k``): the weighted negative phase ``sum_j w_j
     mean_j`` has the least Monte Carlo variance, for chains of equal variance, when cluster ``j``
     runs a number proportional to ``w_j``. Post-processing of released sizes: public."""
     w = np.maximum(np.asarray(sizes, dtype=np.float64), 0.0)
