@@ -148,11 +148,17 @@ def calibrate_noise_multiplier(*, epsilon: float, delta: float, sampling_rate: f
         return _coarse_pld_epsilon(event(s), delta) if accountant == "pld" else \
             accounted_epsilon(event(s), delta, accountant)
 
-    if base_event is not None and accounted_epsilon(base_event, delta, accountant) >= epsilon:
-        raise ParameterError(
-            f"{caller}: the other parts of the release already spend epsilon={epsilon!r} at "
-            f"delta={delta!r}; nothing is left for DP-SGD. Give the other parts a smaller share."
-        )
+    if base_event is not None:
+        base_epsilon = accounted_epsilon(base_event, delta, accountant)
+        if base_epsilon >= epsilon:
+            hint = (" The RDP accountant states far more than the PLD one at large epsilon: "
+                    "accountant='pld' may leave room." if accountant == "rdp" else "")
+            raise ParameterError(
+                f"{caller}: the other parts of the release "
+                f"already spend epsilon={base_epsilon:.6g} by the {accountant} accountant at "
+                f"delta={delta!r}, of the epsilon={epsilon!r} asked for; nothing is left for DP-SGD. "
+                f"Give the other parts a smaller share.{hint}"
+            )
 
     # bracket: the RDP calibration is cheap; for the PLD it is a good first guess
     start = 1.0

@@ -98,6 +98,27 @@ def test_calibration_errors_name_the_parameter():
         dpsgd.calibrate_noise_multiplier(epsilon=1, delta=1e-5, sampling_rate=0.1, steps=0)
 
 
+@pytest.mark.parametrize("accountant", ["pld", "rdp"])
+def test_refusal_states_what_the_other_parts_spend(accountant):
+    """A base event that already spends more than the request is refused before any search, and
+    the message states the base's own epsilon (a Gaussian of multiplier 0.5: the analytic
+    Gaussian's closed form for PLD, more for RDP, with the hint to try PLD), not the request."""
+    import re
+
+    base = ev.GaussianDpEvent(0.5)
+    exact = gdp_epsilon_delta(2.0, 1e-5)  # mu = 1 / 0.5
+    with pytest.raises(ParameterError, match="nothing is left for DP-SGD") as err:
+        dpsgd.calibrate_noise_multiplier(epsilon=exact / 2, delta=1e-5, sampling_rate=0.01, steps=100,
+                                         accountant=accountant, base_event=base, caller="dpgm")
+    msg = str(err.value)
+    stated = float(re.search(r"already spend epsilon=([0-9.e+]+)", msg).group(1))
+    assert f"of the epsilon={exact / 2!r} asked for" in msg and f"by the {accountant} accountant" in msg
+    if accountant == "pld":
+        assert stated == pytest.approx(exact, rel=1e-3) and "accountant='pld'" not in msg
+    else:
+        assert stated > exact * 1.01 and "accountant='pld' may leave room" in msg
+
+
 def test_step_noise_event_covers_the_multiplier():
     for nb, f in (("replace-one", 2.0), ("add-remove", 1.0)):
         nz = dpsgd.step_noise(clip=0.7, noise_multiplier=1.3, dim=1000, neighbors=nb, max_abs=1e5)
