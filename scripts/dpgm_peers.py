@@ -119,6 +119,8 @@ def parse_args(argv=None):
     ap.add_argument("--aim-pairs", type=int, default=100, help="random 2-way marginals in AIM's workload")
     ap.add_argument("--aim-rounds", type=int, default=None, help="AIM rounds (shipped default 16 d)")
     ap.add_argument("--aim-time-limit", type=float, default=1800.0, help="seconds per AIM run")
+    ap.add_argument("--towers", type=int, default=None,
+                    help="utility: keep only the N most popular towers of the public map (dpgm_utility.py --towers)")
     ap.add_argument("--mwem-split", type=int, default=8, help="columns per MWEM histogram")
     args = ap.parse_args(argv)
     if args.people < 2 or args.queries < 5 or args.max_items < 1:
@@ -135,18 +137,21 @@ def parse_args(argv=None):
         ap.error("--sparse serves MST only (--peers mst)")
     if args.kind == "utility" and args.cache:
         ap.error("--cache serves --kind cdr|transit only")
+    if args.towers is not None and (args.kind != "utility" or not 1 <= args.towers <= 1303):
+        ap.error("--towers serves --kind utility only, and must be in 1..1303")
     return args
 
 
-def protocol(people: int, max_items: int, seed: int, n_queries: int = 1000):
+def protocol(people: int, max_items: int, seed: int, n_queries: int = 1000, towers: int | None = None):
     """The table, queries and truth of scripts/dpgm_utility.py: ``(src, X, qs, true)``.
 
     ``src`` is the uncapped 0/1 table (the truth), ``X`` the capped one (what
-    the releases see), ``qs`` the queries drawn exactly as dpgm_utility.main.
+    the releases see), ``qs`` the queries drawn exactly as dpgm_utility.main
+    (with ``towers``, on the public map's most popular towers, as ``--towers`` there).
     """
     from sparkpriv.mechanisms.counting_queries import draw_queries
 
-    src, X = cdr_table(people, max_items, seed)
+    src, X = cdr_table(people, max_items, seed, towers)
     distinct = src.sum(1)
     qs = draw_queries(X.shape[1], max_length=int(distinct.max()), n_queries=n_queries, groups=5, seed=seed)
     return src, X, qs, answers(src, qs)
@@ -517,7 +522,7 @@ def main(argv=None):
     args = parse_args(argv)
     t0 = time.perf_counter()
     if args.kind == "utility":
-        src, X, qs, true = protocol(args.people, args.max_items, args.seed, args.queries)
+        src, X, qs, true = protocol(args.people, args.max_items, args.seed, args.queries, args.towers)
         del src
     else:
         X, qs, true = event_protocol(args.kind, args.people, args.max_items, args.seed, args.queries,

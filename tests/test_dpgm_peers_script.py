@@ -48,6 +48,35 @@ def test_protocol_is_dpgm_utility_protocol(peers):
     assert sorted(k for k in exact if k != "all") == [1, 2, 3, 4, 5]
 
 
+def test_towers_keep_the_public_maps_most_popular_columns(peers):
+    """``--towers N``: the same people, each holding the N most popular towers (by the public
+    map's popularity, not by any count of the table) of their full record, then capped."""
+    from sparkpriv.spark.generate_events import CDR_MODEL, event_map
+
+    utility = load_script("dpgm_utility")
+    _, pop, _ = event_map(CDR_MODEL, 7)
+    top = utility.popular_towers(20, 7)
+    assert top.size == 20 and np.all(np.diff(pop[top]) <= 0) and pop[top].min() >= np.delete(pop, top).max()
+    full, _ = utility.cdr_table(400, 32, 7)
+    src, X = utility.cdr_table(400, 3, 7, towers=20)
+    np.testing.assert_array_equal(src, full[:, top])
+    # the cap keeps min(L, items) of each person's own towers
+    assert np.all(X <= src)
+    np.testing.assert_array_equal(X.sum(1), np.minimum(src.sum(1), 3))
+    assert (src.sum(1) > 3).any()
+    _, X2, qs, true = peers.protocol(400, 3, 7, 50, towers=20)
+    np.testing.assert_array_equal(X2, X)
+    assert qs.matrix.shape == (20, 50)
+    direct = np.array([np.sum(src[:, qs.matrix[:, j] > 0].any(1)) for j in range(qs.size)])
+    np.testing.assert_array_equal(true, direct)
+    assert peers.parse_args(["--towers", "32"]).towers == 32
+    for bad in (["--towers", "0"], ["--towers", "1304"], ["--kind", "cdr", "--towers", "32"]):
+        with pytest.raises(SystemExit):
+            peers.parse_args(bad)
+    with pytest.raises(ValueError, match="towers"):
+        utility.popular_towers(0, 7)
+
+
 def test_pair_scores_against_brute_force(peers):
     rng = np.random.default_rng(3)
     X = (rng.random((40, 6)) < 0.3).astype(float)
