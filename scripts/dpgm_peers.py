@@ -36,6 +36,16 @@ add/remove one person (sensitivity 1 per marginal); the DPGM's is replace-one.
 
     python scripts/dpgm_peers.py --people 20000 --epsilons 0.5 1 2 4 --peers mst
 
+A column sample (``--towers N``, ``--kind utility``): AIM cannot finish its
+rounds on 1,303 columns, so the same people are kept on the N most popular
+towers of the PUBLIC map (``dpgm_utility.popular_towers``: the generator's
+popularity, not a count of the table), each holding those of their own towers,
+then capped; ``dpgm_utility.py --towers N`` gives the DPGM and the baselines
+on the same table and queries (docs/dpgm.md, "AIM on a column sample"):
+
+    python scripts/dpgm_peers.py --people 20000 --max-items 16 --towers 32 --epsilons 1 \
+        --peers aim --aim-pairs 496 --aim-rounds 64
+
 Event tables at scale (``--kind cdr|transit``; docs/dpgm.md, "At the paper's
 size"): the table, queries and truth of scripts/dpgm_model_study.py (its
 ``people``, ``cap`` and ``answers`` are imported, not copied): the people of
@@ -536,9 +546,8 @@ def main(argv=None):
                                 dtype=np.float64), log=log)
         check_sparse(X, log=log)
         return
-    counts = None
+    counts = np.asarray(X.sum(0)).ravel()
     if args.kind != "utility":
-        counts = np.asarray(X.sum(0)).ravel()
         log(f"capped table: mean items {X.nnz / n:.3f}, at most 2 / 4 / 8 items: "
             f"{[round(float((np.diff(X.indptr) <= m).mean()), 4) for m in (2, 4, 8)]}")
     if args.sparse:
@@ -565,10 +574,8 @@ def main(argv=None):
                 results[name] = {"timeout": True, "seconds": secs}
                 print(f"{name:24s} no release within the time limit ({secs:.0f} s)", flush=True)
                 continue
-            extra = {}
-            if args.kind != "utility":
-                S = sparse.csr_matrix(S)
-                extra = describe(S, counts, true, qs, n)
+            S = sparse.csr_matrix(S)
+            extra = describe(S, counts, true, qs, n)
             results[name] = score(true, S, qs, n)
             results[name]["seconds"] = secs
             if phases:
