@@ -8,10 +8,12 @@ the neighbour relation, opens the input on the engine (schema only), lets the
 mechanism plan (secrets drawn, noise calibrated, events known), and calls
 :func:`reserve` *before any data is read*: the ledger (when a table id is
 given) refuses a release that would exceed the table's budget at that point.
-It then runs the mechanism on the engine (releasing the reservation if that
-fails) and returns a :class:`Release` holding the private table; its
-:meth:`Release.write` publishes the table and receipt atomically and commits
-the reservation, or releases it if publishing fails.
+It then runs the mechanism on the engine and returns a :class:`Release`
+holding the private table; its :meth:`Release.write` publishes the table and
+receipt atomically and commits the reservation. A run that fails after the
+reservation keeps it as spent (whether a run fails may depend on one record),
+and so does a release that is abandoned; a failed publish leaves it reserved
+(counted) so the release can be written again.
 """
 
 from __future__ import annotations
@@ -69,7 +71,30 @@ class BudgetHold:
             self.ledger.commit(self.reservation.id, output_path=output_path, receipt_summary=summary)
             _log.info("ledger: committed entry %s for table %s", self.reservation.id, self.table_id)
 
+    def spend_failed(self, reason: str) -> None:
+        """Keep the reservation as spent: the release failed after its budget was reserved.
+
+        Whether a run fails may depend on what one record holds, so a failure
+        after the reservation costs what was reserved (docs/privacy.md,
+        "Failures"). The entry is committed with no output and the failure in
+        its summary (the error's type only: no value of the data).
+        """
+        if self.reservation is not None:
+            r = self.reservation
+            try:
+                self.ledger.commit(r.id, output_path=None,
+                                   receipt_summary={"failed": reason[:500], "published": False,
+                                                    "epsilon": r.epsilon_requested})
+                _log.warning("ledger: entry %s on table %s keeps its spend (epsilon %.6g at the budget's delta): "
+                             "the release failed after its budget was reserved (%s), and whether a release "
+                             "fails may depend on the data, so a failure is charged like a release",
+                             r.id, self.table_id, r.epsilon_requested, reason[:200])
+            except Exception:  # never hide the original failure; the entry stays reserved (counted)
+                _log.exception("ledger: could not record the failed release %s; it stays reserved (counted)", r.id)
+            self.reservation = None
+
     def abort(self, reason: str) -> None:
+        """Release the reservation (not counted): only before anything was computed from the data."""
         if self.reservation is not None:
             try:
                 self.ledger.abort(self.reservation.id, reason=reason[:500])
@@ -312,12 +337,11 @@ class Release:
         only when its tasks wrote no rows, saving a Spark job).
         """
         publish = self._publish_local if self.engine == "local" else self._publish_spark
-        try:
-            out = publish(path, overwrite, writer)
-        except BaseException as exc:
-            self.hold.abort(f"publishing failed: {type(exc).__name__}")
-            self.hold.close()
-            raise
+        # A failed publish keeps the reservation (counted, shown as unfinished): the private table
+        # was computed from the data (in memory, or lazily by this very write), so its spend
+        # cannot be given back. The same release may be written again (another path); abandon()
+        # records it as spent without an output.
+        out = publish(path, overwrite, writer)
         self.hold.commit(out, {"epsilon": self.epsilon, "delta": self.delta})
         self.hold.close()
         self.written_to = out
@@ -380,8 +404,14 @@ class Release:
         return self.df.select(*cols).toPandas().to_numpy(dtype=np.float64)
 
     def abandon(self, reason: str = "abandoned by the caller") -> None:
-        """Release the ledger reservation of a release that will not be written."""
-        self.hold.abort(reason)
+        """Record a release that will not be written: its reservation stays SPENT.
+
+        The private table (and model) were computed from the data and are in
+        the caller's hands, so not publishing them gives nothing back: the
+        ledger entry is committed with no output and ``reason`` (docs/privacy.md,
+        "Failures").
+        """
+        self.hold.spend_failed(f"not published: {reason}")
         self.hold.close()
 
     def _owner_report(self, out: str, owner_report: str | None) -> None:
@@ -481,7 +511,9 @@ def release(mechanism, data, *, ledger=None, table_id: str | None = None, source
     try:
         outcome = mech.run(eng, src, plan, progress)
     except BaseException as exc:
-        hold.abort(f"{mech.name} failed: {type(exc).__name__}")
+        # the run read the data: whether it fails may depend on one record, so the failure is
+        # charged (docs/privacy.md, "Failures")
+        hold.spend_failed(f"{mech.name} failed: {type(exc).__name__}")
         hold.close()
         raise
     finally:

@@ -214,8 +214,13 @@ def run_release(cfg: ReleaseConfig, spark=None, on_step=None) -> RunResult:
                     reader=reader)
     release = spec.release(df, cfg, cfg.get("input"), **({"on_step": on_step} if spec.precheck else {}))
     entry = release.hold.reservation.id if release.hold.reservation is not None else None
-    out = release.write(cfg.get("output"), overwrite=bool(cfg.get("overwrite")), writer=cfg.get("writer"),
-                        owner_report=cfg.get("owner_report"))
+    try:
+        out = release.write(cfg.get("output"), overwrite=bool(cfg.get("overwrite")), writer=cfg.get("writer"),
+                            owner_report=cfg.get("owner_report"))
+    except BaseException as exc:
+        # the job ends here: its computed (or partly computed) table is charged, never given back
+        release.abandon(f"publishing failed: {type(exc).__name__}")
+        raise
     return RunResult(output=out, receipt_path=f"{out}/{RECEIPT_FILE}", epsilon=release.epsilon,
                      delta=release.delta, ledger_entry=entry)
 

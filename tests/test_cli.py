@@ -249,17 +249,19 @@ def test_table_without_budget_is_refused_before_spark_starts(tmp_path, capsys):
 
 
 def test_spark_log_noise_stays_out_of_the_terminal(tmp_path):
-    """A null in a column fails in the executors; the terminal shows sparkpriv's one-line
+    """An undeclared label fails in the executors; the terminal shows sparkpriv's one-line
     error, not Spark's executor stack traces (they were 94 lines), unless --log-level DEBUG."""
-    (tmp_path / "t.csv").write_text("a,b\n1.0,2.0\n0.5,\n0.1,0.3\n")
+    (tmp_path / "t.csv").write_text("a,b,y\n1.0,2.0,0\n0.5,,1\n0.1,0.3,7\n")
     env = _env(tmp_path)
     env.pop("SPARKPRIV_SPARK_LOG_LEVEL", None)
-    args = [sys.executable, "-m", "sparkpriv.cli", "release", "projection", "--input", "t.csv", "--output",
-            "out", "--columns", "a,b", "--k", "1", "--epsilon", "1", "--row-bound", "1"]
+    args = [sys.executable, "-m", "sparkpriv.cli", "release", "dprp", "--input", "t.csv", "--output",
+            "out", "--columns", "a,b", "--label", "y", "--labels", "private", "--classes", "0,1", "--epsilon", "1", "--delta", "1e-5",
+            "--lower", "0", "--upper", "2"]
     out = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 2
+    assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
-    assert lines[-1].startswith("sparkpriv: error: column 'b' has null values")
+    assert lines[-1].startswith("sparkpriv: error: the label column 'y' holds a value that is not a declared"), \
+        lines[-3:]
     assert len(lines) < 15 and "Traceback" not in out.stderr and "Exception in task" not in out.stderr
     assert not (tmp_path / "out").exists()
 

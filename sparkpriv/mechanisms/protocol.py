@@ -47,6 +47,7 @@ __all__ = [
     "Neighbors", "ReplaceOne", "AddRemove", "Element", "REPLACE_ONE", "ADD_REMOVE", "ELEMENT",
     "resolve_neighbors", "option", "Params", "OptionSpec", "option_table", "Plan", "Outcome",
     "SparseRows", "TableRows", "InputFacts", "Mechanism", "Progress", "register", "registered", "get_mechanism", "REQUIRED",
+    "missing_value_fill",
 ]
 
 
@@ -457,7 +458,7 @@ class Mechanism:
         the null mask, columns kept in a row-level output) says so here.
         """
         columns = params.input_columns() if hasattr(params, "input_columns") else getattr(params, "columns", None)
-        return {"columns": columns, "fill": getattr(params, "fill", None)}
+        return {"columns": columns, "fill": missing_value_fill(params)}
 
     def plan(self, params: Params, facts: InputFacts, caller: str) -> Plan:  # pragma: no cover
         raise NotImplementedError
@@ -470,6 +471,30 @@ class Mechanism:
         if facts.kind not in self.inputs:
             raise ParameterError(f"{caller} does not take {facts.kind} input; it takes: "
                                  f"{', '.join(self.inputs)}.")
+
+
+def missing_value_fill(params: Params):
+    """The public replacement of nulls, NaN and infinities in a table's declared columns.
+
+    The declared ``fill`` when there is one; otherwise the centre of the declared
+    per-column box ``[lower, upper]`` (one value, or one per column) when both ends
+    are declared; otherwise 0.0 (the centre of a norm ball). The same rule for every
+    record, decided by public parameters only: no value of the data makes a release
+    fail or changes what it costs (docs/privacy.md, "Failures"). Clipping then
+    applies as to any other value.
+    """
+    fill = getattr(params, "fill", None)
+    if isinstance(fill, (int, float)) and not isinstance(fill, bool):
+        return float(fill)
+    lo, hi = getattr(params, "lower", None), getattr(params, "upper", None)
+    if lo is not None and hi is not None:
+        try:
+            c = (np.asarray(lo, dtype=np.float64) + np.asarray(hi, dtype=np.float64)) / 2.0
+        except (TypeError, ValueError):
+            return None
+        if np.all(np.isfinite(c)):
+            return float(c.reshape(-1)[0]) if c.size == 1 else tuple(float(v) for v in np.ravel(c))
+    return None
 
 
 class Progress:

@@ -70,13 +70,15 @@ def key_index_events(events_df, *, person: str, domain: KeyDomain):
             if v.integer_ids and not isinstance(types[c], (IntegralType, StringType)):
                 raise SchemaError(f"The key column {c!r} has type {types[c].simpleString()}; its declared values "
                                   "are integers: give an integer (or string) column.")
+            # try_cast: a malformed key reads as null (outside the domain: dropped and counted),
+            # never a failed job (docs/privacy.md, "Failures")
             if v.is_range:
-                it = F.col(col).cast("long")
+                it = F.expr(f"try_cast(`{col}` AS BIGINT)")
                 ev = ev.withColumn(f"_i{j}", F.when((it >= v.start) & (it < v.stop), it - F.lit(v.start)))
             else:
                 kind = "long" if v.integer_ids else "string"
                 vdf = spark.createDataFrame(list(zip(v.ids, range(v.size))), f"_v{j} {kind}, _i{j} long")
-                ev = ev.withColumn(col, F.col(col).cast(kind)).join(
+                ev = ev.withColumn(col, _try_cast(col, kind)).join(
                     F.broadcast(vdf), F.col(col) == F.col(f"_v{j}"), "left")
             parts.append(F.col(f"_i{j}") * F.lit(s) if s != 1 else F.col(f"_i{j}"))
         idx = parts[0]
@@ -92,12 +94,19 @@ def key_index_events(events_df, *, person: str, domain: KeyDomain):
     rows = [tuple(t) + (i,) for i, t in enumerate(domain.tuples)]
     vdf = spark.createDataFrame(rows, schema)
     for j, k in enumerate(kinds):
-        ev = ev.withColumn(f"_c{j}", F.col(f"_c{j}").cast(k))
+        ev = ev.withColumn(f"_c{j}", _try_cast(f"_c{j}", k))
     cond = None
     for j in range(len(kinds)):
         e = F.col(f"_c{j}") == F.col(f"_v{j}")
         cond = e if cond is None else cond & e
     return ev.join(F.broadcast(vdf), cond, "left").select("_p", _KIDX)
+
+
+def _try_cast(col: str, kind: str):
+    """``col`` as ``kind`` (long or string), null where a value does not parse."""
+    from pyspark.sql import functions as F
+
+    return F.expr(f"try_cast(`{col}` AS {'BIGINT' if kind == 'long' else 'STRING'})")
 
 
 def bound_keys(events_df, *, person: str, domain: KeyDomain, max_keys: int, max_events_per_key: int | None = None,

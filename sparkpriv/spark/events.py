@@ -395,16 +395,18 @@ def bound_contributions(
         key = derive_seed(seed, "contribution-bounding")
 
     ev = events_df.select(F.col(person).alias("_p"), F.col(item).alias("_it"))
+    # try_cast: a malformed id ('x' in a string column of integer ids) reads as null, an event
+    # outside the vocabulary, dropped and counted like any other: never a failed job (under ANSI
+    # mode a plain cast raises, quoting the value, after the budget was reserved)
     if voc.is_range:
-        it = F.col("_it").cast("long")
+        it = F.expr("try_cast(`_it` AS BIGINT)")
         ev = ev.withColumn("_idx", F.when((it >= voc.start) & (it < voc.stop),
                                           (it - F.lit(voc.start)).cast("int")))
     else:
         spark = events_df.sparkSession
         vdf = spark.createDataFrame(list(zip(voc.ids, range(voc.size))),
                                     "_vid long, _vi int" if voc.integer_ids else "_vid string, _vi int")
-        cast = "long" if voc.integer_ids else "string"
-        ev = (ev.withColumn("_it", F.col("_it").cast(cast))
+        ev = (ev.withColumn("_it", F.expr(f"try_cast(`_it` AS {'BIGINT' if voc.integer_ids else 'STRING'})"))
               .join(F.broadcast(vdf), F.col("_it") == F.col("_vid"), "left")
               .select("_p", F.col("_vi").alias("_idx")))
     collect = F.collect_list if cap.weights == "counts" else F.collect_set
