@@ -107,7 +107,8 @@ class DPLinearRegression(RegressorMixin, BaseEstimator):
     ``row_bound`` (public: declare it, never compute it from the data), the
     sketch ``S [X y] + W`` is released, and the coefficients are fitted on it
     (post-processing). There is no intercept term: add a constant column to
-    ``X`` (it counts in ``row_bound``).
+    ``X`` (it counts in ``row_bound``). ``row_bound`` has no default: a fit
+    without it is refused (a bound from the data is not private).
 
     Attributes
     ----------
@@ -121,7 +122,7 @@ class DPLinearRegression(RegressorMixin, BaseEstimator):
     n_features_in_ : int
     """
 
-    def __init__(self, *, row_bound: float = 1.0, epsilon: float = 1.0, delta: float = 1e-6,
+    def __init__(self, *, row_bound: float | None = None, epsilon: float = 1.0, delta: float = 1e-6,
                  sketch_rows=None, sketch_rule: str = "log", ridge: float = 0.0, debias: bool = True,
                  confidence: float = 0.95, ledger=None, table_id=None):
         self.row_bound = row_bound

@@ -135,6 +135,17 @@ def resolve_neighbors(value: Any, mechanism: "Mechanism | type[Mechanism]", call
 
 # ----------------------------------------------------------------------------- parameters
 
+# The range of public numbers every mechanism computes with exactly (Params._check_magnitudes):
+# squares of bounds times counts stay far below float64's 1.8e308, noise grids inside int64.
+MAX_PUBLIC_MAGNITUDE = 1e15
+MIN_PUBLIC_SCALE = 1e-12
+EPSILON_RANGE = (1e-4, 1e4)
+MIN_DELTA = 1e-12  # dp_accounting's PLD resolves no delta below about 1e-15 (its tail truncation)
+POSITIVE_SCALES = frozenset({"row_bound", "element_bound", "clip", "kernel_width", "label_scale",
+                             "max_value", "value_bound"})
+# public numbers that are not magnitudes of the data (shares, rates, counts, probabilities)
+_NOT_MAGNITUDES = frozenset({"neighbors"})
+
 
 class _Required:
     def __repr__(self) -> str:
@@ -251,7 +262,50 @@ class Params:
             cons = list(m.get("constraints", ()))
             if cons and v is not None:
                 check_param(f.name, v, cons, caller)
+        self._check_magnitudes(caller)
         self.check(caller)
+
+    def _check_magnitudes(self, caller: str) -> None:
+        """Every public number within the range the calibration computes with exactly.
+
+        A declared bound, fill or scale above :data:`MAX_PUBLIC_MAGNITUDE` (or a
+        positive scale below :data:`MIN_PUBLIC_SCALE`), an epsilon outside
+        :data:`EPSILON_RANGE` or a positive delta below :data:`MIN_DELTA` would
+        overflow (or underflow) the sensitivity, the noise scale or the
+        accountant somewhere after the reservation; it is refused here, naming
+        the parameter, before anything is reserved or read.
+        """
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name == "epsilon":
+                lo, hi = EPSILON_RANGE
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and not lo <= v <= hi:
+                    raise ParameterError(
+                        f"The 'epsilon' parameter of {caller} must be a float in the range [{lo:g}, {hi:g}]. "
+                        f"Got {v!r} instead: below {lo:g} the noise is larger than any answer, above {hi:g} "
+                        "there is no privacy left to state.")
+                continue
+            if f.name == "delta":
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < MIN_DELTA:
+                    raise ParameterError(
+                        f"The 'delta' parameter of {caller} must be 0 or at least {MIN_DELTA:g}. Got {v!r} "
+                        "instead: the accountants do not resolve smaller deltas (1/n or 1e-9 is usual).")
+                continue
+            if f.name in _NOT_MAGNITUDES or f.metadata.get("kind") == "object":
+                continue
+            vals = v if isinstance(v, tuple) else (v,)
+            for x in vals:
+                if isinstance(x, bool) or not isinstance(x, (int, float)):
+                    continue
+                if not math.isfinite(x) or abs(x) > MAX_PUBLIC_MAGNITUDE:
+                    raise ParameterError(
+                        f"The {f.name!r} parameter of {caller} must be a finite number of magnitude at most "
+                        f"{MAX_PUBLIC_MAGNITUDE:g}. Got {x!r} instead: rescale the column (e.g. to thousands) "
+                        "and declare the bound in those units.")
+                if f.name in POSITIVE_SCALES and 0 < x < MIN_PUBLIC_SCALE:
+                    raise ParameterError(
+                        f"The {f.name!r} parameter of {caller} must be 0 or at least {MIN_PUBLIC_SCALE:g}. Got "
+                        f"{x!r} instead: rescale the column and declare the bound in those units.")
 
     def check(self, caller: str) -> None:
         """Cross-field rules (subclasses); public parameters only."""
