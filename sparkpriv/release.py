@@ -475,6 +475,64 @@ def _write_progress(watched: bool, outcome, src, progress) -> tuple | None:
     return ("event bounding and write" if kind == "records" else "write", progress.step)
 
 
+def _plan_auto(mech, p, src, auto, caller):
+    """The plan of a release whose contribution bound is ``auto`` (reads no data).
+
+    The mechanism is planned with ``(1 - share) epsilon`` at the largest bound
+    that may be chosen (its events do not depend on the bound:
+    :mod:`sparkpriv.mechanisms.auto_bound`), and its events are composed with the
+    Laplace histogram's, so the ledger reserves the whole spend before any data
+    is read.
+    """
+    import dataclasses
+
+    from sparkpriv.mechanisms.auto_bound import EPSILON_MARGIN, discount_event, histogram_noise_for
+    from sparkpriv.privacy.accounting import compose
+    from sparkpriv.privacy.calibration import split_epsilon
+    from sparkpriv.privacy.random import new_secret_seed
+
+    eps_q, eps_rest = split_epsilon(p.epsilon, auto.share)
+    p_rest = dataclasses.replace(p, epsilon=eps_rest * (1.0 - EPSILON_MARGIN))
+    src.set_max_items(auto.limit)
+    inner = mech.plan(p_rest, src.facts, caller)
+    reserved = discount_event(inner.events)  # a hair more than the limit's plan spends (auto_bound)
+    qnoise = histogram_noise_for(epsilon=eps_q, neighbors=inner.neighbors.name, limit=auto.limit)
+    events = compose([qnoise.dp_event(), reserved])
+    plan = dataclasses.replace(inner, events=events, epsilon=epsilon_of(events, inner.delta))
+    return plan, {"p": p_rest, "auto": auto, "noise": qnoise, "epsilon": eps_q, "inner_events": reserved,
+                  "seed": new_secret_seed("contribution-bound-histogram")}
+
+
+def _resolve_auto(mech, eng, src, plan, st, progress, caller):
+    """One pass: the noisy histogram of items per person, ``L`` chosen, the mechanism planned at it."""
+    import dataclasses
+
+    import numpy as np
+
+    from sparkpriv.mechanisms.auto_bound import choose_max_items, dominates, items_histogram_fn
+    from sparkpriv.privacy import noise as _noise
+    from sparkpriv.privacy.random import stream
+
+    auto, qnoise = st["auto"], st["noise"]
+    src.set_max_items(auto.limit)
+    hist = eng.aggregate(src, items_histogram_fn(auto.limit), auto.limit + 1, count=False)
+    clamp = qnoise.max_abs_value  # a public range: never increases the sensitivity
+    noisy = _noise.add_noise(np.clip(np.asarray(hist, dtype=np.float64), -clamp, clamp), qnoise,
+                             stream(st["seed"], 0))
+    L = choose_max_items(noisy, auto.quantile)
+    src.set_max_items(L)
+    chosen = mech.plan(st["p"], src.facts, caller)
+    if not dominates(chosen.events, st["inner_events"]):  # pragma: no cover - tested for every mechanism
+        raise RuntimeError(f"{caller}: the release at the chosen contribution bound would spend more than "
+                           "was reserved")
+    progress.log("contribution bound: max_items %d chosen by a DP quantile (%g of the people), epsilon %.4g",
+                 L, auto.quantile, st["epsilon"])
+    public = dict(chosen.public, contribution_bound_estimation={
+        **auto.to_public_dict(), "epsilon": st["epsilon"], "histogram_noise": qnoise.to_public_dict(),
+        "chosen_max_items": int(L)})
+    return dataclasses.replace(chosen, events=plan.events, epsilon=plan.epsilon, public=public)
+
+
 def release(mechanism, data, *, ledger=None, table_id: str | None = None, source: str | None = None,
             engine=None, caller: str | None = None, on_step=None, **params) -> Release:
     """Release ``data`` with a registered ``mechanism`` (its name or object): the one path.
@@ -496,7 +554,11 @@ def release(mechanism, data, *, ledger=None, table_id: str | None = None, source
     eng = engine if engine is not None else choose_engine(data, mech, caller)
     src = eng.open(data, caller=caller, **mech.open_args(p))
     mech.check_input(p, src.facts, caller)
-    plan = mech.plan(p, src.facts, caller)
+    auto = getattr(src, "auto_cap", None)  # max_items='auto': L chosen by a DP quantile, accounted here
+    if auto is not None:
+        plan, auto_state = _plan_auto(mech, p, src, auto, caller)
+    else:
+        plan, auto_state = mech.plan(p, src.facts, caller), None
     declared = p.public_dict()  # a parameter left None (columns of a numpy array) takes the input's value
     parameters = {**src.public_params(), **{k: v for k, v in declared.items() if v is not None or k not in
                                             src.public_params()},
@@ -509,6 +571,8 @@ def release(mechanism, data, *, ledger=None, table_id: str | None = None, source
     if watched:
         eng.progress = progress.step
     try:
+        if auto_state is not None:
+            plan = _resolve_auto(mech, eng, src, plan, auto_state, progress, caller)
         outcome = mech.run(eng, src, plan, progress)
     except BaseException as exc:
         # the run read the data: whether it fails may depend on one record, so the failure is

@@ -83,15 +83,44 @@ def _event_records(df, cfg: ReleaseConfig, source: str):
     """``--events``: bound the event table to one record per person (docs/math.md section 8)."""
     from sparkpriv.spark.events import bound_contributions
 
+    max_items, auto = check_event_options(cfg)
+    return bound_contributions(
+        df, person=cfg.get("person_col"), item=cfg.get("item_col"), max_items=max_items,
+        vocabulary=cfg.get("vocabulary"), weights=cfg.get("weights", "binary"),
+        max_events_per_item=cfg.get("max_events_per_item"),
+        seed=read_key_file(cfg.get("bounding_key_file")), source=source, auto=auto)
+
+
+def check_event_options(cfg: ReleaseConfig):
+    """``(max_items, AutoCap or None)`` of an event-table release, or a ParameterError (public options
+    only: run before Spark starts)."""
+    from sparkpriv._validation import Interval, check_param
+
+    caller = f"sparkpriv release {cfg.mechanism}"
     missing = [f"--{n.replace('_', '-')}" for n in ("person_col", "item_col", "max_items", "vocabulary")
                if cfg.get(n) is None]
     if missing:
         raise ParameterError(f"An event-table release (--events) needs {', '.join(missing)}.")
-    return bound_contributions(
-        df, person=cfg.get("person_col"), item=cfg.get("item_col"), max_items=cfg.get("max_items"),
-        vocabulary=cfg.get("vocabulary"), weights=cfg.get("weights", "binary"),
-        max_events_per_item=cfg.get("max_events_per_item"),
-        seed=read_key_file(cfg.get("bounding_key_file")), source=source)
+    raw = cfg.get("max_items")
+    auto_opts = {k: cfg.get(f"max_items_{k}") for k in ("quantile", "share", "limit")
+                 if cfg.get(f"max_items_{k}") is not None}
+    if str(raw).strip().lower() == "auto":
+        from sparkpriv.mechanisms.auto_bound import DEFAULT_LIMIT, AutoCap
+
+        limit = auto_opts.pop("limit", DEFAULT_LIMIT)
+        return "auto", AutoCap(**auto_opts, limit=limit, _caller=caller)
+    try:
+        max_items = int(str(raw).strip())
+    except ValueError:
+        max_items = None
+    if max_items is None or max_items < 1:
+        raise ParameterError(f"The 'max_items' parameter of {caller} (--max-items) must be a positive integer "
+                             f"or 'auto'. Got {raw!r} instead.")
+    if auto_opts:
+        raise ParameterError(f"--max-items-{next(iter(auto_opts))} applies to --max-items auto only.")
+    check_param("max_events_per_item", cfg.get("max_events_per_item"), [None, Interval("integer", 1, None, "left")],
+                caller)
+    return max_items, None
 
 
 EVENT_OPTIONS = (
@@ -100,8 +129,15 @@ EVENT_OPTIONS = (
            "events become one record of at most --max-items items of --vocabulary", default=False),
     Option("person_col", "str", "event tables: the person-key column (never copied to the output)"),
     Option("item_col", "str", "event tables: the item column (tower, station)"),
-    Option("max_items", "int", "event tables: at most this many distinct items per person, chosen "
-           "uniformly at random when a person has more"),
+    Option("max_items", "str", "event tables: at most this many distinct items per person, chosen "
+           "uniformly at random when a person has more; 'auto': chosen by the release as a DP quantile of "
+           "the items per person (spends --max-items-share of epsilon, accounted in the same event)"),
+    Option("max_items_quantile", "float", "with --max-items auto: the share of people whose items all fit "
+           "(default 0.95)"),
+    Option("max_items_share", "float", "with --max-items auto: the share of epsilon the choice spends "
+           "(default 0.1)"),
+    Option("max_items_limit", "int", "with --max-items auto: the largest bound that may be chosen "
+           "(default 256)"),
     Option("vocabulary", "str", "event tables: the PUBLIC item ids: a file of ids (one per line or "
            "a CSV's first column), or a range 'a..b' (inclusive); other items are dropped and counted"),
     Option("weights", "str", "event tables: binary (1 per visited item) or counts (event counts "
@@ -288,8 +324,10 @@ def register_protocol(name: str, summary: str, *, row_level: bool, extra: tuple[
         """The parameters' own checks, before Spark starts (public parameters only)."""
         from sparkpriv.mechanisms.protocol import resolve_neighbors
 
-        mech = resolved()[0]
+        mech, _, events, _ = resolved()
         caller = f"sparkpriv release {name}"
+        if events and cfg.get("events"):
+            check_event_options(cfg)
         p = mech.Params.from_mapping(params_of(cfg), caller)
         if hasattr(p, "neighbors"):
             resolve_neighbors(p.neighbors, mech, caller)

@@ -109,14 +109,15 @@ def _try_cast(col: str, kind: str):
     return F.expr(f"try_cast(`{col}` AS {'BIGINT' if kind == 'long' else 'STRING'})")
 
 
-def bound_keys(events_df, *, person: str, domain: KeyDomain, max_keys: int, max_events_per_key: int | None = None,
-               seed=None, source: str | None = None):
+def bound_keys(events_df, *, person: str, domain: KeyDomain, max_keys, max_events_per_key: int | None = None,
+               seed=None, source: str | None = None, auto=None):
     """The bounded records of the event table over the key domain (lazy :class:`BoundedRecords`).
 
     At most ``max_keys`` (``L``) keys per person, each counting 1 (distinct
     people) or, with ``max_events_per_key`` (``c``), the person's events there
-    capped at ``c``. ``seed``: the secret key of the keyed choice (default:
-    fresh entropy). Pass the result and the same ``domain`` to
+    capped at ``c``; ``max_keys="auto"``: ``L`` chosen by the release as a DP
+    quantile of the keys per person (``auto``: an ``AutoCap``; docs/counts.md).
+    ``seed``: the secret key of the keyed choice (default: fresh entropy). Pass the result and the same ``domain`` to
     ``release_counts``. Reads no data (refusals come first).
     """
     if not isinstance(domain, KeyDomain):
@@ -131,14 +132,15 @@ def bound_keys(events_df, *, person: str, domain: KeyDomain, max_keys: int, max_
                              "vocabularies (its noise is then drawn in the tasks), or split it.")
     from sparkpriv._validation import Interval, check_param
 
-    check_param("max_keys", max_keys, [Interval("integer", 1, None, "left")], "bound_keys")
+    if not (isinstance(max_keys, str) and max_keys == "auto"):
+        check_param("max_keys", max_keys, [Interval("integer", 1, None, "left")], "bound_keys")
     check_param("max_events_per_key", max_events_per_key, [None, Interval("integer", 1, 2**20, "both")],
                 "bound_keys")
     ev = key_index_events(events_df, person=person, domain=domain)
     weights = "binary" if max_events_per_key is None else "counts"
     rec = bound_contributions(ev, person="_p", item=_KIDX, max_items=max_keys,
                               vocabulary=Vocabulary.from_range(0, domain.size), weights=weights,
-                              max_events_per_item=max_events_per_key, seed=seed, source=source)
+                              max_events_per_item=max_events_per_key, seed=seed, source=source, auto=auto)
     rec.input_info["event_table"] = {"person_column": person, "key_columns": list(domain.columns)}
     rec.events = events_df
     return rec

@@ -144,6 +144,14 @@ class RecordsSource:
     def diagnostics(self) -> dict:
         return counters_dict(self.counters)
 
+    @property
+    def auto_cap(self):
+        """The records' :class:`~sparkpriv.mechanisms.auto_bound.AutoCap` (``max_items='auto'``), or None."""
+        return self.records.auto
+
+    def set_max_items(self, max_items: int) -> None:
+        self.records.set_max_items(max_items)
+
     def batch_fn(self, fn, *, counted: bool = True):
         bound = self.records.record_fn(self.counters if counted else None)
         d = self.records.d
