@@ -41,6 +41,8 @@ NO_GUARANTEE = (
     "calibration only; they are no privacy guarantee, and no budget ledger recorded this release."
 )
 _log = logging.getLogger(__name__)
+# the share of people (or events) cut by the contribution bounds above which the owner is warned
+TRUNCATION_WARNING_SHARE = 0.05
 
 
 @dataclass
@@ -217,6 +219,7 @@ class Release:
     # where the release's long pass runs when it is written (row-level releases on Spark: the
     # output's job, with the event bounding for event records): (what, report) or None
     write_progress: tuple | None = field(default=None, repr=False)
+    _warned: set = field(default_factory=set, repr=False)
 
     @property
     def events(self):
@@ -414,12 +417,46 @@ class Release:
         self.hold.spend_failed(f"not published: {reason}")
         self.hold.close()
 
+    def owner_warnings(self) -> list[str]:
+        """Warnings for the data owner (logged once, written to the owner report; never in the receipt).
+
+        Bounded event records: more than :data:`TRUNCATION_WARNING_SHARE` of the
+        people lost items to the cap ``L``, or of the events to the cap ``c``; the
+        released values (and their intervals) are then those of the bounded
+        contributions, well below the raw totals. Replaced missing values.
+        Empty until the data was read (a lazy Spark table: after it is written).
+        """
+        diag = self.diagnostics() if self.diagnostics else {}
+        out = []
+        people, cut = diag.get("people", 0), diag.get("people_truncated", 0)
+        if people and cut / people > TRUNCATION_WARNING_SHARE:
+            out.append(f"{cut} of {people} people ({cut / people:.0%}) had more than max_items items and lost the "
+                       "rest: the released values and their intervals are those of the bounded contributions, "
+                       "below the raw totals; raise max_items (or use max_items='auto') if that is not meant")
+        events, capped = diag.get("events", 0), diag.get("events_capped", 0) + diag.get("events_dropped", 0)
+        if events and capped / events > TRUNCATION_WARNING_SHARE:
+            out.append(f"{capped} of {events} events ({capped / events:.0%}) were cut by the contribution bounds "
+                       "(max_items, max_events_per_item)")
+        if diag.get("missing_values_replaced"):
+            out.append(f"{diag['missing_values_replaced']} null, NaN or infinite values were replaced by the "
+                       "public fill (the receipt's input.missing_values states the rule)")
+        return out
+
+    def warn_owner(self) -> None:
+        """Log :meth:`owner_warnings` once (WARNING level; the log is the owner's, not the release's)."""
+        for w in self.owner_warnings():
+            if w not in self._warned:
+                _log.warning("owner warning (not part of the release): %s", w)
+                self._warned.add(w)
+
     def _owner_report(self, out: str, owner_report: str | None) -> None:
         diag = self.diagnostics() if self.diagnostics else {}
         if diag:
             _log.info("owner diagnostics (not part of the release): %s", json.dumps(diag, sort_keys=True))
+        self.warn_owner()
         if owner_report:
             doc = {"output": out, "mechanism": self.mechanism, "diagnostics": diag,
+                   "warnings": self.owner_warnings(),
                    "note": "data-owner diagnostics; NOT private, never publish with the release"}
             with open(owner_report, "w") as f:
                 json.dump(doc, f, indent=2, sort_keys=True)
@@ -588,9 +625,11 @@ def release(mechanism, data, *, ledger=None, table_id: str | None = None, source
     public.setdefault("neighbors", plan.neighbors.name)
     public.setdefault("protects", plan.neighbors.protects)
     owner = outcome.extras.pop("diagnostics", {})
-    return Release(df=outcome.table, mechanism=mech.name, event=plan.events, epsilon=plan.epsilon,
+    rel = Release(df=outcome.table, mechanism=mech.name, event=plan.events, epsilon=plan.epsilon,
                    delta=plan.delta, public=public, input_info=src.input_info(source), hold=hold,
                    diagnostics=lambda: {**src.diagnostics(), **(owner() if callable(owner) else owner)},
                    source_df=src.source_df if mech.refuses_empty_input else None,
                    rows=outcome.rows, model=outcome.model, files=outcome.files, extras=outcome.extras,
                    engine=eng.name, write_progress=_write_progress(watched, outcome, src, progress))
+    rel.warn_owner()  # what the run already counted (aggregates); lazy tables warn when written
+    return rel

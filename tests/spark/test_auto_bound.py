@@ -200,3 +200,30 @@ def test_bad_max_items_is_refused_before_spark_starts(tmp_path, monkeypatch, cap
                "--epsilon", "1"])
     assert rc == 2
     assert msg in capsys.readouterr().err
+
+
+@pytest.mark.spark
+def test_truncation_warns_the_owner_and_never_the_receipt(spark, tmp_path, caplog):
+    """Cards visiting 12 stations with max_items 8: every person truncated. The owner sees a WARNING in
+    the log and the owner report; the receipt says what the interval covers, and nothing of the data."""
+    from sparkpriv.api import release
+    from sparkpriv.mechanisms.counts import KeyDomain
+    from sparkpriv.spark.events import bound_contributions
+
+    df = _events(spark, items_per_person=12, people=400)
+    rec = bound_contributions(df, person="card", item="station", max_items=8, vocabulary=range(40))
+    caplog.set_level("WARNING", logger="sparkpriv.release")
+    rel = release("counts", rec, epsilon=1.0, domain=KeyDomain.product("station", range(40)))
+    warned = [r.getMessage() for r in caplog.records if "owner warning" in r.getMessage()]
+    assert len(warned) == 1 and "400 of 400 people (100%)" in warned[0]
+    report = tmp_path / "owner.json"
+    rel.write(str(tmp_path / "out"), owner_report=str(report))
+    assert "400 of 400 people" in json.loads(report.read_text())["warnings"][0]
+    receipt = (tmp_path / "out" / "_privacy_receipt.json").read_text()
+    assert "400 of 400" not in receipt and "people_truncated" not in receipt
+    assert "BOUNDED contributions" in json.loads(receipt)["mechanism_details"]["uncertainty"]["covers"]
+    # under the threshold: no warning
+    caplog.clear()
+    rec = bound_contributions(df, person="card", item="station", max_items=12, vocabulary=range(40))
+    release("counts", rec, epsilon=1.0, domain=KeyDomain.product("station", range(40)))
+    assert not [r for r in caplog.records if "owner warning" in r.getMessage()]
