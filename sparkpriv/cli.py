@@ -299,6 +299,8 @@ def _cmd_release(args) -> int:
     print(f"guarantee:     epsilon={res.epsilon:.6g} delta={res.delta:.3g}")
     if res.ledger_entry:
         print(f"ledger entry:  {res.ledger_entry}")
+    for note in res.notes:
+        print(f"note:          {note}")
     return EXIT_OK
 
 

@@ -210,8 +210,8 @@ class DPGMSynthesizer(BaseEstimator):
                  row_bound=None,
                  clip: float = 10.0, clip_quantile=None, clip_lr: float = 0.2, clip_count_share: float = 0.05,
                  sampling_rate: float = 0.05, epochs: float = 20.0, min_batch=None, learning_rate=None,
-                 lr_schedule: str = "constant", average_tail=None,
-                 hidden: int = 64, latent: int = 2, chains: int = 100, gibbs_steps: int = 1,
+                 lr_schedule: str = "constant", average_tail=None, reliability_stds: float = 3.0,
+                 min_cluster_share: float = 0.01, hidden: int = 64, latent: int = 2, chains: int = 100, gibbs_steps: int = 1,
                  accountant: str = "pld", fill=None, columns=None, ledger=None, table_id=None):
         self.epsilon = epsilon
         self.delta = delta
@@ -234,6 +234,8 @@ class DPGMSynthesizer(BaseEstimator):
         self.learning_rate = learning_rate
         self.lr_schedule = lr_schedule
         self.average_tail = average_tail
+        self.reliability_stds = reliability_stds
+        self.min_cluster_share = min_cluster_share
         self.hidden = hidden
         self.latent = latent
         self.chains = chains
@@ -248,7 +250,7 @@ class DPGMSynthesizer(BaseEstimator):
                        "marginal_share", "marginal_samples",
                        "kmeans_iterations", "row_bound", "clip",
                        "clip_quantile", "clip_lr", "clip_count_share", "sampling_rate", "epochs", "min_batch", "learning_rate",
-                       "lr_schedule", "average_tail", "hidden", "latent", "chains", "gibbs_steps",
+                       "lr_schedule", "average_tail", "reliability_stds", "min_cluster_share", "hidden", "latent", "chains", "gibbs_steps",
                        "accountant", "fill")
 
     def fit(self, X, y=None):
@@ -276,6 +278,7 @@ class DPGMSynthesizer(BaseEstimator):
         self.release_ = rel
         self.model_ = rel.model
         self.cluster_sizes_ = np.asarray(rel.model.sizes, dtype=np.float64)
+        self.reliable_clusters_ = np.asarray(rel.model.reliable, dtype=bool)
         self.cluster_centers_ = np.asarray(rel.model.centers, dtype=np.float64)
         self.epsilon_, self.delta_ = rel.epsilon, rel.delta
         self.n_features_in_ = int(rel.model.d)

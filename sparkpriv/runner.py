@@ -156,6 +156,7 @@ class RunResult:
     epsilon: float
     delta: float
     ledger_entry: str | None
+    notes: tuple = ()  # public facts the command prints (unreliable clusters, the chosen max_items)
 
 
 def check_budget_exists(ledger_url: str | None, table_id: str | None) -> None:
@@ -258,7 +259,26 @@ def run_release(cfg: ReleaseConfig, spark=None, on_step=None) -> RunResult:
         release.abandon(f"publishing failed: {type(exc).__name__}")
         raise
     return RunResult(output=out, receipt_path=f"{out}/{RECEIPT_FILE}", epsilon=release.epsilon,
-                     delta=release.delta, ledger_entry=entry)
+                     delta=release.delta, ledger_entry=entry, notes=public_notes(release.public))
+
+
+def public_notes(public: dict) -> tuple:
+    """What a user must see of a release's public facts before using it (printed by the command)."""
+    notes = []
+    clusters = (public.get("model") or {}).get("clusters")
+    if clusters and clusters.get("unreliable"):
+        k = len(clusters["reliable"]) + len(clusters["unreliable"])
+        notes.append(f"{clusters['usable']} of {k} clusters usable; clusters {clusters['unreliable']} are unreliable "
+                     "(noisy size below the rule in the receipt) and synthesis skips them")
+    unreliable = public.get("unreliable_clusters")
+    if isinstance(unreliable, (list, tuple)) and unreliable:
+        notes.append(f"clusters {list(unreliable)} are unreliable (noisy size within noise of 0): their centres are "
+                     "noise")
+    est = public.get("contribution_bound_estimation")
+    if est:
+        notes.append(f"max_items {est['chosen_max_items']} chosen by a DP quantile ({est['quantile']:g} of the people),"
+                     f" epsilon {est['epsilon']:.4g} of the release")
+    return tuple(notes)
 
 
 def _read_init_file(path: str):
