@@ -9,7 +9,9 @@ release function from a config.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import os
 from dataclasses import dataclass
 from typing import Callable
@@ -34,6 +36,7 @@ class MechanismSpec:
     def all_options(self) -> tuple[Option, ...]:
         return self.options if self.lazy_options is None else self.lazy_options()
     row_level: bool = True  # its table is computed in Python (the Arrow writer can write it); False: an aggregate
+    plan_without_data: Callable | None = None  # (cfg) -> the events, or None when they need the input
 
 
 MECHANISMS: dict[str, MechanismSpec] = {}
@@ -187,6 +190,79 @@ def check_budget_exists(ledger_url: str | None, table_id: str | None) -> None:
             raise BudgetExceededError(_no_budget_message(getattr(led, "public_url", None) or str(url), table_id))
 
 
+def check_budget_admits(cfg: ReleaseConfig, plan_without_data) -> None:
+    """Refuse, without starting Spark, a release the ledger would refuse now (over budget).
+
+    The release's events are planned from its public parameters alone where the input's
+    public facts follow from them (a table's declared columns; an event table's vocabulary
+    and contribution bound): ``plan_without_data(cfg)`` returns them, or None when they
+    need the input's schema. The ledger's dry run (``check_admission``) then raises the
+    refusal the reservation would (exit 3). Nothing is reserved here: the reservation, made
+    after Spark starts and before any data is read, still decides.
+    """
+    table_id = cfg.get("table_id")
+    if table_id is None:
+        return
+    events = plan_without_data(cfg)
+    if events is None:
+        return
+    from sparkpriv.ledger import open_ledger
+    from sparkpriv.ledger.base import default_ledger_url
+
+    try:
+        led = open_ledger(cfg.get("ledger") or default_ledger_url(), read_only=True)
+    except Exception:
+        return  # a ledger that cannot be read here: the reservation says why
+    with led:
+        check = getattr(led, "check_admission", None)
+        if check is not None:
+            check(table_id, events)
+
+
+class _PlannedRecords:
+    """The public facts of an event table's bounded records, from the options alone (no data)."""
+
+    def __init__(self, d: int, max_items: int, value_cap: float, auto):
+        self.d, self.value_cap, self.auto_cap = d, value_cap, auto
+        self.set_max_items(max_items)
+
+    def set_max_items(self, max_items: int) -> None:
+        self.max_items = int(max_items)
+
+    @property
+    def facts(self):
+        from sparkpriv.mechanisms.protocol import InputFacts
+
+        return InputFacts("records", self.d, (), self.value_cap, math.sqrt(self.max_items) * self.value_cap)
+
+
+def _public_facts(cfg: ReleaseConfig, mech):
+    """The input facts a release would see, from public options only (None where they need data)."""
+    from sparkpriv.mechanisms.protocol import InputFacts
+
+    if cfg.get("events"):
+        from sparkpriv.mechanisms.sparse import Vocabulary
+
+        max_items, auto = check_event_options(cfg)
+        try:
+            d = Vocabulary.parse(cfg.get("vocabulary")).size
+        except Exception:
+            return None  # a vocabulary file Spark reads (a remote path): checked at the reservation
+        if auto is not None:
+            auto = dataclasses.replace(auto, limit=min(auto.limit, d))
+            max_items = auto.limit
+        c = float(cfg.get("max_events_per_item") or 1) if cfg.get("weights", "binary") == "counts" else 1.0
+        return _PlannedRecords(d, max_items, c, auto)
+    columns = cfg.get("columns")
+    if not columns:
+        return None
+    columns = tuple(columns)
+    names = columns + tuple(cfg.get("keep_columns") or ()) + tuple(c for c in (cfg.get("label"), cfg.get("target"))
+                                                                  if c)
+    return type("_Table", (), {"facts": InputFacts("table", len(columns), columns, names=names),
+                               "auto_cap": None})()
+
+
 def check_local_paths(cfg: ReleaseConfig) -> None:
     """Refuse, before Spark starts, a missing input and an existing output (without
     ``--overwrite``) where the paths are files of this machine
@@ -237,6 +313,8 @@ def run_release(cfg: ReleaseConfig, spark=None, on_step=None) -> RunResult:
     if spec.precheck is not None:
         spec.precheck(cfg)
     check_budget_exists(cfg.get("ledger"), cfg.get("table_id"))
+    if spec.plan_without_data is not None:
+        check_budget_admits(cfg, spec.plan_without_data)
     if spark is None:
         check_local_paths(cfg)
     spark = spark or get_spark(cfg.spark, size_local_driver=True)
@@ -353,8 +431,28 @@ def register_protocol(name: str, summary: str, *, row_level: bool, extra: tuple[
             resolve_neighbors(p.neighbors, mech, caller)
         p.validate(caller)
 
+    def plan_without_data(cfg: ReleaseConfig):
+        """The release's events from its public options alone, or None (they need the input)."""
+        from sparkpriv.release import _plan_auto
+
+        mech = resolved()[0]
+        caller = f"sparkpriv release {name}"
+        src = _public_facts(cfg, mech)
+        if src is None:
+            return None
+        try:
+            p = mech.Params.from_mapping(params_of(cfg), caller)
+            p.validate(caller)
+            mech.check_input(p, src.facts, caller)
+            if src.auto_cap is not None:
+                return _plan_auto(mech, p, src, src.auto_cap, caller)[0].events
+            return mech.plan(p, src.facts, caller).events
+        except Exception:  # the real plan, on the input's schema, refuses what is wrong
+            return None
+
     register(MechanismSpec(name=name, summary=summary, options=(), release=run, precheck=precheck,
-                           lazy_options=lambda: resolved()[3], row_level=row_level))
+                           lazy_options=lambda: resolved()[3], row_level=row_level,
+                           plan_without_data=plan_without_data))
 
 
 def _kmeans_adapt(cfg: ReleaseConfig, params: dict) -> dict:

@@ -286,3 +286,33 @@ def test_dprp_parameter_errors_before_spark_starts(tmp_path, capsys, monkeypatch
                "--columns", "a", "--lower", "0", "--upper", "1", "--epsilon", "1", *extra])
     assert rc == 2
     assert re.search(msg, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("argv", [
+    ["release", "projection", "--columns", "a,b", "--k", "1", "--epsilon", "1", "--row-bound", "1"],
+    ["release", "counts", "--events", "--person-col", "p", "--item-col", "i", "--vocabulary", "0..9",
+     "--max-items", "3", "--epsilon", "1"],
+    ["release", "counts", "--events", "--person-col", "p", "--item-col", "i", "--vocabulary", "0..9",
+     "--max-items", "auto", "--epsilon", "1"],
+    ["release", "kmeans", "--columns", "a,b", "--k", "2", "--epsilon", "1", "--delta", "1e-6",
+     "--variant", "linear", "--row-bound", "1"],
+])
+def test_over_budget_is_refused_before_spark_starts(tmp_path, monkeypatch, capsys, argv):
+    """The ledger's dry run refuses an over-budget release before Spark starts (exit 3), on the command
+    line and in spark-submit jobs (the same run_release)."""
+    import sparkpriv.spark.session as session
+    from sparkpriv.ledger import open_ledger
+
+    def no_spark(*a, **k):
+        raise AssertionError("Spark must not start for an over-budget release")
+
+    url = f"sqlite:///{tmp_path}/l.sqlite"
+    with open_ledger(url) as led:
+        led.set_budget("t", epsilon=0.5, delta=1e-5)
+    monkeypatch.setattr(session, "get_spark", no_spark)
+    rc = main([*argv, "--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "o"),
+               "--ledger", url, "--table-id", "t"])
+    assert rc == 3
+    assert "budget" in capsys.readouterr().err
+    with open_ledger(url) as led:
+        assert led.status("t").entries == []  # nothing reserved
