@@ -162,10 +162,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         dest="mechanism", required=True, parser_class=_ArgParser)
     if wanted("release"):
         from sparkpriv.config import COMMON_OPTIONS
+        from sparkpriv.runner import options_for
 
         for name, spec in sorted(MECHANISMS.items()):
             releasing = words is None or leaf == name
-            _leaf(rel, name, spec.summary, _cmd_release, COMMON_OPTIONS + (spec.all_options() if releasing else ()))
+            _leaf(rel, name, spec.summary, _cmd_release, options_for(name) if releasing else COMMON_OPTIONS)
 
     gen = sub.add_parser("generate", help="generate sample tables on Spark").add_subparsers(
         dest="what", required=True, parser_class=_ArgParser)

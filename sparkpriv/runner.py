@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from sparkpriv.config import COMMON_OPTIONS, Option, ReleaseConfig, apply_bounds_file
+from sparkpriv.config import COMMON_OPTIONS, TABLE_OPTIONS, Option, ReleaseConfig, apply_bounds_file
 from sparkpriv.errors import ParameterError
 
 __all__ = ["MechanismSpec", "MECHANISMS", "register", "options_for", "run_release", "RunResult"]
@@ -37,6 +37,7 @@ class MechanismSpec:
         return self.options if self.lazy_options is None else self.lazy_options()
     row_level: bool = True  # its table is computed in Python (the Arrow writer can write it); False: an aggregate
     plan_without_data: Callable | None = None  # (cfg) -> the events, or None when they need the input
+    table_fields: Callable | None = None  # () -> the names of its parameters (which table options apply)
 
 
 MECHANISMS: dict[str, MechanismSpec] = {}
@@ -52,8 +53,25 @@ def options_for(mechanism: str) -> tuple[Option, ...]:
         raise ParameterError(
             f"Unknown mechanism {mechanism!r}; available: {', '.join(sorted(MECHANISMS))}."
         )
-    return COMMON_OPTIONS + spec.all_options()
+    return COMMON_OPTIONS + table_options(mechanism) + spec.all_options()
 
+
+def table_options(mechanism: str) -> tuple[Option, ...]:
+    """The options of :data:`TABLE_OPTIONS` that apply to ``mechanism`` (none to a release of event
+    tables only, such as counts; ``--bounds-file`` only where the parameters declare lower and upper)."""
+    spec = MECHANISMS[mechanism]
+    fields = spec.table_fields() if spec.table_fields is not None else None
+    if fields is None:  # a mechanism outside the protocol: every table option
+        return TABLE_OPTIONS
+    out = []
+    for o in TABLE_OPTIONS:
+        if o.name == "bounds_file":
+            ok = {"lower", "upper"} <= fields
+        else:
+            ok = o.name in fields
+        if ok:
+            out.append(o)
+    return tuple(out)
 
 def per_column(values, d: int, name: str):
     """A per-column list from one value (applied to every column) or d values."""
@@ -132,7 +150,7 @@ EVENT_OPTIONS = (
            "events become one record of at most --max-items items of --vocabulary", default=False),
     Option("person_col", "str", "event tables: the person-key column (never copied to the output)"),
     Option("item_col", "str", "event tables: the item column (tower, station)"),
-    Option("max_items", "str", "event tables: at most this many distinct items per person, chosen "
+    Option("max_items", "int_or_auto", "event tables: at most this many distinct items per person, chosen "
            "uniformly at random when a person has more; 'auto': chosen by the release as a DP quantile of "
            "the items per person (spends --max-items-share of epsilon, accounted in the same event)"),
     Option("max_items_quantile", "float", "with --max-items auto: the share of people whose items all fit "
@@ -392,7 +410,7 @@ def register_protocol(name: str, summary: str, *, row_level: bool, extra: tuple[
     """
     from functools import lru_cache
 
-    common = {o.name for o in COMMON_OPTIONS}
+    common = {o.name for o in COMMON_OPTIONS + TABLE_OPTIONS}
 
     @lru_cache(maxsize=1)
     def resolved():
@@ -452,7 +470,9 @@ def register_protocol(name: str, summary: str, *, row_level: bool, extra: tuple[
 
     register(MechanismSpec(name=name, summary=summary, options=(), release=run, precheck=precheck,
                            lazy_options=lambda: resolved()[3], row_level=row_level,
-                           plan_without_data=plan_without_data))
+                           plan_without_data=plan_without_data,
+                           table_fields=lambda: ({s.name for s in resolved()[0].specs()}
+                                                 if "table" in resolved()[0].inputs else set())))
 
 
 def _kmeans_adapt(cfg: ReleaseConfig, params: dict) -> dict:
@@ -549,12 +569,15 @@ def options_markdown() -> str:
            "a job config file (TOML). For the mechanisms of the protocol the table comes from the",
            "mechanism's parameters class, which also defines the Python keywords; \"(Python only)\"",
            "marks parameters that have no flag.", "",
-           "## Every release", "", _legacy_table(COMMON_OPTIONS), ""]
+           "## Every release", "", _legacy_table(COMMON_OPTIONS), "",
+           "## Releases of a table's columns", "",
+           "Each mechanism that takes a table offers those of these that apply to it.", "",
+           _legacy_table(TABLE_OPTIONS), ""]
     for name in sorted(MECHANISMS):
         spec = MECHANISMS[name]
         out += [f"## {name}", "", spec.summary + ".", ""]
         if name in protocol:
-            common = {o.name for o in COMMON_OPTIONS}
+            common = {o.name for o in COMMON_OPTIONS + TABLE_OPTIONS}
             mech = protocol[name]
             out += [option_table(mech), ""]
             cli_only = [o for o in spec.all_options() if o.name not in {s.name for s in mech.specs()}

@@ -185,7 +185,7 @@ def test_command_line_max_items_auto(spark, tmp_path, monkeypatch, capsys):
     assert r["guarantee"]["epsilon"] <= 2.0
 
 
-@pytest.mark.parametrize("value,msg", [("0", "positive integer or 'auto'"), ("x", "positive integer or 'auto'"),
+@pytest.mark.parametrize("value,msg", [("0", "positive integer or 'auto'"), ("x", "must be an integer or auto"),
                                        ("-3", "positive integer or 'auto'")])
 def test_bad_max_items_is_refused_before_spark_starts(tmp_path, monkeypatch, capsys, value, msg):
     import sparkpriv.spark.session as session
