@@ -343,8 +343,10 @@ def run_release(cfg: ReleaseConfig, spark=None, on_step=None) -> RunResult:
         raise ParameterError("--reader arrow does not apply to --events: an event table is bounded by Spark "
                              "SQL, so Spark reads it. Leave --reader out (auto) or use --reader spark.")
     reader = "spark" if cfg.get("events") else cfg.get("reader", "auto")
+    used = [c for c in (*(cfg.get("columns") or ()), *(cfg.get("keep_columns") or ()), cfg.get("label"),
+                        cfg.get("target"), cfg.get("person_col"), cfg.get("item_col")) if c]
     df = read_table(spark, cfg.get("input"), cfg.get("input_format"), null_value=cfg.get("null_value"),
-                    reader=reader)
+                    reader=reader, columns=used)
     release = spec.release(df, cfg, cfg.get("input"), **({"on_step": on_step} if spec.precheck else {}))
     entry = release.hold.reservation.id if release.hold.reservation is not None else None
     try:
