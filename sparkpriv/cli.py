@@ -89,6 +89,8 @@ SYNTHESIZE_OPTIONS = (
     Option("wide", "bool", "a model released on --events: one 0/1 column per vocabulary item (x0, x1, ...) "
            "instead of the events", default=False),
     Option("partitions", "int", "Spark partitions, i.e. output files (default: by size)"),
+    Option("seed", "int", "a public seed that makes the synthetic table reproducible (recorded in its receipt; "
+           "default: fresh entropy)"),
     Option("writer", "str", "who writes the part files", choices=("auto", "spark", "arrow"), default="auto"),
     Option("overwrite", "bool", "replace an existing output", default=False),
 )

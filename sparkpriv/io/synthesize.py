@@ -150,7 +150,8 @@ def _layout(mdl, explode: bool, wide: bool, where: str) -> str:
 
 def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = False,
                     partitions: int | None = None, writer: str = "auto", explode: bool = False,
-                    wide: bool = False, spark=None, spark_conf=None, on_step=None) -> SynthesisResult:
+                    wide: bool = False, spark=None, spark_conf=None, on_step=None,
+                    seed: int | None = None) -> SynthesisResult:
     """Write ``rows`` synthetic records of the DPGM release ``model`` to ``output``.
 
     Parameters
@@ -174,6 +175,10 @@ def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = Fal
     wide : bool
         A model released on event records: the 0/1 table of one column per vocabulary item
         (``x0, x1, ...``) instead of the events. A table model's output is always wide.
+    seed : int >= 0, optional
+        A PUBLIC seed that makes the synthetic table reproducible (the same model, rows,
+        partitions and seed give the same table); recorded in the receipt. The model is
+        public, so a known seed reveals nothing more. Default: fresh OS entropy, never written.
     spark : SparkSession, optional
         Default: :func:`sparkpriv.spark.session.get_spark` with ``spark_conf``, started after
         the parameters are checked.
@@ -197,6 +202,9 @@ def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = Fal
     from sparkpriv.spark.synthesize import batch_rows_for, default_partitions, synthetic_events, synthetic_rows
 
     rows = _check_rows(rows)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+        raise ParameterError(f"The 'seed' parameter of {_CALLER} must be an integer in [0, 2^63) (--seed). "
+                             f"Got {seed!r} instead.")
     partitions = _check_partitions(partitions, rows)
     if writer not in ("auto", "spark", "arrow"):
         raise ParameterError(f"The 'writer' parameter of {_CALLER} must be auto, spark or arrow (--writer). "
@@ -225,7 +233,13 @@ def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = Fal
     if partitions is None:
         partitions = default_partitions(rows, spark.sparkContext.defaultParallelism
                                         if hasattr(spark, "_jsc") else 2)
-    seed = new_secret_seed("dpgm-synthesis")
+    if seed is None:
+        seed, seed_note = new_secret_seed("dpgm-synthesis"), "fresh OS entropy for this run; not recorded"
+    else:
+        from sparkpriv.privacy.random import derive_seed
+
+        seed_note = int(seed)
+        seed = derive_seed(int(seed).to_bytes(16, "little"), "dpgm-synthesis-public")
     batch_rows = batch_rows_for(mdl)
     if layout == "wide":
         batch_map = synthetic_rows(spark, mdl, rows, seed, columns, partitions=partitions, batch_rows=batch_rows)
@@ -269,7 +283,7 @@ def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = Fal
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "synthesis": {"rows": rows, "columns": list(out_columns), "partitions": partitions,
                       "cluster_sizes": [float(v) for v in mdl.sizes], "values": values, "layout": layout,
-                      "seed": "fresh OS entropy for this run; not recorded"},
+                      "seed": seed_note},
         "insecure_test_seed": test_seed,
     }
     if mdl.events is not None:
