@@ -81,7 +81,8 @@ EVALUATE_COUNTING_OPTIONS = (
 
 
 SYNTHESIZE_OPTIONS = (
-    Option("model", "str", "the output directory of a DPGM release (sparkpriv release dpgm)", required=True),
+    Option("model", "str", "the output directory of a DPGM or synthetic release (sparkpriv release dpgm|synthetic)",
+           required=True),
     Option("rows", "int", "number of synthetic rows (people, for a model released on --events)", required=True),
     Option("output", "str", "output Parquet directory of the synthetic table", required=True),
     Option("explode", "bool", "a model released on --events: one row per (person, item) under the source's "

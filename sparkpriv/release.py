@@ -528,7 +528,9 @@ def _plan_auto(mech, p, src, auto, caller):
     from sparkpriv.privacy.calibration import split_epsilon
     from sparkpriv.privacy.random import new_secret_seed
 
-    eps_q, eps_rest = split_epsilon(p.epsilon, auto.share)
+    share = getattr(mech, "auto_share", None)
+    share = float(share(p)) if share is not None else auto.share  # a release that also uses the histogram
+    eps_q, eps_rest = split_epsilon(p.epsilon, share)
     p_rest = dataclasses.replace(p, epsilon=eps_rest * (1.0 - EPSILON_MARGIN))
     src.set_max_items(auto.limit)
     inner = mech.plan(p_rest, src.facts, caller)
@@ -536,7 +538,7 @@ def _plan_auto(mech, p, src, auto, caller):
     qnoise = histogram_noise_for(epsilon=eps_q, neighbors=inner.neighbors.name, limit=auto.limit)
     events = compose([qnoise.dp_event(), reserved])
     plan = dataclasses.replace(inner, events=events, epsilon=epsilon_of(events, inner.delta))
-    return plan, {"p": p_rest, "auto": auto, "noise": qnoise, "epsilon": eps_q, "inner_events": reserved,
+    return plan, {"p": p_rest, "auto": auto, "noise": qnoise, "epsilon": eps_q, "inner_events": reserved, "share": share,
                   "seed": new_secret_seed("contribution-bound-histogram")}
 
 
@@ -552,11 +554,14 @@ def _resolve_auto(mech, eng, src, plan, st, progress, caller):
 
     auto, qnoise = st["auto"], st["noise"]
     src.set_max_items(auto.limit)
-    hist = eng.aggregate(src, items_histogram_fn(auto.limit), auto.limit + 1, count=False)
+    from sparkpriv.mechanisms.auto_bound import length_edges
+
+    hist = eng.aggregate(src, items_histogram_fn(auto.limit), int(length_edges(auto.limit).size), count=False)
     clamp = qnoise.max_abs_value  # a public range: never increases the sensitivity
     noisy = _noise.add_noise(np.clip(np.asarray(hist, dtype=np.float64), -clamp, clamp), qnoise,
                              stream(st["seed"], 0))
-    L = choose_max_items(noisy, auto.quantile)
+    L = choose_max_items(noisy, auto.quantile, auto.limit)
+    src.length_histogram = (noisy, float(qnoise.std), int(auto.limit))  # public (DP): a mechanism may use it (synthetic)
     src.set_max_items(L)
     chosen = mech.plan(st["p"], src.facts, caller)
     if not dominates(chosen.events, st["inner_events"]):  # pragma: no cover - tested for every mechanism
@@ -565,7 +570,8 @@ def _resolve_auto(mech, eng, src, plan, st, progress, caller):
     progress.log("contribution bound: max_items %d chosen by a DP quantile (%g of the people), epsilon %.4g",
                  L, auto.quantile, st["epsilon"])
     public = dict(chosen.public, contribution_bound_estimation={
-        **auto.to_public_dict(), "epsilon": st["epsilon"], "histogram_noise": qnoise.to_public_dict(),
+        **auto.to_public_dict(), "epsilon_share": st["share"],
+        "epsilon": st["epsilon"], "histogram_noise": qnoise.to_public_dict(),
         "chosen_max_items": int(L)})
     return dataclasses.replace(chosen, events=plan.events, epsilon=plan.epsilon, public=public)
 

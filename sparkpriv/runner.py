@@ -444,9 +444,10 @@ def register_protocol(name: str, summary: str, *, row_level: bool, extra: tuple[
 
         mech, _, events, _ = resolved()
         caller = f"sparkpriv release {name}"
+        params = params_of(cfg)  # the mechanism's own refusals of options first
         if events and cfg.get("events"):
             check_event_options(cfg)
-        p = mech.Params.from_mapping(params_of(cfg), caller)
+        p = mech.Params.from_mapping(params, caller)
         if hasattr(p, "neighbors"):
             resolve_neighbors(p.neighbors, mech, caller)
         p.validate(caller)
@@ -526,6 +527,18 @@ def _counts_adapt(cfg: ReleaseConfig, params: dict) -> dict:
 register_protocol("counts", "DP counts per public key of an event table (distinct people, or capped events, "
                   "per tower / station / pair); every key of the domain gets a noisy value and its interval",
                   row_level=False, adapt=_counts_adapt)
+
+
+def _events_only(cfg: ReleaseConfig, params: dict) -> dict:
+    if not cfg.get("events"):
+        raise ParameterError("sparkpriv release synthetic reads an event table: give --events with "
+                             "--person-col, --item-col, --vocabulary and --max-items (auto is advised).")
+    return params
+
+
+register_protocol("synthetic", "a DP synthetic table of an event table (each person's set of items): the histogram "
+                  "of items per person and the per-item counts, released once; synthetic people drawn from them",
+                  row_level=False, adapt=_events_only)
 
 
 def _projection_adapt(cfg: ReleaseConfig, params: dict) -> dict:

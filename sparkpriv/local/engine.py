@@ -27,6 +27,10 @@ def accepts(data: Any) -> bool:
     """True for the in-memory inputs this engine takes."""
     if isinstance(data, (np.ndarray, list)):
         return True
+    from sparkpriv.local.records import LocalRecords
+
+    if isinstance(data, LocalRecords):
+        return True
     mod = type(data).__module__
     return mod.startswith("pandas.") or mod.startswith("pyarrow.")
 
@@ -393,6 +397,10 @@ class LocalEngine:
         with the null mask (nulls read as 0.0) instead of nulls filled or
         refused. ``keep``: columns a row-level output copies (checked present).
         """
+        from sparkpriv.local.records import LocalRecords
+
+        if isinstance(data, LocalRecords):  # bounded person records in memory (sparkpriv.local.records)
+            return data
         data, names = _open(data, columns, caller)
         if (labels is not None or keep) and isinstance(data, np.ndarray):
             what = "a label column" if labels is not None else "kept columns (keep_columns)"
@@ -416,7 +424,9 @@ class LocalEngine:
 
     def aggregate(self, source: LocalSource, fn, size: int, *, count: bool = False) -> np.ndarray:
         acc = np.zeros(size, dtype=np.float64)
-        for X in source.blocks(self.block_rows):
+        blocks = source.blocks(self.block_rows, count=count) if source.kind == "records" else \
+            source.blocks(self.block_rows)
+        for X in blocks:
             acc += fn(X)
         return acc
 
@@ -509,6 +519,13 @@ class LocalEngine:
         return {"int": pa.int32(), "long": pa.int64(), "double": pa.float64(), "bool": pa.bool_(),
                 "array<double>": pa.list_(pa.float64()), "array<int>": pa.list_(pa.int32()),
                 "string": pa.string()}
+
+    def columns_table(self, columns: Sequence[tuple]):
+        """A pyarrow Table from ``(name, type, values)`` numpy columns (the Spark engine's ``columns_table``)."""
+        import pyarrow as pa
+
+        types = self._types()
+        return pa.table({n: pa.array(np.asarray(v), types[t]) for n, t, v in columns})
 
     def table(self, rows: list[tuple], schema: Sequence[tuple]):
         import pyarrow as pa

@@ -9,14 +9,18 @@ know the distribution can ask for ``auto`` (docs/math.md section 8,
 "Automatic contribution bound"):
 
 1. Each person's number ``m`` of distinct items (inside the vocabulary) is
-   put in bucket ``min(m, limit)`` of a histogram over ``0 .. limit``
-   (``limit`` public: the largest ``L`` that may be chosen).
+   put in the bin of ``min(m, limit)`` of a histogram over ``0 .. limit``
+   (``limit`` public: the largest ``L`` that may be chosen). The bins
+   (:func:`length_edges`) are single lengths up to 8, then grow by a factor
+   1.25 (about 25 bins up to 256): every bin gets the same noise, so few bins
+   over the long, thin tail keep its noise from adding up.
 2. The histogram gets Laplace noise (discrete, on a grid) of scale
    ``s / epsilon_q``: one person moves between two buckets under replace-one
    (L1 sensitivity ``s = 2``), or appears in one bucket under add-remove
    (``s = 1``). Pure ``epsilon_q``-DP, one ``LaplaceDpEvent``.
-3. ``L`` is the smallest ``l >= 1`` whose noisy cumulative count (buckets
-   ``0 .. l``) reaches ``quantile`` times the noisy total: post-processing.
+3. ``L`` is the largest length of the first bin at which the noisy
+   cumulative count reaches ``quantile`` times the noisy total (at least 1):
+   post-processing.
    The noisy counts are summed as they are, negative ones included: each
    cumulative sum is then unbiased for the true one (clamping every empty
    bucket's noise at 0 would add about ``0.8 s / epsilon_q`` per bucket and,
@@ -32,13 +36,17 @@ sensitivity, so only the noise scale, not the event, changes with ``L``
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from sparkpriv._validation import Interval, check_param
 
-__all__ = ["AutoCap", "items_histogram_fn", "choose_max_items", "histogram_noise_for"]
+__all__ = ["AutoCap", "items_histogram_fn", "choose_max_items", "histogram_noise_for", "length_edges"]
+
+EXACT_LENGTHS = 8  # single-length bins up to here
+GROWTH = 1.25  # then each bin this much wider
 
 DEFAULT_QUANTILE = 0.95
 DEFAULT_SHARE = 0.1
@@ -72,39 +80,60 @@ class AutoCap:
                 "limit": self.limit}
 
 
+def length_edges(limit: int) -> np.ndarray:
+    """The first length of each bin of the histogram over ``0 .. limit`` (public, from ``limit`` alone):
+    ``0, 1, ..., 8``, then each start ``ceil(1.25`` times the previous``)``; the last bin is ``limit``
+    (that many items or more)."""
+    limit = int(limit)
+    e = list(range(0, min(EXACT_LENGTHS, limit) + 1))
+    while e[-1] < limit:
+        e.append(min(limit, max(e[-1] + 1, int(math.ceil(e[-1] * GROWTH)))))
+    return np.asarray(e, dtype=np.int64)
+
+
 def histogram_noise_for(*, epsilon: float, neighbors: str, limit: int):
-    """The Laplace noise of the histogram over ``0 .. limit`` (one event; see the module docstring)."""
+    """The Laplace noise of the histogram over the bins of ``0 .. limit`` (one event; module docstring)."""
     from sparkpriv.privacy.quantile import histogram_noise, wide_histogram_noise
 
-    return wide_histogram_noise(histogram_noise(epsilon=epsilon, neighbors=neighbors, buckets=int(limit) + 1))
+    return wide_histogram_noise(histogram_noise(epsilon=epsilon, neighbors=neighbors,
+                                                buckets=int(length_edges(limit).size)))
 
 
 def items_histogram_fn(limit: int):
-    """Block of records bounded at ``limit`` items -> the histogram of items per person (``limit + 1``)."""
-    size = int(limit) + 1
+    """Block of records bounded at ``limit`` items -> the number of people in each bin of
+    :func:`length_edges` (``(len(length_edges(limit)),)``)."""
+    edges = length_edges(limit)
+    size = edges.size
 
     def items_histogram(block):
-        m = np.diff(np.asarray(block.offsets, dtype=np.int64))
-        return np.bincount(np.minimum(m, limit), minlength=size).astype(np.float64)
+        m = np.minimum(np.diff(np.asarray(block.offsets, dtype=np.int64)), edges[-1])
+        return np.bincount(np.searchsorted(edges, m, side="right") - 1, minlength=size).astype(np.float64)
 
     return items_histogram
 
 
-def choose_max_items(noisy: np.ndarray, quantile: float) -> int:
-    """The smallest ``l >= 1`` whose noisy cumulative count reaches ``quantile`` of the noisy total.
+def choose_max_items(noisy: np.ndarray, quantile: float, limit: int | None = None) -> int:
+    """The largest length of the first bin whose noisy cumulative count reaches ``quantile`` of the
+    noisy total (at least 1).
 
-    ``noisy[m]``: the noisy number of people with ``m`` items (the last bucket: ``limit`` or more),
-    summed as they are (unbiased cumulative sums; see the module docstring). Post-processing of the
-    noisy histogram only; ``limit`` when the total is not positive or no bucket reaches it.
+    ``noisy[j]``: the noisy number of people in bin ``j`` of :func:`length_edges` ``(limit)`` (the
+    last: ``limit`` or more), summed as they are (unbiased cumulative sums; module docstring).
+    ``limit`` defaults to the histogram of single lengths ``0 .. len(noisy) - 1``. Post-processing
+    of the noisy histogram only; ``limit`` when the total is not positive or no bin reaches it.
     """
     c = np.asarray(noisy, dtype=np.float64)
-    limit = c.size - 1
+    edges = np.arange(c.size) if limit is None else length_edges(limit)
+    if edges.size != c.size:
+        raise ValueError(f"a histogram of {c.size} bins for {edges.size} bins of 0..{limit}")
+    top = int(edges[-1])
     total = c.sum()
     if total <= 0:
-        return max(1, limit)
+        return max(1, top)
     cum = np.cumsum(c)
-    hit = np.flatnonzero(cum[1:] >= quantile * total)
-    return int(hit[0]) + 1 if hit.size else max(1, limit)
+    hit = np.flatnonzero(cum >= quantile * total)
+    if not hit.size or hit[0] == edges.size - 1:
+        return max(1, top)
+    return max(1, int(edges[hit[0] + 1]) - 1)
 
 
 # The events of a release do not depend on L mathematically, but its discrete noise is calibrated on

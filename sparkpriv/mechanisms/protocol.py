@@ -375,6 +375,8 @@ class InputFacts:
     strings: ``tinyint``, ``smallint``, ``int``, ``bigint``, ``float``,
     ``double``, ``boolean``, ``decimal(p,s)``; empty when unknown), for outputs
     that keep the source's column types (DPGM's synthetic tables).
+    ``length_histogram``: bounded event records whose bound is ``auto``: the release path measures the
+    DP histogram of items per person (and gives it to the mechanism as ``source.length_histogram``).
     ``events``: bounded event records, the event table's public
     :class:`~sparkpriv.mechanisms.event_columns.EventColumns` (person and item
     column names, the item column's type, the declared vocabulary), for outputs
@@ -391,6 +393,7 @@ class InputFacts:
     names: tuple = ()
     types: tuple = ()
     events: Any = None
+    length_histogram: bool = False  # records with max_items='auto': the release measures items per person
 
 
 @dataclass(frozen=True)
@@ -595,6 +598,7 @@ def registered() -> dict[str, Mechanism]:
     import sparkpriv.mechanisms.kmeans  # noqa: F401  (registers itself)
     import sparkpriv.mechanisms.regression  # noqa: F401  (registers itself)
     import sparkpriv.mechanisms.projection  # noqa: F401  (registers itself)
+    import sparkpriv.mechanisms.synthetic  # noqa: F401  (registers itself)
 
     return dict(_REGISTRY)
 

@@ -125,7 +125,8 @@ class RecordsSource:
 
         cap = self.records.cap
         return InputFacts("records", self.records.d, (), cap.value_cap, cap.l2_bound,
-                          events=EventColumns.from_records(self.records))
+                          events=EventColumns.from_records(self.records),
+                          length_histogram=self.records.auto is not None)
 
     @property
     def spark(self):

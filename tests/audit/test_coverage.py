@@ -57,6 +57,8 @@ for _noise, _fn in ((LAP, "test_counts_laplace"), (GAU, "test_counts_gaussian"))
         for _w in ("people", "events-capped"):
             AUDITED[("counts", _noise, _rel, _w)] = f"test_counts::{_fn}"
 
+for _rel in ("replace-one", "add-remove"):
+    AUDITED[("synthetic-counts", GAU, _rel, "counts")] = "test_synthetic::test_item_counts"
 for _rel in ("replace-one", "add-remove"):  # max_items='auto' on bounded event records
     AUDITED[("contribution-bound", LAP, _rel, "histogram")] = "test_quantile::test_contribution_bound_histogram"
 
@@ -71,6 +73,7 @@ FUNCTIONS = {
     "release_regression_array": ("regression-sketch", "regression-additive"),
     "release_regression": ("regression-sketch", "regression-additive"),
     "release_counts": ("counts", "contribution-bound"),
+    "release_synthetic": ("synthetic-counts", "contribution-bound"),
     "release_dpgm_array": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths", "dpgm-item-counts"),
     "release_dpgm": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths", "dpgm-item-counts", "contribution-bound"),
 }
@@ -80,6 +83,7 @@ CLI_MECHANISMS = {
     "kmeans": ("kmeans-linear", "kmeans-kernel", "contribution-bound"),
     "regression": ("regression-sketch", "regression-additive"),
     "counts": ("counts", "contribution-bound"),
+    "synthetic": ("synthetic-counts", "contribution-bound"),
     "dpgm": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths", "dpgm-item-counts", "contribution-bound"),
 }
 SAMPLERS = {"sample_discrete_laplace": "test_samplers::test_sampler_matches_exact_pmf",

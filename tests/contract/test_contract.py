@@ -159,9 +159,17 @@ def _count_records(df):
     return bound_keys(df, person="caller", domain=_count_domain(), max_keys=2)
 
 
+def _synthetic_records(df):
+    from sparkpriv.spark.events import bound_contributions
+
+    return bound_contributions(df, person="caller", item="tower", max_items=2, vocabulary="0..5")
+
+
 RECORD_CASES = {
     "counts": RecordsCase(_count_events, _count_records,
                           dict(epsilon=1.0, domain=_count_domain()), {"noise": "gaussian"}),
+    "synthetic": RecordsCase(_count_events, _synthetic_records, dict(epsilon=1.0, delta=1e-5),
+                             {"shrink": "median"}),
 }
 
 def _assert_no_seed(seeds, published, caplog, rel) -> None:

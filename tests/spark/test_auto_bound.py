@@ -16,18 +16,20 @@ import pytest
 
 from sparkpriv.errors import ParameterError
 from sparkpriv.mechanisms.auto_bound import (AutoCap, choose_max_items, discount_event, dominates,
-                                             items_histogram_fn)
+                                             items_histogram_fn, length_edges)
 from sparkpriv.mechanisms.protocol import InputFacts, SparseRows, get_mechanism
 
 
 def _brute_choice(noisy, q):
+    """Single-length bins 0 .. len - 1: the first length whose cumulative count reaches q of the total
+    (at least 1; the last bin means 'the limit or more')."""
     c = [float(v) for v in noisy]
     total = sum(c)
     if total <= 0:
         return max(1, len(c) - 1)
-    for L in range(1, len(c)):
-        if sum(c[:L + 1]) >= q * total:
-            return L
+    for m in range(len(c)):
+        if sum(c[:m + 1]) >= q * total:
+            return max(1, m)
     return max(1, len(c) - 1)
 
 
@@ -51,6 +53,26 @@ def test_histogram_counts_people_by_items_capped_at_the_limit():
     offsets = np.concatenate([[0], np.cumsum(np.minimum(lengths, 7))]).astype(np.int64)
     h = items_histogram_fn(7)(SparseRows(offsets, np.zeros(offsets[-1], np.int32), None, 20))
     np.testing.assert_array_equal(h, np.bincount(np.minimum(lengths, 7), minlength=8))
+    # beyond 8 single lengths the bins grow by 1.25: a person with m items is in the last bin starting <= m
+    assert length_edges(256).tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 13, 17, 22, 28, 35, 44, 55, 69, 87, 109,
+                                          137, 172, 215, 256]
+    lengths = np.array([9, 10, 12, 13, 300, 256, 255, 0])
+    offsets = np.concatenate([[0], np.cumsum(np.minimum(lengths, 256))]).astype(np.int64)
+    h = items_histogram_fn(256)(SparseRows(offsets, np.zeros(offsets[-1], np.int32), None, 400))
+    want = np.zeros(24)
+    for m in lengths:
+        want[max(j for j, e in enumerate(length_edges(256)) if e <= min(m, 256))] += 1
+    np.testing.assert_array_equal(h, want)
+
+
+def test_choice_over_growing_bins_takes_the_bins_largest_length():
+    e = length_edges(256)
+    h = np.zeros(e.size)
+    h[1], h[10] = 50.0, 50.0  # half the people hold 1 item, half 13..16
+    assert choose_max_items(h, 0.4, 256) == 1
+    assert choose_max_items(h, 0.9, 256) == 16  # the bin 13..16 fits them all
+    h[-1] = 100.0
+    assert choose_max_items(h, 0.9, 256) == 256
 
 
 def test_auto_cap_parameters_are_checked():
@@ -67,6 +89,7 @@ RECORD_PARAMS = {
     "projection": dict(k=2, epsilon=1.0),
     "dprp": dict(epsilon=1.0, delta=1e-5, k2=2),
     "kmeans": dict(k=2, epsilon=1.0, delta=1e-5, variant="kernel", kernel_width=1.0, frequencies=8, iterations=2),
+    "synthetic": dict(epsilon=1.0, delta=1e-5),
     "dpgm": dict(k=2, epsilon=5.0, delta=1e-5, kmeans_iterations=2, sampling_rate=0.2, epochs=1.0, hidden=3,
                  chains=10),
 }
