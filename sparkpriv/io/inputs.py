@@ -108,8 +108,9 @@ _NANOS_CONF = "spark.sql.legacy.parquet.nanosAsLong"
 
 
 def _read_parquet(spark, source: str, columns):
-    """``spark.read.parquet(source)``; nanosecond timestamp columns the release does not use are read
-    as integers (Spark refuses the whole file otherwise), used ones are refused naming them."""
+    """``spark.read.parquet(source)``; where Spark cannot read a column of nanosecond timestamps (as
+    pandas writes them), such a column the release does not use is read as an integer, and one it
+    uses is refused naming it and the fix."""
     fix = ("rewrite the file with microsecond timestamps (pandas: df.to_parquet(path, coerce_timestamps='us', "
            "allow_truncated_timestamps=True)) or drop the column")
 
@@ -117,23 +118,26 @@ def _read_parquet(spark, source: str, columns):
         raise InputError(f"Cannot read the input {source!r}: {named} nanosecond timestamps, which Spark cannot "
                          f"read as timestamps: {fix}.")
 
-    nanos = _nanosecond_columns(source)  # local files: from the footers, before Spark reads anything
-    used = [c for c in nanos if columns is None or c in columns]
-    if used:
-        refuse(f"column {used[0]!r}{' (used by this release)' if columns is not None else ''} holds")
-    if nanos:
-        _log.info("input %s: column(s) %s hold nanosecond timestamps; the release does not use them (read as "
-                  "integers)", source, ", ".join(nanos))
-        spark.conf.set(_NANOS_CONF, "true")
+    as_long = str(spark.conf.get(_NANOS_CONF, "false")).lower() == "true"  # set by an earlier read
+    failed = False
     try:
-        return spark.read.parquet(source)
+        df = spark.read.parquet(source)
     except Exception as exc:
         if "NANOS" not in str(exc) and "PARQUET_TYPE_ILLEGAL" not in str(exc):
             raise
-        if columns is None:  # a remote file: which column it is, Spark does not say
-            refuse("a column holds")
-    _log.info("input %s: a column holds nanosecond timestamps; read as integers (the release reads only %s)",
-              source, ", ".join(columns))
+        failed = True
+    if not (failed or as_long):
+        return df
+    nanos = _nanosecond_columns(source)  # local files: from the footers
+    used = [c for c in nanos if columns is None or c in columns]
+    if used:
+        refuse(f"column {used[0]!r}{' (used by this release)' if columns is not None else ''} holds")
+    if not failed:
+        return df
+    if columns is None and not nanos:  # a remote file: which column it is, Spark does not say
+        refuse("a column holds")
+    _log.info("input %s: column(s) %s hold nanosecond timestamps; the release does not use them (read as "
+              "integers)", source, ", ".join(nanos) or "(not named by Spark)")
     spark.conf.set(_NANOS_CONF, "true")
     return spark.read.parquet(source)
 

@@ -139,7 +139,7 @@ def resolve_neighbors(value: Any, mechanism: "Mechanism | type[Mechanism]", call
 # squares of bounds times counts stay far below float64's 1.8e308, noise grids inside int64.
 MAX_PUBLIC_MAGNITUDE = 1e15
 MIN_PUBLIC_SCALE = 1e-12
-EPSILON_RANGE = (1e-4, 1e4)
+EPSILON_RANGE = (1e-4, 1e6)
 MIN_DELTA = 1e-12  # dp_accounting's PLD resolves no delta below about 1e-15 (its tail truncation)
 POSITIVE_SCALES = frozenset({"row_bound", "element_bound", "clip", "kernel_width", "label_scale",
                              "max_value", "value_bound"})

@@ -111,10 +111,11 @@ def write_blobs(path: Path, *, files: int, rows_per_file: int, cols: int = 4, se
         X = centres[lab] + rng.standard_normal((ids.size, cols))
         t = pa.table({"id": ids, **{f"f{j}": X[:, j] for j in range(cols)}, "label": lab})
         pq.write_table(t, path / f"part-{i:05d}.parquet", compression="none")
-        if corrupt == i:
-            with open(path / f"part-{i:05d}.parquet", "r+b") as f:
-                f.seek(4)
-                f.write(b"\xff" * 1000)
+        if corrupt == i:  # every data page overwritten, the footer kept
+            f = path / f"part-{i:05d}.parquet"
+            raw = f.read_bytes()
+            footer = int.from_bytes(raw[-8:-4], "little")
+            f.write_bytes(raw[:4] + b"\xff" * (len(raw) - 12 - footer) + raw[-8 - footer:])
     return path
 
 

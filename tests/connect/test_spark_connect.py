@@ -180,9 +180,9 @@ def test_failed_write_under_connect_keeps_the_reservation(remote, tmp_path):
     X = np.ones((50, 4))
     pq.write_table(pa.table({"id": np.arange(50), **{c: X[:, j] for j, c in enumerate(COLS)}}),
                    path / "part-0.parquet", compression="none")
-    with open(path / "part-0.parquet", "r+b") as f:  # data pages corrupted, footer intact: the task fails
-        f.seek(4)
-        f.write(b"\xff" * 400)
+    raw = (path / "part-0.parquet").read_bytes()  # every data page corrupted, footer intact: the task fails
+    footer = int.from_bytes(raw[-8:-4], "little")
+    (path / "part-0.parquet").write_bytes(raw[:4] + b"\xff" * (len(raw) - 12 - footer) + raw[-8 - footer:])
     ledger = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     with open_ledger(ledger) as led:
         led.set_budget(TABLE_ID, epsilon=10.0, delta=0.0)

@@ -244,9 +244,11 @@ def test_failed_direct_release_leaves_nothing(spark, tmp_path, test_seed):
     bad = _frame(np.random.default_rng(3), 50, 5000)
     pq.write_table(pa.Table.from_pandas(bad, preserve_index=False), f"{path}/part-9.parquet", row_group_size=10)
     # one file's data pages corrupted (its footer intact): a task fails midway, after others wrote their files
-    with open(f"{path}/part-9.parquet", "r+b") as f:
-        f.seek(4)
-        f.write(b"\xff" * 600)
+    with open(f"{path}/part-9.parquet", "rb") as f:
+        raw = f.read()
+    footer = int.from_bytes(raw[-8:-4], "little")
+    with open(f"{path}/part-9.parquet", "wb") as f:
+        f.write(raw[:4] + b"\xff" * (len(raw) - 12 - footer) + raw[-8 - footer:])
     dest = tmp_path / "out"
     with spark_conf(spark, spark__sql__files__maxPartitionBytes=6000, spark__sql__files__openCostInBytes=1):
         rel = _projection(read_table(spark, path, reader="arrow"))
