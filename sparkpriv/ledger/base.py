@@ -250,24 +250,11 @@ class Ledger(abc.ABC):
         """
         caller = "Ledger.reserve"
         _check_table_id(table_id, caller)
-        if not isinstance(event, _ev.DpEvent):
-            raise ParameterError(
-                f"The 'event' parameter of {caller} must be a dp_accounting DpEvent. "
-                f"Got a {type(event).__name__} instead."
-            )
+        events_json, own_spend = _encode_given_event(event, caller)
         _check_text(mechanism, "mechanism", caller, 256)
         _check_text(output_path, "output_path", caller, 4096)
         params_json = _json_without_secrets(parameters, "parameters", caller)
         summary_json = _json_without_secrets(receipt_summary, "receipt_summary", caller)
-        try:
-            events_json, own_spend = encode_event(event)
-        except InvalidEvent as exc:
-            raise ParameterError(
-                f"The 'event' parameter of {caller} cannot be accounted: {exc}. The ledger accounts "
-                "Gaussian, Laplace and discrete Laplace events with finite positive parameters, Poisson-sampled "
-                "Gaussian events, composed with ComposedDpEvent and SelfComposedDpEvent (positive integer "
-                "counts)."
-            ) from None
         self._check_writable(caller)
         entry_id = str(uuid.uuid4())
         insert = (
@@ -302,6 +289,25 @@ class Ledger(abc.ABC):
         log.info("ledger %s: reserved %s on %r: epsilon %.6g requested, spent %.6g -> %.6g of %.6g (delta=%g)",
                  self.url, entry_id, table_id, own, before, after, budget_eps, budget_delta)
         return Reservation(entry_id, table_id, own, before, after, budget_eps, budget_delta)
+
+    def check_admission(self, table_id: str, event: _ev.DpEvent) -> None:
+        """Whether :meth:`reserve` would admit ``event`` on ``table_id`` now; writes nothing.
+
+        A dry run of the admission check for a caller that wants to refuse an
+        over-budget release before it starts any work (the command line, before
+        Spark starts): it raises the :class:`BudgetExceededError` (same message,
+        exit code 3) that :meth:`reserve` would raise on the ledger as it is
+        now, :class:`ParameterError` for an event the ledger cannot account and
+        :class:`LedgerError` for a table with a corrupt entry, and returns None
+        when the release would be admitted. Nothing is recorded (a read-only
+        ledger works too), so it is no reservation: other releases may spend
+        the budget before this one reserves, and only :meth:`reserve` admits.
+        """
+        caller = "Ledger.check_admission"
+        _check_table_id(table_id, caller)
+        _, own_spend = _encode_given_event(event, caller)
+        history = self._atomic(lambda tx: self._history(tx, table_id, lock=False), write=False)
+        self._verdict(table_id, history, own_spend)
 
     def commit(self, reservation_id: str, *, output_path: str | None = None,
                receipt_summary: Mapping[str, Any] | None = None) -> None:
@@ -524,6 +530,24 @@ class Ledger(abc.ABC):
         if not rows:
             raise LedgerError(f"There is no reservation with id {reservation_id!r} in ledger {self.url}.")
         return rows[0][0], rows[0][1]
+
+
+def _encode_given_event(event: Any, caller: str) -> tuple[str, Spend]:
+    """Stored text and spend of a caller's event, or :class:`ParameterError` saying what is wrong."""
+    if not isinstance(event, _ev.DpEvent):
+        raise ParameterError(
+            f"The 'event' parameter of {caller} must be a dp_accounting DpEvent. "
+            f"Got a {type(event).__name__} instead."
+        )
+    try:
+        return encode_event(event)
+    except InvalidEvent as exc:
+        raise ParameterError(
+            f"The 'event' parameter of {caller} cannot be accounted: {exc}. The ledger accounts "
+            "Gaussian, Laplace and discrete Laplace events with finite positive parameters, Poisson-sampled "
+            "Gaussian events, composed with ComposedDpEvent and SelfComposedDpEvent (positive integer "
+            "counts)."
+        ) from None
 
 
 # -- accounting ------------------------------------------------------------------
