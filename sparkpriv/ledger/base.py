@@ -481,11 +481,10 @@ class Ledger(abc.ABC):
         spent = Spend.total(self._stored(table_id, r[0], r[1]).spend for r in rows)
         before = spent.epsilon(budget_delta)
         own = own_spend.epsilon(budget_delta)
-        total = spent + own_spend
-        after = total.epsilon(budget_delta) if rows else own
-        exact = total.pure_epsilon_exact()
-        # No tolerance: pure tables are compared in exact rational arithmetic; otherwise
-        # ``after`` is an upper bound (the Gaussian part is rounded up, PLD is pessimistic).
+        # One figure (Spend.figure) is admitted by and stated: no tolerance; an exact sum of
+        # pure epsilons is compared in rational arithmetic, any other figure is an upper bound
+        # (the Gaussian part is rounded up, PLD is pessimistic).
+        after, exact = (spent + own_spend).figure(budget_delta)
         within = exact <= Fraction(budget_eps) if exact is not None else after <= budget_eps
         if not within:
             pending = sum(1 for r in rows if r[2] == "reserved")

@@ -171,6 +171,12 @@ def _g(x: float) -> str:
     return f"{x:.6g}"
 
 
+def _g_above(x: float, limit: float) -> str:
+    """``x`` to 6 digits, or to every digit when 6 would not show that it is above ``limit``."""
+    shown = _g(x)
+    return shown if not (x > limit >= float(shown)) else repr(x)
+
+
 def _set_budget_hint(url: str, table_id: str) -> str:
     return f"sparkpriv ledger set-budget --ledger '{url}' --table-id {table_id} --epsilon E --delta D"
 
@@ -190,7 +196,7 @@ def _refusal_message(url, table_id, budget_eps, budget_delta, before, own, after
         f"  spent:     epsilon = {_g(before)} at delta = {d} ({counted} counted release(s), composed)",
         f"  requested: epsilon = {_g(own)} at delta = {d} (this release alone)",
         f"  remaining: epsilon = {_g(max(0.0, budget_eps - before))} at delta = {d} "
-        f"(with this release the composed total would be {_g(after)})",
+        f"(with this release the composed total would be {_g_above(after, budget_eps)})",
     ]
     if math.isinf(own) and budget_delta == 0.0:
         lines.append("A Gaussian (approximate-DP) release cannot fit a budget with delta = 0.")

@@ -61,3 +61,62 @@ def test_check_admission_reports_a_corrupt_entry(ledger_url):
             tx.execute("UPDATE sparkpriv_releases SET events = ? WHERE id = ?", ("{not json", bad.id))
         with pytest.raises(LedgerError, match=f"Ledger entry {bad.id} .* is corrupt"):
             ledger.check_admission(TABLE, laplace(1.0))
+
+
+# -- one figure: admitted by, shown, and stated in refusals -------------------------------------
+
+
+def _pld_reference(events, delta: float) -> float:
+    """dp_accounting's PLD epsilon (add/remove, pessimistic), capped by the exact pure sum."""
+    from tests.ledger.test_hardening import dp_accounting_epsilon
+
+    pure = sum(1.0 / e.noise_multiplier for e in events if isinstance(e, ev.LaplaceDpEvent))
+    pld = dp_accounting_epsilon(events, delta)
+    return min(pld, pure) if all(isinstance(e, ev.LaplaceDpEvent) for e in events) else pld
+
+
+def _fill(ledger, table, event, limit=40):
+    """Reserve ``event`` on ``table`` until refused; the reservations and the refusal's message."""
+    admitted = []
+    for _ in range(limit):
+        try:
+            admitted.append(ledger.reserve(table, event=event, mechanism="m", parameters={}, output_path="/o"))
+        except BudgetExceededError as exc:
+            return admitted, str(exc)
+    raise AssertionError(f"{limit} releases admitted")
+
+
+def _figure(message: str, label: str) -> float:
+    """The number after ``label`` in a refusal message."""
+    import re
+
+    return float(re.search(re.escape(label) + r" ([0-9.e+-]+|inf)", message).group(1))
+
+
+def test_pure_releases_at_delta_above_zero_are_admitted_by_the_figure_that_is_shown(ledger_url):
+    """A Laplace-only table at delta 1e-6 was admitted by the plain sum of epsilons, while `show`
+    and the refusal stated dp_accounting's (smaller) composition: 60 releases of 0.05 fitted a
+    budget of 3, then `show` said 1.64 spent and the refusal "would be 1.6547" of 3; with one
+    negligible Gaussian in the history 174 fitted. Now both use the one figure."""
+    budget, delta, step = 2.0, 1e-6, ev.LaplaceDpEvent(10.0)  # epsilon 0.1 each: the sum fits 20
+    with open_ledger(ledger_url) as ledger:
+        ledger.set_budget(TABLE, epsilon=budget, delta=delta)
+        admitted, refusal = _fill(ledger, TABLE, step)
+        status = ledger.status(TABLE)
+        ledger.set_budget("with.gaussian", epsilon=budget, delta=delta)
+        reserve(ledger, ev.GaussianDpEvent(1e4), table_id="with.gaussian")  # adds epsilon ~ 1e-3
+        mixed, mixed_refusal = _fill(ledger, "with.gaussian", step)
+    n = len(admitted)
+    assert n > 20  # the composition, not the sum (2 / 0.1 = 20), admitted them
+    # the count agrees with dp_accounting's own composition (up to its discretization)
+    assert _pld_reference([step] * n, delta) <= budget + 2e-3
+    assert _pld_reference([step] * (n + 1), delta) > budget - 2e-3
+    # what is admitted, shown and refused is the same figure
+    assert all(r.epsilon_spent_after <= budget for r in admitted)
+    assert status.spent_epsilon == admitted[-1].epsilon_spent_after
+    assert _figure(refusal, "spent:     epsilon =") == pytest.approx(status.spent_epsilon, rel=1e-5)
+    assert _figure(refusal, "composed total would be") > budget
+    assert status.remaining_epsilon == pytest.approx(budget - status.spent_epsilon)
+    # a negligible Gaussian changes the count by at most one, not from 60 to 174
+    assert abs(len(mixed) - n) <= 1
+    assert _figure(mixed_refusal, "composed total would be") > budget
