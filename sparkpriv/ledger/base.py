@@ -38,7 +38,7 @@ from sparkpriv.ledger.events import (EVENT_FORMAT, InvalidEvent, Spend, UnknownF
                                      spend_of_stored)
 from sparkpriv.ledger.checks import (DEFAULT_LEDGER_ENV, DEFAULT_LEDGER_URL, default_ledger_url, redact_url, _now,
                                      _check_table_id, _check_text, _json_without_secrets, _printable,
-                                     _corrupt_message, _label, _json_float, _no_budget_message, _refusal_message)
+                                     _corrupt_message, _label, _json_float, _strict_json, _budget_values, _no_budget_message, _refusal_message)
 
 __all__ = ["DEFAULT_LEDGER_ENV", "DEFAULT_LEDGER_URL", "EVENT_FORMAT", "SCHEMA_VERSION", "Ledger", "Reservation",
            "TableStatus", "default_ledger_url", "composed_epsilon", "event_epsilon", "redact_url"]
@@ -142,12 +142,14 @@ class TableStatus:
             e = dict(e)
             e["events"] = json.loads(e["events"])
             e["epsilon"] = _json_float(e["epsilon"])
+            e["parameters"] = _strict_json(e["parameters"])
+            e["receipt_summary"] = _strict_json(e["receipt_summary"])
             entries.append(e)
         return {
             "table_id": self.table_id,
             "budget": {"epsilon": self.budget_epsilon, "delta": self.budget_delta, "updated_at": self.budget_updated_at},
             "spent_epsilon": _json_float(self.spent_epsilon),
-            "remaining_epsilon": self.remaining_epsilon,
+            "remaining_epsilon": _json_float(self.remaining_epsilon),
             "counted": sum(1 for e in self.entries if e["state"] in COUNTED_STATES),
             "unfinished": self.unfinished,
             "entries": entries,
@@ -456,7 +458,10 @@ class Ledger(abc.ABC):
     def _budget(self, tx: _Tx, table_id: str, *, lock: bool) -> tuple[float, float, str] | None:
         sql = "SELECT epsilon, delta, updated_at FROM sparkpriv_budgets WHERE table_id = ?"
         rows = tx.execute(sql + (self._FOR_UPDATE if lock else ""), (table_id,))
-        return (float(rows[0][0]), float(rows[0][1]), rows[0][2]) if rows else None
+        if not rows:
+            return None
+        epsilon, delta = _budget_values(self.url, f"table '{table_id}'", rows[0][0], rows[0][1])
+        return epsilon, delta, rows[0][2]
 
     def _history(self, tx: _Tx, table_id: str, *, lock: bool, ids_only: bool = False):
         """``(budget epsilon, budget delta, [(id, events, state), ...] by id)`` of the counted entries.

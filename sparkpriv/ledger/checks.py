@@ -91,7 +91,23 @@ def _walk_plain(value: Any, name: str, caller: str) -> list[str]:
         elif isinstance(v, (list, tuple)):
             for i, x in enumerate(v):
                 stack.append((x, f"{where}[{i}]", depth + 1))
+        elif _non_finite(v):
+            raise ParameterError(
+                f"The {where!r} parameter of {caller} must be a finite number: the ledger stores strict "
+                f"JSON, which has no NaN or infinity. Got {float(v)!r} instead. Record it as a string "
+                "(e.g. 'inf') or leave it out."
+            )
     return sorted(secret)
+
+
+def _non_finite(v: Any) -> bool:
+    """A float (or numpy float scalar) that is NaN or infinite."""
+    if isinstance(v, (bool, int, str)) or not (isinstance(v, numbers.Real) or getattr(v, "ndim", None) == 0):
+        return False
+    try:
+        return not math.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False
 
 
 def _json_without_secrets(value: Any, name: str, caller: str) -> str | None:
@@ -118,7 +134,7 @@ def _json_without_secrets(value: Any, name: str, caller: str) -> str | None:
         )
 
     try:
-        return json.dumps(value, sort_keys=True, default=scalar)
+        return json.dumps(value, sort_keys=True, default=scalar, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise ParameterError(f"The {name!r} parameter of {caller} cannot be stored as JSON "
                              f"({type(exc).__name__}); record plain numbers, strings, lists and dicts.") from None
@@ -164,7 +180,46 @@ def _label(state: str, host: str, pid: int) -> str:
 
 
 def _json_float(x: float) -> float | str:
-    return x if math.isfinite(x) else "inf"
+    """``x``, or ``"inf"`` / ``"-inf"`` / ``"nan"`` for strict JSON (which has no non-finite numbers)."""
+    if math.isfinite(x):
+        return x
+    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+
+
+def _strict_json(value: Any) -> Any:
+    """``value`` (parsed JSON) with every non-finite float written as a string (an entry stored before
+    non-finite numbers were refused may hold NaN)."""
+    if isinstance(value, float):
+        return _json_float(value)
+    if isinstance(value, dict):
+        return {k: _strict_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_strict_json(v) for v in value]
+    return value
+
+
+def _budget_values(url: str, what: str, epsilon: Any, delta: Any) -> tuple[float, float]:
+    """A stored budget's ``(epsilon, delta)`` as floats, or :class:`LedgerError` naming what is wrong.
+
+    The schema's CHECK constraints do not hold against every hand edit (SQLite stores the text
+    'abc' in a DOUBLE PRECISION column, PostgreSQL accepts NaN > 0), so the values are checked
+    when they are read.
+    """
+    problems = []
+    for name, value, ok in (("epsilon", epsilon, lambda x: 0.0 < x < math.inf),
+                            ("delta", delta, lambda x: 0.0 <= x < 1.0)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            problems.append(f"its {name} is {_printable(repr(value))[:60]}, not a number")
+        elif not ok(float(value)):
+            problems.append(f"its {name} is {float(value)!r}, outside "
+                            f"{'(0, inf)' if name == 'epsilon' else '[0, 1)'}")
+    if problems:
+        raise LedgerError(
+            f"The budget of {what} in ledger {url} is corrupt: {'; '.join(problems)}. No release it covers "
+            "is admitted until it is set again (`sparkpriv ledger set-budget`), after finding out who edited "
+            "the ledger by hand (`sparkpriv ledger verify` shows what else was changed)."
+        )
+    return float(epsilon), float(delta)
 
 
 def _g(x: float) -> str:

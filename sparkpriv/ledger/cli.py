@@ -111,7 +111,7 @@ def _set_budget(args: argparse.Namespace, out: TextIO) -> None:
         status = ledger.status(args.table_id)
         url = ledger.url
     if args.json:
-        json.dump({"ledger": url, "tables": [status.to_dict()]}, out, indent=2)
+        json.dump({"ledger": url, "tables": [status.to_dict()]}, out, indent=2, allow_nan=False)
         out.write("\n")
         return
     out.write(
@@ -139,7 +139,7 @@ def _show(args: argparse.Namespace, out: TextIO) -> int:
         print(f"sparkpriv ledger: error: {exc}", file=sys.stderr)
     code = max((exc.exit_code for exc in failures), default=EXIT_OK)
     if args.json:
-        json.dump({"ledger": url, "tables": [s.to_dict() for s in statuses]}, out, indent=2)
+        json.dump({"ledger": url, "tables": [s.to_dict() for s in statuses]}, out, indent=2, allow_nan=False)
         out.write("\n")
         return code
     out.write(f"Ledger {_printable(url)}\n")

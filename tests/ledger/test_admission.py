@@ -120,3 +120,69 @@ def test_pure_releases_at_delta_above_zero_are_admitted_by_the_figure_that_is_sh
     # a negligible Gaussian changes the count by at most one, not from 60 to 174
     assert abs(len(mixed) - n) <= 1
     assert _figure(mixed_refusal, "composed total would be") > budget
+
+
+# -- hand-edited budgets, non-finite parameters -------------------------------------------------
+
+
+def test_a_hand_edited_budget_row_gives_a_clear_error_not_a_traceback(ledger_url, capsys):
+    """Epsilon 'abc' (SQLite stores text in a DOUBLE PRECISION column, and 'abc' > 0 there) or NaN
+    (PostgreSQL: NaN > 0) passed the schema's CHECK and made `ledger show` crash with a traceback."""
+    import json
+
+    from tests.ledger.test_hardening import OTHER, raw_sql
+    from tests.ledger.test_ledger import cli
+
+    bad = "'abc'" if ledger_url.startswith("sqlite") else "'NaN'"
+    with open_ledger(ledger_url) as ledger:
+        ledger.set_budget(TABLE, epsilon=2.0, delta=1e-6)
+        ledger.set_budget(OTHER, epsilon=2.0, delta=1e-6)
+        reserve(ledger, laplace(0.5))
+        raw_sql(ledger, f"UPDATE sparkpriv_budgets SET epsilon = {bad} WHERE table_id = ?", (TABLE,))
+        for call in (lambda: reserve(ledger, laplace(0.1)), lambda: ledger.status(TABLE),
+                     lambda: ledger.check_admission(TABLE, laplace(0.1))):
+            with pytest.raises(LedgerError, match=f"The budget of table '{TABLE}' .* is corrupt: its epsilon is"):
+                call()
+        reserve(ledger, laplace(0.5), table_id=OTHER)  # other tables work
+    capsys.readouterr()
+    assert cli("ledger", "show", "--ledger", ledger_url) == 1
+    out, err = capsys.readouterr()
+    assert f"Table {OTHER}" in out and "is corrupt" in err and "Traceback" not in err
+    assert cli("ledger", "show", "--ledger", ledger_url, "--json") == 1
+    assert [t["table_id"] for t in json.loads(capsys.readouterr().out)["tables"]] == [OTHER]
+    assert cli("ledger", "set-budget", "--ledger", ledger_url, "--table-id", TABLE, "--epsilon", "2",
+               "--delta", "1e-6") == 0  # setting it again repairs it
+    with open_ledger(ledger_url) as ledger:
+        assert ledger.status(TABLE).spent_epsilon == pytest.approx(0.5, abs=1e-5)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_numbers_are_refused_in_recorded_parameters(ledger_url, value, capsys):
+    """NaN was accepted in recorded parameters; `ledger show --json` then printed NaN, which strict
+    JSON parsers reject."""
+    import json
+
+    import numpy as np
+
+    from tests.ledger.test_hardening import raw_sql
+    from tests.ledger.test_ledger import cli
+
+    with open_ledger(ledger_url) as ledger:
+        ledger.set_budget(TABLE, epsilon=2.0, delta=0.0)
+        for params, name in (({"fill": value}, "parameters.fill"), ({"b": [1.0, np.float32(value)]}, r"parameters.b\[1\]"),
+                             ({"x": {"y": np.float64(value)}}, "parameters.x.y")):
+            with pytest.raises(ParameterError, match=f"'{name}' parameter of Ledger.reserve must be a finite"):
+                reserve(ledger, laplace(0.5), parameters=params)
+        res = reserve(ledger, laplace(0.5), parameters={"fill": 0.0})
+        with pytest.raises(ParameterError, match="'receipt_summary.epsilon' parameter of Ledger.commit"):
+            ledger.commit(res.id, receipt_summary={"epsilon": value})
+        assert ledger.status(TABLE).entries[0]["parameters"] == {"fill": 0.0}
+        # an entry stored before the refusal: shown as strict JSON all the same
+        raw_sql(ledger, "UPDATE sparkpriv_releases SET parameters = ? WHERE id = ?",
+                (json.dumps({"fill": value}), res.id))
+    capsys.readouterr()
+    assert cli("ledger", "show", "--ledger", ledger_url, "--json") == 0
+    text = capsys.readouterr().out
+    strict = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    shown = strict["tables"][0]["entries"][0]["parameters"]["fill"]
+    assert shown == ("nan" if value != value else "inf" if value > 0 else "-inf")
