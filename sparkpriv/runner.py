@@ -146,7 +146,7 @@ def check_budget_exists(ledger_url: str | None, table_id: str | None) -> None:
     except Exception:
         return  # a ledger that cannot be read here: the reservation says why
     with led:
-        if table_id not in led.tables():
+        if not led.budgets_for(table_id):  # neither its own budget nor a privacy unit's
             raise BudgetExceededError(_no_budget_message(getattr(led, "public_url", None) or str(url), table_id))
 
 
@@ -212,10 +212,13 @@ def run_release(cfg: ReleaseConfig, spark=None, on_step=None) -> RunResult:
     reader = "spark" if cfg.get("events") else cfg.get("reader", "auto")
     df = read_table(spark, cfg.get("input"), cfg.get("input_format"), null_value=cfg.get("null_value"),
                     reader=reader)
-    release = spec.release(df, cfg, cfg.get("input"), **({"on_step": on_step} if spec.precheck else {}))
-    entry = release.hold.reservation.id if release.hold.reservation is not None else None
-    out = release.write(cfg.get("output"), overwrite=bool(cfg.get("overwrite")), writer=cfg.get("writer"),
-                        owner_report=cfg.get("owner_report"))
+    from sparkpriv.ledger.checks import job_context
+
+    with job_context(cfg.get("job_id")):  # recorded in the ledger entry (reserve and commit)
+        release = spec.release(df, cfg, cfg.get("input"), **({"on_step": on_step} if spec.precheck else {}))
+        entry = release.hold.reservation.id if release.hold.reservation is not None else None
+        out = release.write(cfg.get("output"), overwrite=bool(cfg.get("overwrite")), writer=cfg.get("writer"),
+                            owner_report=cfg.get("owner_report"))
     return RunResult(output=out, receipt_path=f"{out}/{RECEIPT_FILE}", epsilon=release.epsilon,
                      delta=release.delta, ledger_entry=entry)
 

@@ -1,9 +1,9 @@
 """The PostgreSQL ledger: one database shared by schedulers on several hosts.
 
-Check-and-spend is one transaction that first locks the table's budget row
-(``SELECT ... FOR UPDATE``) and only then reads the table's entries, so two
-reservations on the same table are serialized by the server, from any host;
-reservations on different tables do not wait for each other. Every write
+Check-and-spend is one transaction that first takes the journal's lock (a
+transaction-level advisory lock: every write appends to the one hash chain, so
+writes are serialized by the server, from any host), locks the table's budget
+row (``SELECT ... FOR UPDATE``) and only then reads the entries. Every write
 transaction sets READ COMMITTED itself, whatever the server's or the URL's
 ``default_transaction_isolation``: each statement then sees every transaction
 committed before it started, so the second reserver, once it holds the lock,
@@ -32,6 +32,8 @@ LOCK_TIMEOUT_S = 60
 CONNECT_TIMEOUT_S = 30
 #: pg_advisory_xact_lock key that serializes concurrent schema creation ("SPLG").
 _SCHEMA_LOCK_KEY = 0x53504C47
+#: pg_advisory_xact_lock key that serializes appends to the journal ("SPCH").
+_CHAIN_LOCK_KEY = 0x53504348
 #: SQLSTATEs after which running the whole transaction again may succeed.
 _TRANSIENT = ("40001", "40P01")
 
@@ -62,8 +64,8 @@ class PostgresLedger(Ledger):
 
     _FOR_UPDATE = " FOR UPDATE"
 
-    def __init__(self, url: str, *, read_only: bool = False):
-        super().__init__(url, read_only=read_only)
+    def __init__(self, url: str, *, read_only: bool = False, key_file: str | None = None, upgrade: bool = False):
+        super().__init__(url, read_only=read_only, key_file=key_file, upgrade=upgrade)
         self._psycopg = _import_psycopg()
         try:
             self._conn = self._psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
@@ -85,6 +87,10 @@ class PostgresLedger(Ledger):
     def _lock_schema(self, tx: _PostgresTx) -> None:
         # CREATE TABLE IF NOT EXISTS is not safe against a concurrent one in PostgreSQL.
         tx.execute("SELECT pg_advisory_xact_lock(?)", (_SCHEMA_LOCK_KEY,))
+
+    def _lock_chain(self, tx: _PostgresTx) -> None:
+        # every append to the journal reads its head and writes the next record: one at a time
+        tx.execute("SELECT pg_advisory_xact_lock(?)", (_CHAIN_LOCK_KEY,))
 
     def _has_table(self, tx: _PostgresTx, name: str) -> bool:
         return tx.execute("SELECT to_regclass(?)", (name,))[0][0] is not None
