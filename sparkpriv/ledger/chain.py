@@ -147,9 +147,12 @@ class Problem:
     what: str
     seq: int | None = None
     entry: str | None = None
+    #: "chain" (the journal itself), "pin" (a head copied elsewhere), "state" (the tables admission reads
+    #: differ from the journal's replay), "key" (the key is missing or another)
+    kind: str = "chain"
 
     def to_dict(self) -> dict:
-        return {"what": self.what, "seq": self.seq, "entry": self.entry}
+        return {"what": self.what, "seq": self.seq, "entry": self.entry, "kind": self.kind}
 
 
 @dataclass
@@ -172,9 +175,13 @@ class VerifyReport:
 
     @property
     def first(self) -> Problem | None:
-        """The first broken record (lowest seq), else the first problem found."""
-        located = [p for p in self.problems if p.seq is not None]
-        return min(located, key=lambda p: p.seq) if located else (self.problems[0] if self.problems else None)
+        """The first broken journal record (lowest seq); else the first pinned head that differs; else the
+        entry, budget or unit whose journal record is the earliest; else the first problem found."""
+        for kind in ("chain", "pin", "state"):
+            found = [p for p in self.problems if p.kind == kind]
+            if found:
+                return min(found, key=lambda p: (p.seq is None, p.seq or 0))
+        return self.problems[0] if self.problems else None
 
     def to_dict(self) -> dict:
         return {"ok": self.ok, "records": self.records, "head": self.head, "head_at": self.head_at,
@@ -212,7 +219,7 @@ def verify(ledger_id: str | None, records: Iterable[Record], state: dict, *, key
     prev_hash = genesis_prev(ledger_id) if ledger_id else None
     if ledger_id is None:
         rep.problems.append(Problem("the ledger's id (sparkpriv_meta 'ledger_id') is missing: the chain's start "
-                                    "cannot be checked"))
+                                    "cannot be checked", 1))
     expected_seq = 1
     replay = _Replay()
     keyed_id = None
@@ -247,7 +254,7 @@ def verify(ledger_id: str | None, records: Iterable[Record], state: dict, *, key
                                                 "match its content)", r.seq))
             elif key is not None:
                 rep.problems.append(Problem(f"{where} is keyed with key {rid}, not with the key given ({key.id})",
-                                            r.seq))
+                                            r.seq, kind="key"))
         elif not hmac.compare_digest(record_hash(r.seq, r.kind, r.at, r.prev, r.body, None), str(r.hash)):
             rep.problems.append(Problem(f"{where} was changed after it was written (its hash does not match its "
                                         "content)", r.seq))
@@ -269,14 +276,14 @@ def verify(ledger_id: str | None, records: Iterable[Record], state: dict, *, key
         if keyed_id is None:
             rep.problems.append(Problem(
                 f"a key was given ({key.id}) but no record is keyed: the chain was written, or rewritten, "
-                "without it"))
+                "without it", kind="key"))
         elif records and key_id_of(records[-1].hash) != key.id:
             rep.problems.append(Problem(f"the last record is not keyed with the key given ({key.id})",
-                                        records[-1].seq))
+                                        records[-1].seq, kind="key"))
     elif keyed_id is not None:
         rep.problems.append(Problem(
             f"the chain is keyed (key {keyed_id}) from record #{rep.keyed_from} on; without the key the keyed "
-            f"records' content cannot be checked. Give the key file ({KEY_FILE_ENV} or --key-file)"))
+            f"records' content cannot be checked. Give the key file ({KEY_FILE_ENV} or --key-file)", kind="key"))
     by_seq = {r.seq: r for r in records}
     for pin in pins:
         rep.pins_checked += 1
@@ -284,17 +291,18 @@ def verify(ledger_id: str | None, records: Iterable[Record], state: dict, *, key
         try:
             seq = int(seq_text)
         except ValueError:
-            rep.problems.append(Problem(f"the pinned head {str(pin)[:100]!r} is not of the form SEQ:HASH"))
+            rep.problems.append(Problem(f"the pinned head {str(pin)[:100]!r} is not of the form SEQ:HASH",
+                                        kind="pin"))
             continue
         have = by_seq.get(seq)
         if have is None:
             rep.problems.append(Problem(
                 f"a copy of the head at record #{seq} was pinned, but the chain has {len(records)} record(s): "
-                "records were deleted from its end"))
+                "records were deleted from its end", len(records) + 1, kind="pin"))
         elif have.hash != want:
             rep.problems.append(Problem(
                 f"{_describe(have, None)} differs from the copy pinned elsewhere ({want[:40]}...): the chain "
-                "was rewritten up to there", seq))
+                "was rewritten up to there", seq, kind="pin"))
     replay.compare(state, rep)
     return rep
 
@@ -363,17 +371,18 @@ class _Replay:
             for name in sorted(set(mine) | set(table), key=lambda n: (self.writer.get((what, n), 1 << 62), str(n))):
                 seq = self.writer.get((what, name))
                 shown = str(name)[:80]
+                entry = name if what == "release" else None
                 if name not in table:
                     rep.problems.append(Problem(
                         f"the {names} {shown} that journal record #{seq} wrote is missing from the ledger's "
-                        "tables (deleted)", seq, name if what == "release" else None))
+                        "tables (deleted)", seq, entry, "state"))
                 elif name not in mine:
                     rep.problems.append(Problem(
                         f"the {names} {shown} is in the ledger's tables but no journal record wrote it (inserted "
-                        "by hand)", None, name if what == "release" else None))
+                        "by hand)", None, entry, "state"))
                 else:
                     changed = [c for c in mine[name] if value(table[name].get(c)) != mine[name][c]]
                     if changed:
                         rep.problems.append(Problem(
                             f"the {names} {shown} differs from what journal record #{seq} wrote: "
-                            f"{', '.join(changed)} changed", seq, name if what == "release" else None))
+                            f"{', '.join(changed)} changed", seq, entry, "state"))
