@@ -24,6 +24,7 @@ from typing import Callable, TextIO
 from sparkpriv.errors import EXIT_FAILURE, EXIT_OK, ParameterError, SparkPrivError
 from sparkpriv.ledger import DEFAULT_LEDGER_ENV, DEFAULT_LEDGER_URL, KEY_FILE_ENV, TableStatus, UnitStatus, open_ledger
 from sparkpriv.ledger.base import _printable
+from sparkpriv.ledger.history import describe
 
 __all__ = ["add_ledger_subparsers", "add_receipt_subparsers", "cmd_abort", "cmd_history", "cmd_report",
            "cmd_set_budget", "cmd_show", "cmd_upgrade", "cmd_verify", "cmd_receipt_verify", "format_status",
@@ -409,8 +410,8 @@ def _history(args: argparse.Namespace, out: TextIO) -> None:
         return
     out.write(f"Ledger {_printable(url)}: {len(records)} journal record(s)\n")
     header = ("#", "AT (UTC)", "KIND", "ABOUT", "BY", "JOB", "WHAT")
-    rows = [tuple(_printable(c) for c in (r["seq"], _time(r["at"]), r["kind"], _subject(r), _by(r),
-                                          _job(r) or "-", _what(r))) for r in records]
+    rows = [tuple(_printable(c) for c in (r["seq"], _time(r["at"]), r["kind"], *describe(r).values()))
+            for r in records]
     out.write(_columns(header, rows))
 
 
@@ -425,52 +426,6 @@ def _about(record: dict, table_id: str | None, unit: str | None) -> bool:
     if unit is not None and record.get("unit") == unit:
         return True
     return table_id is not None and table_id in (record.get("table_id"), row.get("table_id"))
-
-
-def _subject(r: dict) -> str:
-    row = r.get("row") if isinstance(r.get("row"), dict) else {}
-    if r["kind"] in ("reserve", "import"):
-        return f"{row.get('table_id')} {row.get('id')}"
-    if r["kind"] in ("commit", "abort"):
-        return str(r.get("id"))
-    if r["kind"] == "unit":
-        return f"unit {r.get('unit')}"
-    return str(r.get("table_id") or "")
-
-
-def _by(r: dict) -> str:
-    row = r.get("row") if isinstance(r.get("row"), dict) else {}
-    return str(r.get("by") or r.get("updated_by") or row.get("user_name") or "-")
-
-
-def _job(r: dict) -> str | None:
-    row = r.get("row") if isinstance(r.get("row"), dict) else {}
-    return r.get("job") or row.get("job_id")
-
-
-def _what(r: dict) -> str:
-    kind = r["kind"]
-    if kind == "budget":
-        return (f"epsilon {r.get('epsilon')}, delta {r.get('delta')}, window {r.get('time_window')}"
-                + (" (as found by the upgrade)" if r.get("imported") else "") + f"; why: {r.get('reason') or '-'}")
-    if kind == "unit":
-        return (f"tables {r.get('patterns')}, epsilon {r.get('epsilon')}, delta {r.get('delta')}, window "
-                f"{r.get('time_window')}; why: {r.get('reason') or '-'}")
-    if kind in ("reserve", "import"):
-        row = r.get("row") or {}
-        return f"{row.get('mechanism')}, epsilon {row.get('epsilon')} at delta {row.get('epsilon_delta')}" + \
-            (f", state {row.get('state')}" if kind == "import" else "")
-    if kind == "commit":
-        return f"published to {r.get('output_path')}"
-    if kind == "abort":
-        return f"why: {r.get('reason')}"
-    if kind == "refuse":
-        return str(r.get("reason") or "").splitlines()[0][:300]
-    if kind == "upgrade":
-        return f"upgraded from schema version {r.get('from')}: {r.get('budgets')} budget(s), {r.get('releases')} entries"
-    if kind == "key":
-        return f"journal keyed with key {r.get('key_id')} from here on"
-    return ""
 
 
 def _upgrade(args: argparse.Namespace, out: TextIO) -> None:
