@@ -240,9 +240,12 @@ class UnitStatus:
 
 
 class _Tx(Protocol):
-    """What a backend's transaction offers: run one statement, get its rows."""
+    """What a backend's transaction offers: run one statement, get its rows; or send one whose result is
+    not needed (a backend may queue it and send it with the next statement whose rows are read)."""
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]: ...
+
+    def send(self, sql: str, params: Sequence[Any] = ()) -> None: ...
 
 
 class TransientLedgerError(LedgerError):
@@ -451,7 +454,7 @@ class Ledger(abc.ABC):
                         v = verdict
                     first = v[0]
                     row.update(epsilon=first.requested, epsilon_delta=first.delta, created_at=at)
-                    tx.execute(insert, tuple(row[c] for c in _chain.RELEASE_COLUMNS))
+                    tx.send(insert, tuple(row[c] for c in _chain.RELEASE_COLUMNS))
                     rec = self._chain_append(tx, head, "reserve", at,
                                              {"row": {c: _chain.value(row[c]) for c in _chain.RELEASE_COLUMNS}})
                     return v, rec
@@ -515,8 +518,9 @@ class Ledger(abc.ABC):
                 )
             path = output_path if output_path is not None else path
             summary = summary_json if summary_json is not None else summary
-            tx.execute("UPDATE sparkpriv_releases SET state = 'committed', published_at = ?, output_path = ?, "
-                       "receipt_summary = ? WHERE id = ?", (at, path, summary, reservation_id))
+            tx.send(
+                "UPDATE sparkpriv_releases SET state = 'committed', published_at = ?, output_path = ?, "
+                "receipt_summary = ? WHERE id = ?", (at, path, summary, reservation_id))
             self._chain_append(tx, head, "commit", at, {"id": reservation_id, "published_at": at,
                                                         "output_path": path, "receipt_summary": summary,
                                                         **self._who(job)})
@@ -543,8 +547,9 @@ class Ledger(abc.ABC):
                     f"Reservation {reservation_id} in ledger {self.url} is committed: its output was "
                     "published, so its spend cannot be released."
                 )
-            tx.execute("UPDATE sparkpriv_releases SET state = 'aborted', aborted_at = ?, abort_reason = ? WHERE id = ?",
-                       (at, reason, reservation_id))
+            tx.send(
+                "UPDATE sparkpriv_releases SET state = 'aborted', aborted_at = ?, abort_reason = ? WHERE id = ?",
+                (at, reason, reservation_id))
             self._chain_append(tx, head, "abort", at, {"id": reservation_id, "aborted_at": at, "reason": reason,
                                                        **self._who(job)})
             return True
@@ -759,17 +764,26 @@ class Ledger(abc.ABC):
 
     # -- the journal -----------------------------------------------------------
 
+    _HEAD_SQL = "SELECT seq, at, prev, hash FROM sparkpriv_journal ORDER BY seq DESC LIMIT 1"
+
     def _head(self, tx: _Tx) -> _chain.Record | None:
-        rows = tx.execute("SELECT seq, at, prev, hash FROM sparkpriv_journal ORDER BY seq DESC LIMIT 1")
+        return self._head_of(tx.execute(self._HEAD_SQL))
+
+    @staticmethod
+    def _head_of(rows: list) -> _chain.Record | None:
         if not rows:
             return None
         seq, at, prev, hash_ = rows[0]
         return _chain.Record(int(seq), "", str(at), "", str(prev), str(hash_))
 
+    def _locked_head_rows(self, tx: _Tx) -> list:
+        """Lock the journal (:meth:`_lock_chain`), then read its head's row."""
+        self._lock_chain(tx)
+        return tx.execute(self._HEAD_SQL)
+
     def _chain_start(self, tx: _Tx) -> tuple[_chain.Record | None, str]:
         """Lock the journal; its head and the time of the next record (never before the head's)."""
-        self._lock_chain(tx)
-        head = self._head(tx)
+        head = self._head_of(self._locked_head_rows(tx))
         at = format_time(_clock())
         return head, (max(at, head.at) if head is not None else at)
 
@@ -800,7 +814,7 @@ class Ledger(abc.ABC):
         return rec
 
     def _insert_record(self, tx: _Tx, rec: _chain.Record) -> None:
-        tx.execute("INSERT INTO sparkpriv_journal (seq, kind, at, body, prev, hash) VALUES (?, ?, ?, ?, ?, ?)",
+        tx.send("INSERT INTO sparkpriv_journal (seq, kind, at, body, prev, hash) VALUES (?, ?, ?, ?, ?, ?)",
                    (rec.seq, rec.kind, rec.at, rec.body, rec.prev, rec.hash))
 
     def _record_refusal(self, table_id: str, mechanism: str, events_json: str, output_path: str, message: str,
@@ -905,24 +919,29 @@ class Ledger(abc.ABC):
         rows = tx.execute(sql + (self._FOR_UPDATE if lock else ""), (table_id,))
         if not rows:
             return None
-        what = f"table '{table_id}'"
-        epsilon, delta = _budget_values(self.url, what, rows[0][0], rows[0][1])
-        return Budget("table", table_id, (table_id,), epsilon, delta, self._window(rows[0][3], what), str(rows[0][2]))
+        return self._budget_of((table_id, None, rows[0][0], rows[0][1], rows[0][3], rows[0][2]))
 
     def _units(self, tx: _Tx) -> list[Budget]:
-        out = []
-        for unit, patterns, eps, delta, window, updated in tx.execute(
-                "SELECT unit, patterns, epsilon, delta, time_window, updated_at FROM sparkpriv_units ORDER BY unit"):
-            what = f"privacy unit '{_printable(unit)[:256]}'"
-            epsilon, delta = _budget_values(self.url, what, eps, delta)
-            try:
-                pats = parse_patterns(json.loads(patterns), "the ledger")
-            except (TypeError, ValueError, RecursionError, ParameterError):
-                raise LedgerError(f"The budget of {what} in ledger {self.url} is corrupt: its tables are not a list "
-                                  "of table-id patterns. No release is admitted until it is set again "
-                                  "(`sparkpriv ledger set-budget --unit ... --tables ...`).") from None
-            out.append(Budget("unit", str(unit), pats, epsilon, delta, self._window(window, what), str(updated)))
-        return out
+        return [self._unit_of(r) for r in tx.execute(
+            "SELECT unit, patterns, epsilon, delta, time_window, updated_at FROM sparkpriv_units ORDER BY unit")]
+
+    def _unit_of(self, row: tuple) -> Budget:
+        unit, patterns, eps, delta, window, updated = row
+        what = f"privacy unit '{_printable(unit)[:256]}'"
+        epsilon, delta = _budget_values(self.url, what, eps, delta)
+        try:
+            pats = parse_patterns(json.loads(patterns), "the ledger")
+        except (TypeError, ValueError, RecursionError, ParameterError):
+            raise LedgerError(f"The budget of {what} in ledger {self.url} is corrupt: its tables are not a list "
+                              "of table-id patterns. No release is admitted until it is set again "
+                              "(`sparkpriv ledger set-budget --unit ... --tables ...`).") from None
+        return Budget("unit", str(unit), pats, epsilon, delta, self._window(window, what), str(updated))
+
+    def _budget_of(self, row: tuple) -> Budget:
+        table_id, _, eps, delta, window, updated = row
+        what = f"table '{table_id}'"
+        epsilon, delta = _budget_values(self.url, what, eps, delta)
+        return Budget("table", table_id, (table_id,), epsilon, delta, self._window(window, what), str(updated))
 
     def _window(self, spec: Any, what: str) -> Window:
         try:
@@ -933,8 +952,18 @@ class Ledger(abc.ABC):
                               "again (`sparkpriv ledger set-budget ... --window`).") from None
 
     def _covering(self, tx: _Tx, table_id: str, *, lock: bool) -> list[Budget]:
-        own = self._table_budget(tx, table_id, lock=lock)
-        return ([own] if own is not None else []) + [u for u in self._units(tx) if u.covers(table_id)]
+        """The table's own budget and the units covering it, in one query.
+
+        ``lock`` is for the reader's information: a write transaction holds the
+        journal's lock (:meth:`_chain_start`), which every change of a budget,
+        a unit or an entry takes first, so nothing it reads can change under it.
+        """
+        rows = tx.execute(
+            "SELECT 0, table_id, NULL, epsilon, delta, time_window, updated_at FROM sparkpriv_budgets "
+            "WHERE table_id = ? UNION ALL SELECT 1, unit, patterns, epsilon, delta, time_window, updated_at FROM sparkpriv_units "
+            "ORDER BY 1, 2", (table_id,))
+        own = [self._budget_of(r[1:]) for r in rows if r[0] == 0]
+        return own + [u for u in (self._unit_of(r[1:]) for r in rows if r[0] == 1) if u.covers(table_id)]
 
     def _covered_sql(self, budget: Budget) -> tuple[str, list]:
         """A WHERE clause matching (at least) the entries of the tables ``budget`` covers."""
@@ -947,8 +976,8 @@ class Ledger(abc.ABC):
         """``[(budget, [(id, events, state, table_id, created_at), ...] by id), ...]`` for every budget covering
         ``table_id``: the counted entries it covers in its window containing ``at``.
 
-        With ``lock``, the table's budget row is locked first (``FOR UPDATE`` on
-        PostgreSQL; SQLite's write transaction already holds the database lock).
+        With ``lock``, the caller holds the journal's lock (every write takes it
+        first: nothing read here can change until the transaction ends).
         With ``ids_only`` each budget is its ``key`` and its entries their ids
         (the check under the lock: the ledger never changes a stored entry's
         events or time, only its state).

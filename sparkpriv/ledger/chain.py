@@ -186,7 +186,8 @@ class VerifyReport:
     def to_dict(self) -> dict:
         return {"ok": self.ok, "records": self.records, "head": self.head, "head_at": self.head_at,
                 "keyed_from": self.keyed_from, "key_id": self.key_id, "key_checked": self.key_checked,
-                "pins_checked": self.pins_checked, "first_problem": None if self.first is None else self.first.to_dict(),
+                "pins_checked": self.pins_checked,
+                "first_problem": None if self.first is None else self.first.to_dict(),
                 "problems": [p.to_dict() for p in self.problems], "notes": list(self.notes)}
 
 

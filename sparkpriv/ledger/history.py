@@ -50,7 +50,8 @@ def what(r: dict) -> str:
     if kind == "refuse":
         return str(r.get("reason") or "").splitlines()[0][:300]
     if kind == "upgrade":
-        return f"upgraded from schema version {r.get('from')}: {r.get('budgets')} budget(s), {r.get('releases')} entries"
+        return (f"upgraded from schema version {r.get('from')}: {r.get('budgets')} budget(s), "
+                f"{r.get('releases')} entries")
     if kind == "key":
         return f"journal keyed with key {r.get('key_id')} from here on"
     return ""

@@ -50,13 +50,27 @@ def _import_psycopg():
 
 
 class _PostgresTx:
-    def __init__(self, cursor):
-        self._cursor = cursor
+    def __init__(self, conn, pipelined: bool):
+        self._conn = conn
+        self._pipelined = pipelined
+        self._cursor = conn.cursor()
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
         # The shared SQL uses '?' placeholders and contains no literal '?' or '%'.
+        if self._pipelined:
+            # In pipeline mode a statement's result is read (one round trip for everything queued before
+            # it) only when it has rows: the shared SQL returns rows from SELECT statements only (no
+            # RETURNING). A cursor of its own: a cursor that already holds a result does not wait for
+            # the next one.
+            cursor = self._conn.cursor()
+            cursor.execute(sql.replace("?", "%s"), tuple(params))
+            return cursor.fetchall() if sql.lstrip()[:6].upper() == "SELECT" else []
         self._cursor.execute(sql.replace("?", "%s"), tuple(params))
         return self._cursor.fetchall() if self._cursor.description is not None else []
+
+    def send(self, sql: str, params: Sequence[Any] = ()) -> None:
+        """A statement whose result is not needed: queued, sent with the next one that is read."""
+        self._cursor.execute(sql.replace("?", "%s"), tuple(params))
 
 
 class PostgresLedger(Ledger):
@@ -67,6 +81,7 @@ class PostgresLedger(Ledger):
     def __init__(self, url: str, *, read_only: bool = False, key_file: str | None = None, upgrade: bool = False):
         super().__init__(url, read_only=read_only, key_file=key_file, upgrade=upgrade)
         self._psycopg = _import_psycopg()
+        self._pipeline = bool(self._psycopg.Pipeline.is_supported())
         try:
             self._conn = self._psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
             self._conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT_S}s'")
@@ -89,8 +104,10 @@ class PostgresLedger(Ledger):
         tx.execute("SELECT pg_advisory_xact_lock(?)", (_SCHEMA_LOCK_KEY,))
 
     def _lock_chain(self, tx: _PostgresTx) -> None:
-        # every append to the journal reads its head and writes the next record: one at a time
-        tx.execute("SELECT pg_advisory_xact_lock(?)", (_CHAIN_LOCK_KEY,))
+        # Every append to the journal reads its head and writes the next record: one at a time. Queued
+        # with the head's query (one round trip): under READ COMMITTED that query takes its snapshot
+        # once the lock is granted, so it sees the last committed record.
+        tx.send("SELECT pg_advisory_xact_lock(?)", (_CHAIN_LOCK_KEY,))
 
     def _has_table(self, tx: _PostgresTx, name: str) -> bool:
         return tx.execute("SELECT to_regclass(?)", (name,))[0][0] is not None
@@ -98,12 +115,17 @@ class PostgresLedger(Ledger):
     @contextlib.contextmanager
     def _transaction(self, *, write: bool) -> Iterator[_PostgresTx]:
         try:
-            with self._conn.transaction():
-                cursor = self._conn.cursor()
-                # Never the server's default: see the module docstring.
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE" if write else
-                               "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                yield _PostgresTx(cursor)
+            # Never the server's default (see the module docstring): BEGIN names the level and the access
+            level = self._psycopg.IsolationLevel.READ_COMMITTED if write else \
+                self._psycopg.IsolationLevel.REPEATABLE_READ
+            if self._conn.isolation_level != level:
+                self._conn.isolation_level = level
+            if self._conn.read_only is not (not write):
+                self._conn.read_only = not write
+            # pipeline mode: statements whose result is not read (BEGIN, the lock, the inserts, COMMIT)
+            # travel with the next one that is, so a reservation costs a few round trips
+            with (self._conn.pipeline() if self._pipeline else contextlib.nullcontext()), self._conn.transaction():
+                yield _PostgresTx(self._conn, self._pipeline)
         except self._psycopg.Error as exc:
             if getattr(exc, "sqlstate", None) in _TRANSIENT:
                 raise TransientLedgerError(

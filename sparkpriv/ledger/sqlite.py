@@ -38,6 +38,9 @@ class _SQLiteTx:
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
         return self._conn.execute(sql, tuple(params)).fetchall()
 
+    def send(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self._conn.execute(sql, tuple(params))
+
 
 class SQLiteLedger(Ledger):
     """A ledger in the SQLite file ``path`` (created with its parent directories)."""
