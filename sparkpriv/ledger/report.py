@@ -199,7 +199,7 @@ def _window_points(status, now: datetime) -> list:
     if window.kind != "lifetime":
         evals.append((max(now, times[-1]), None))
     evals.sort(key=lambda p: (p[0], p[1] is None))
-    evals = evals[-MAX_COMPOSED_POINTS:]
+    evals = evals[-MAX_COMPOSED_POINTS:]  # the latest changes (the chart says so when some are left out)
     points = []
     for at, entry_id in evals:
         start = window.start(at)
@@ -856,6 +856,7 @@ def _window_chart(cid: str, s, points: list) -> str:
         x, y = xpos(_parse_time(p.at)), ypos(p.epsilon)
         line += [(x, prev), (x, y)]
         prev = y
+    counted = sum(1 for e in s.entries if e["state"] in COUNTED_STATES)
     out.append(f'<polyline class="spend-line window-line" fill="none" stroke="{SPEND_COLOUR}" stroke-width="3" '
                f'points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in line)}"/>')
     for p in spends:
@@ -868,4 +869,7 @@ def _window_chart(cid: str, s, points: list) -> str:
     out.append(f'<line x1="{x0}" y1="{ly}" x2="{x0 + 22}" y2="{ly}" stroke="{SPEND_COLOUR}" stroke-width="3"/>'
                f'<text x="{x0 + 28}" y="{ly + 4}">composed spend of the window ending at each moment (counted '
                "releases)</text></svg>")
+    if len(spends) < counted:
+        out.append(f'<p class="note thinned">{counted} counted releases: the chart shows the window\'s spend at the '
+                   f"last {len(points)} moments it changed.</p>")
     return "\n".join(out)

@@ -13,7 +13,8 @@ process on a fresh ledger: it sets a budget, makes 5 warm-up cycles, then
 times ``--cycles`` cycles of ``reserve`` (a Gaussian release with a distinct
 noise multiplier) followed by ``commit``, through the public API only (so
 that both versions run the same calls). Prints every repeat's cycles per
-second, then per backend the median of each version and their ratio.
+second (and, for a version with a journal, how long ``Ledger.verify`` then
+took on it), then per backend the median of each version and their ratio.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 CYCLES = r"""
-import sys, time
+import os, sys, time
 from dp_accounting import dp_event as ev
+import sparkpriv
 from sparkpriv.ledger import open_ledger
-url, n = sys.argv[1], int(sys.argv[2])
+url, n, tree = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+assert os.path.dirname(os.path.dirname(os.path.abspath(sparkpriv.__file__))) == os.path.abspath(tree), sparkpriv.__file__
 with open_ledger(url) as ledger:
     ledger.set_budget("bench.t", epsilon=1e6, delta=1e-6)
     def cycle(i):
@@ -46,7 +49,13 @@ with open_ledger(url) as ledger:
     t0 = time.perf_counter()
     for i in range(5, 5 + n):
         cycle(i)
-    print(n / (time.perf_counter() - t0))
+    rate = n / (time.perf_counter() - t0)
+    verify = getattr(ledger, "verify", None)  # this version's journal: how long checking it takes
+    if verify is not None:
+        t0 = time.perf_counter()
+        report = verify()
+        print("verify", report.records, report.ok, time.perf_counter() - t0)
+    print(rate)
 """
 
 
@@ -56,14 +65,19 @@ def extract(ref: str, into: str) -> str:
     return into
 
 
-def rate(tree: str, url: str, cycles: int) -> float:
+def rate(tree: str, url: str, cycles: int, workdir: str) -> tuple[float, str]:
     env = dict(os.environ, PYTHONPATH=tree)
     env.pop("SPARKPRIV_LEDGER_KEY_FILE", None)
-    r = subprocess.run([sys.executable, "-c", CYCLES, url, str(cycles)], env=env, capture_output=True, text=True,
-                       timeout=1800)
+    # -P and a neutral working directory: `python -c` would otherwise import the sparkpriv of the current
+    # directory before the one on PYTHONPATH
+    r = subprocess.run([sys.executable, "-P", "-c", CYCLES, url, str(cycles), tree], env=env, cwd=workdir,
+                       capture_output=True, text=True, timeout=3600)
     if r.returncode != 0:
         raise SystemExit(f"the benchmark process failed:\n{r.stderr[-3000:]}")
-    return float(r.stdout.strip().splitlines()[-1])
+    lines = r.stdout.strip().splitlines()
+    verify = [line.split() for line in lines if line.startswith("verify ")]
+    note = f"  verify: {verify[0][1]} records in {float(verify[0][3]):.3f} s, ok={verify[0][2]}" if verify else ""
+    return float(lines[-1]), note
 
 
 def start_postgres(base: str) -> tuple[str, str]:
@@ -130,10 +144,10 @@ def main() -> None:
                 for version in order:
                     url = (f"sqlite:///{tempfile.mkdtemp(dir=work)}/ledger.sqlite" if backend == "sqlite"
                            else fresh_schema(pg))
-                    r = rate(trees[version], url, args.cycles)
+                    r, note = rate(trees[version], url, args.cycles, work)
                     results[(backend, version)].append(r)
                     print(f"repeat {rep + 1}  {backend:8s}  {version:6s}  {r:7.1f} /s  (load average "
-                          f"{os.getloadavg()[0]:.1f})", flush=True)
+                          f"{os.getloadavg()[0]:.1f}){note}", flush=True)
         for backend in backends:
             b, a = (statistics.median(results[(backend, v)]) for v in ("before", "after"))
             print(f"{backend:8s}  before median {b:7.1f} /s  after median {a:7.1f} /s  after / before {a / b:.3f}  "
