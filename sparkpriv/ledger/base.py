@@ -973,8 +973,9 @@ class Ledger(abc.ABC):
                 [pattern_sql(p) for p in budget.patterns])
 
     def _history(self, tx: _Tx, table_id: str, at: datetime, *, lock: bool, ids_only: bool = False):
-        """``[(budget, [(id, events, state, table_id, created_at), ...] by id), ...]`` for every budget covering
-        ``table_id``: the counted entries it covers in its window containing ``at``.
+        """``[(budget, [(id, table_id, events, state, created_at), ...] by id), ...]`` for every budget covering
+        ``table_id``: the counted entries it covers in its window containing ``at`` (``table_id`` None for a
+        table's own budget, ``created_at`` None unless its window is rolling).
 
         With ``lock``, the caller holds the journal's lock (every write takes it
         first: nothing read here can change until the transaction ends).
@@ -992,17 +993,22 @@ class Ledger(abc.ABC):
             if start is not None:
                 where += " AND created_at >= ?"
                 params.append(format_time(start))
-            cols = "id, table_id" if ids_only else "id, table_id, events, state, created_at"
-            rows = [r for r in tx.execute(f"SELECT {cols} FROM sparkpriv_releases WHERE {_COUNTED_SQL} AND {where} "
-                                          "ORDER BY id", params) if b.covers(r[1])]
-            out.append((b.key, [r[0] for r in rows]) if ids_only else (b, [tuple(r) for r in rows]))
+            # a table's own budget needs no table ids; only a rolling window's refusal states the oldest time
+            table = "table_id" if b.kind == "unit" else "NULL"
+            cols = f"id, {table}" if ids_only else \
+                f"id, {table}, events, state, {'created_at' if b.window.kind == 'rolling' else 'NULL'}"
+            rows = tx.execute(f"SELECT {cols} FROM sparkpriv_releases WHERE {_COUNTED_SQL} AND {where} ORDER BY id",
+                              params)
+            if b.kind == "unit":  # LIKE matched a superset (SQLite's ignores case): the patterns decide
+                rows = [r for r in rows if b.covers(r[1])]
+            out.append((b.key, [r[0] for r in rows]) if ids_only else (b, rows))
         return out
 
     def _verdict(self, table_id: str, history, own_spend: Spend, at: datetime) -> list[BudgetSpend]:
         """Every covering budget's figures with this release, or BudgetExceededError for the first it exceeds."""
         out = []
         for budget, rows in history:
-            spent = Spend.total(self._stored(r[1], r[0], r[2]).spend for r in rows)
+            spent = Spend.total(self._stored(r[1] or budget.name, r[0], r[2]).spend for r in rows)
             before = spent.epsilon(budget.delta)
             own = own_spend.epsilon(budget.delta)
             # One figure (Spend.figure) is admitted by and stated: no tolerance; an exact sum of
@@ -1012,7 +1018,7 @@ class Ledger(abc.ABC):
             within = exact <= Fraction(budget.epsilon) if exact is not None else after <= budget.epsilon
             if not within:
                 pending = sum(1 for r in rows if r[3] == "reserved")
-                oldest = min((r[4] for r in rows), default=None)
+                oldest = min((r[4] for r in rows if r[4] is not None), default=None)
                 raise BudgetExceededError(_refusal_message(
                     self.url, table_id, budget, before, own, after, len(rows), pending, at, oldest))
             start = budget.window.start(at)
