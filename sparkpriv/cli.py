@@ -213,16 +213,19 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             p.set_defaults(_bench_module=mod_name)
 
     led_parser = sub.add_parser("ledger", help="privacy-budget ledger")
-    if not wanted("ledger"):  # the ledger's modules import dp_accounting (numpy, scipy)
+    rec_parser = sub.add_parser("receipt", help="privacy receipts: check one against the ledger")
+    if not (wanted("ledger") or wanted("receipt")):  # the ledger's modules import dp_accounting (numpy, scipy)
         return parser
     try:
-        from sparkpriv.ledger.cli import add_ledger_subparsers
+        from sparkpriv.ledger.cli import add_ledger_subparsers, add_receipt_subparsers
     except ImportError:  # pragma: no cover - ledger always ships
         add_ledger_subparsers = None
     if add_ledger_subparsers is not None:
         led = led_parser.add_subparsers(dest="ledger_command", required=True, parser_class=_ArgParser)
         add_ledger_subparsers(led)
-        for p in led.choices.values():
+        rec = rec_parser.add_subparsers(dest="receipt_command", required=True, parser_class=_ArgParser)
+        add_receipt_subparsers(rec)
+        for p in [*led.choices.values(), *rec.choices.values()]:
             if not any(a.dest == "config" for a in p._actions):
                 p.add_argument("--config", help="TOML file with the same options (command line wins)")
             if not any(a.dest == "log_level" for a in p._actions):

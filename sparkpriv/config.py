@@ -71,6 +71,8 @@ COMMON_OPTIONS = (
     Option("ledger", "str", "budget ledger URL: sqlite:///path or postgresql://... "
            "(default: $SPARKPRIV_LEDGER or ~/.sparkpriv/ledger.sqlite)"),
     Option("table_id", "str", "logical id of the source table in the ledger, e.g. cdr.daily_towers"),
+    Option("job_id", "str", "id of this run, recorded in its ledger entry (default: $SPARKPRIV_JOB_ID, or the "
+           "scheduler's: Airflow's dag/run/task, the Spark application id)"),
     Option("owner_report", "str", "write data-owner diagnostics (NOT private) to this local JSON file"),
 )
 

@@ -66,6 +66,7 @@ class BudgetHold:
             "budget": {"epsilon": r.budget_epsilon, "delta": r.budget_delta},
             "spent_before": r.epsilon_spent_before,
             "spent_after": r.epsilon_spent_after,
+            "chain_head": getattr(r, "chain_head", None),  # pins the ledger's journal (`ledger verify --pin`)
         }
 
     def commit(self, output_path: str, summary: dict) -> None:

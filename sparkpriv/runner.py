@@ -204,7 +204,7 @@ def check_budget_exists(ledger_url: str | None, table_id: str | None) -> None:
     except Exception:
         return  # a ledger that cannot be read here: the reservation says why
     with led:
-        if table_id not in led.tables():
+        if not led.budgets_for(table_id):  # neither its own budget nor a privacy unit's
             raise BudgetExceededError(_no_budget_message(getattr(led, "public_url", None) or str(url), table_id))
 
 
@@ -347,15 +347,18 @@ def run_release(cfg: ReleaseConfig, spark=None, on_step=None) -> RunResult:
                         cfg.get("target"), cfg.get("person_col"), cfg.get("item_col")) if c]
     df = read_table(spark, cfg.get("input"), cfg.get("input_format"), null_value=cfg.get("null_value"),
                     reader=reader, columns=used)
-    release = spec.release(df, cfg, cfg.get("input"), **({"on_step": on_step} if spec.precheck else {}))
-    entry = release.hold.reservation.id if release.hold.reservation is not None else None
-    try:
-        out = release.write(cfg.get("output"), overwrite=bool(cfg.get("overwrite")), writer=cfg.get("writer"),
-                            owner_report=cfg.get("owner_report"))
-    except BaseException as exc:
-        # the job ends here: its computed (or partly computed) table is charged, never given back
-        release.abandon(f"publishing failed: {type(exc).__name__}")
-        raise
+    from sparkpriv.ledger.checks import job_context
+
+    with job_context(cfg.get("job_id")):  # recorded in the ledger entry (reserve and commit)
+        release = spec.release(df, cfg, cfg.get("input"), **({"on_step": on_step} if spec.precheck else {}))
+        entry = release.hold.reservation.id if release.hold.reservation is not None else None
+        try:
+            out = release.write(cfg.get("output"), overwrite=bool(cfg.get("overwrite")), writer=cfg.get("writer"),
+                                owner_report=cfg.get("owner_report"))
+        except BaseException as exc:
+            # the job ends here: its computed (or partly computed) table is charged, never given back
+            release.abandon(f"publishing failed: {type(exc).__name__}")
+            raise
     return RunResult(output=out, receipt_path=f"{out}/{RECEIPT_FILE}", epsilon=release.epsilon,
                      delta=release.delta, ledger_entry=entry, notes=public_notes(release.public))
 

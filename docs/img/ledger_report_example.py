@@ -2,9 +2,11 @@
 
     python docs/img/ledger_report_example.py /tmp/example     # needs chromium for the screenshot
 
-A fresh SQLite ledger with two tables and a fortnight of nightly releases (the
-ledger's clock is set back for the example), its report, and a PNG of the
-report's first table as headless Chromium renders it.
+A fresh SQLite ledger with two tables, a privacy unit with a 7-day window over
+the CDR tables, and a fortnight of nightly releases (the ledger's clock is set
+back for the example), its report, and a PNG of the report's top (the
+journal's verdict, the summaries and the unit's window chart) as headless
+Chromium renders it.
 """
 
 import subprocess
@@ -23,7 +25,7 @@ out.mkdir(parents=True, exist_ok=True)
 (out / "ledger.sqlite").unlink(missing_ok=True)
 url = f"sqlite:///{out.resolve()}/ledger.sqlite"
 clock = [datetime(2026, 11, 9, 1, 0, tzinfo=timezone.utc)]
-base._now = lambda: clock[0].isoformat(timespec="microseconds")  # the example's clock
+base._clock = lambda: clock[0]  # the example's clock
 
 
 def at(day: int, hour: int, minute: int = 0) -> None:
@@ -34,6 +36,8 @@ with open_ledger(url) as ledger:
     at(0, 9)
     ledger.set_budget("cdr.daily_towers", epsilon=3.0, delta=1e-6)
     ledger.set_budget("census/adult:v2", epsilon=1.0, delta=0.0)
+    ledger.set_unit("subscribers", tables="cdr.*", epsilon=2.0, delta=1e-6, window="7d",
+                    reason="the same subscribers in every CDR table: DPIA 2026-17")
     for night in range(1, 12):
         at(night, 2, 5)
         mech = "kmeans" if night % 4 == 0 else "projection"
@@ -56,11 +60,12 @@ with open_ledger(url) as ledger:
         ledger.commit(r.id, receipt_summary={"epsilon": eps, "delta": 0.0})
 
 report = out / "report.html"
-write_report(url, report, generated_at=datetime(2026, 11, 21, 8, 0, tzinfo=timezone.utc))
+at(12, 8)
+write_report(url, report, generated_at=clock[0])
 print(report)
 shot = out / "ledger-report.png"
 subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                "--force-device-scale-factor=1", "--window-size=1000,1080", f"--screenshot={shot.resolve()}",
+                "--force-device-scale-factor=1", "--window-size=1000,1200", f"--screenshot={shot.resolve()}",
                 report.resolve().as_uri()], check=True, capture_output=True)
 try:  # a small palette PNG for the repository
     from PIL import Image

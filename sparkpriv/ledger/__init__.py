@@ -29,10 +29,14 @@ from sparkpriv.ledger.base import (
     SCHEMA_VERSION,
     Ledger,
     Reservation,
+    BudgetSpend,
     TableStatus,
+    UnitStatus,
     default_ledger_url,
     redact_url,
 )
+from sparkpriv.ledger.chain import KEY_FILE_ENV, VerifyReport
+from sparkpriv.ledger.checks import JOB_ID_ENV, job_context
 
 __all__ = [
     "DEFAULT_LEDGER_ENV",
@@ -42,12 +46,20 @@ __all__ = [
     "Ledger",
     "Reservation",
     "TableStatus",
+    "UnitStatus",
+    "BudgetSpend",
+    "VerifyReport",
+    "KEY_FILE_ENV",
+    "JOB_ID_ENV",
     "default_ledger_url",
+    "job_context",
     "open_ledger",
+    "upgrade_ledger",
 ]
 
 
-def open_ledger(url: str | None = None, *, read_only: bool = False, add_to_existing: bool = False) -> Ledger:
+def open_ledger(url: str | None = None, *, read_only: bool = False, add_to_existing: bool = False,
+                key_file: str | None = None, _upgrade: bool = False) -> Ledger:
     """Open (creating its schema if needed) the ledger at ``url``.
 
     Parameters
@@ -62,6 +74,9 @@ def open_ledger(url: str | None = None, *, read_only: bool = False, add_to_exist
     add_to_existing : bool, default False
         Let a new ledger be created inside an SQLite database that already
         holds other tables (refused by default: it is usually a wrong URL).
+    key_file : str or None
+        A file holding the journal's key (HMAC; docs/ledger.md, "Tamper
+        evidence"); None means ``$SPARKPRIV_LEDGER_KEY_FILE``, else no key.
 
     Returns
     -------
@@ -85,12 +100,28 @@ def open_ledger(url: str | None = None, *, read_only: bool = False, add_to_exist
             raise LedgerError(f"The SQLite ledger URL {url!r} names no file; use sqlite:///path/to/ledger.sqlite.")
         from sparkpriv.ledger.sqlite import SQLiteLedger
 
-        return SQLiteLedger(url, os.path.expanduser(path), read_only=read_only, add_to_existing=add_to_existing)
+        return SQLiteLedger(url, os.path.expanduser(path), read_only=read_only, add_to_existing=add_to_existing,
+                            key_file=key_file, upgrade=_upgrade)
     if url.startswith(("postgresql://", "postgres://")):
         from sparkpriv.ledger.postgres import PostgresLedger
 
-        return PostgresLedger(url, read_only=read_only)
+        return PostgresLedger(url, read_only=read_only, key_file=key_file, upgrade=_upgrade)
     raise LedgerError(
         f"Unsupported ledger URL {redact_url(url)!r}: use sqlite:///path/to/ledger.sqlite "
         "(sqlite:////abs/path for an absolute path) or postgresql://user@host:port/database."
     )
+
+
+def upgrade_ledger(url: str | None = None, *, key_file: str | None = None) -> str:
+    """Upgrade a ledger of schema version 1 to this version's, in one transaction; says what it did.
+
+    Back the ledger up and stop its writers first: afterwards sparkpriv
+    versions that write version 1 refuse it. What the ledger held (budgets and
+    entries, as found) becomes the first records of its journal. A ledger that
+    is already current is left as it is.
+    """
+    with open_ledger(url, key_file=key_file, _upgrade=True) as ledger:
+        change = ledger.schema_change
+        return (f"Ledger {ledger.url}: {change}." if change and change.startswith("upgraded") else
+                f"Ledger {ledger.url} is already at schema version {SCHEMA_VERSION}; nothing to do."
+                if change is None else f"Ledger {ledger.url}: {change} at schema version {SCHEMA_VERSION}.")

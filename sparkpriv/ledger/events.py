@@ -218,7 +218,41 @@ class Spend:
     def empty(self) -> bool:
         return not (self.gaussians or self.laplace or self.discrete or self.nonprivate or self.sampled)
 
+    def figure(self, delta: float) -> tuple[float, Fraction | None]:
+        """The ledger's one figure for this spend at ``delta``: ``(epsilon, exact)``.
+
+        ``epsilon`` is what the ledger states and compares with a budget;
+        ``exact`` is the same figure as a :class:`fractions.Fraction` when it is
+        the exact sum of pure epsilons (then the budget comparison is made on
+        it, without rounding), else None. The rule (docs/ledger.md, "The
+        composition rule"):
+
+        * nothing: 0; a non-private event, or an approximate-DP event at
+          ``delta = 0``: ``inf``;
+        * pure events only (Laplace, discrete Laplace) at ``delta = 0``: the
+          exact sum of their epsilons;
+        * pure events only at ``delta > 0``: the smaller of dp_accounting's PLD
+          epsilon at ``delta`` and the exact sum (both are valid bounds; when
+          the sum is the smaller, it is the figure, compared exactly);
+        * otherwise the composition (exact for Gaussian events only,
+          dp_accounting's PLD for a mix; see :meth:`_compose`).
+
+        ``epsilon`` never states less than ``exact`` (a float sum is rounded up).
+        """
+        exact = self.pure_epsilon_exact()
+        if exact is None or self.empty:
+            return self._compose(delta), (Fraction(0) if self.empty else None)
+        if delta > 0.0:
+            pld = self._compose(delta)  # min(PLD, the float sum of the pure epsilons)
+            if pld < math.fsum([n / b for b, n in self.laplace] + [n * a * s for (a, s), n in self.discrete]):
+                return pld, None
+        return _float_up(exact), exact
+
     def epsilon(self, delta: float) -> float:
+        """The epsilon the ledger states for this spend at ``delta``: ``figure(delta)[0]``."""
+        return self.figure(delta)[0]
+
+    def _compose(self, delta: float) -> float:
         """Epsilon at ``delta`` of the composition of every event in this spend.
 
         * nothing: 0; a non-private event: ``inf``; a Gaussian at ``delta = 0``: ``inf``;
@@ -227,6 +261,10 @@ class Spend:
         * otherwise dp_accounting's PLD epsilon (``sparkpriv.privacy.accounting.epsilon_of``,
           the exact sum for pure events at ``delta = 0``) of the equivalent Gaussian
           composed with the grouped Laplace events.
+
+        :meth:`figure` is what the ledger states and admits by; this is its
+        composition step (for pure events it may state less than the exact sum
+        by a rounding of the float sum; :meth:`figure` compares exactly).
         """
         if self.nonprivate:
             return math.inf
@@ -264,6 +302,12 @@ class Spend:
             return float(epsilon_of(compose(parts), delta))
         except dp_accounting.UnsupportedEventError as exc:  # pragma: no cover - classes are allow-listed
             raise ParameterError(f"dp_accounting's PLD accountant cannot account this event: {exc}") from exc
+
+
+def _float_up(x: Fraction) -> float:
+    """The smallest float not below ``x``."""
+    f = float(x)
+    return math.nextafter(f, math.inf) if Fraction(f) < x else f
 
 
 def _equivalent_multiplier(mu2: float) -> float:

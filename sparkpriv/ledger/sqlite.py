@@ -38,12 +38,16 @@ class _SQLiteTx:
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
         return self._conn.execute(sql, tuple(params)).fetchall()
 
+    def send(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self._conn.execute(sql, tuple(params))
+
 
 class SQLiteLedger(Ledger):
     """A ledger in the SQLite file ``path`` (created with its parent directories)."""
 
-    def __init__(self, url: str, path: str, *, read_only: bool = False, add_to_existing: bool = False):
-        super().__init__(url, read_only=read_only)
+    def __init__(self, url: str, path: str, *, read_only: bool = False, add_to_existing: bool = False,
+                 key_file: str | None = None, upgrade: bool = False):
+        super().__init__(url, read_only=read_only, key_file=key_file, upgrade=upgrade)
         self.path = path
         try:
             if read_only:

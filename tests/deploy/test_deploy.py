@@ -180,6 +180,10 @@ def test_dag_parses_and_defines_the_expected_tasks():
 @pytest.fixture
 def dag_module(monkeypatch):
     """Import the DAG file against a minimal stand-in ``airflow`` package (or the real one)."""
+    return _import_dag(monkeypatch, DAG_FILE)
+
+
+def _import_dag(monkeypatch, path):
     try:
         import airflow  # noqa: F401
 
@@ -221,7 +225,7 @@ def dag_module(monkeypatch):
         mods["airflow.operators.python"].PythonOperator = PythonOperator
         for name, mod in mods.items():
             monkeypatch.setitem(sys.modules, name, mod)
-    spec = importlib.util.spec_from_file_location("sparkpriv_nightly_dag", DAG_FILE)
+    spec = importlib.util.spec_from_file_location(f"dag_{path.stem}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -270,6 +274,112 @@ def test_jobs_release_exit_codes_match_the_dag():
               for t, v in zip(n.targets[0].elts if isinstance(n.targets[0], ast.Tuple) else [], n.value.elts)}
     assert ast.literal_eval(consts["EXIT_BUDGET_REFUSED"]) == BudgetExceededError.exit_code == EXIT_BUDGET_REFUSED
     assert ast.literal_eval(consts["EXIT_BAD_INPUT"]) == EXIT_BAD_INPUT == 2
+
+
+UNIT_DAG_FILE = DEPLOY / "airflow" / "sparkpriv_nightly_unit.py"
+
+
+def test_unit_dag_parses_and_defines_verify_release_and_receipt():
+    tree = ast.parse(UNIT_DAG_FILE.read_text(), filename=str(UNIT_DAG_FILE))
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    (dag,) = [c for c in calls if _call_name(c) == "DAG"]
+    assert ast.literal_eval(_kw(dag, "dag_id")) == "sparkpriv_nightly_unit"
+    assert ast.literal_eval(_kw(dag, "catchup")) is False
+    tasks = {ast.literal_eval(_kw(c, "task_id")): c for c in calls if _kw(c, "task_id") is not None}
+    assert set(tasks) == {"verify_ledger", "release", "check_receipt"}
+    op_kwargs = ast.literal_eval(_kw(tasks["release"], "op_kwargs"))
+    assert op_kwargs["table_id"] == "cdr.calls.{{ ds_nodash }}" and op_kwargs["job_id"] == "{{ run_id }}"
+    chain = [n for n in ast.walk(tree) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.RShift)]
+    assert ast.unparse(chain[0]) == "verify >> release >> receipt"
+
+
+def _unit_setup_command() -> list:
+    """The set-budget command of the README's section on the windowed unit, as its words."""
+    import shlex
+
+    text = (DEPLOY / "airflow" / "README.md").read_text()
+    section = text[text.index("## A nightly job on a windowed unit"):]
+    block = section[section.index("```") + 3:]
+    block = block[:block.index("```")].replace("\\\n", " ")
+    words = shlex.split(block)
+    assert words[:3] == ["sparkpriv", "ledger", "set-budget"]
+    return words[1:]
+
+
+def test_unit_dag_runs_its_tasks_against_a_real_ledger(monkeypatch, tmp_path):
+    """The README's unit, then the DAG's three tasks (a stand-in spark-submit that reserves and publishes like
+    jobs/release.py would): a night within the 30-day budget passes; a night over it is refused without
+    retries; a tampered ledger fails the verification, and a rewritten one fails on the pinned head."""
+    from sparkpriv.cli import main
+    from sparkpriv.ledger import open_ledger
+
+    mod = _import_dag(monkeypatch, UNIT_DAG_FILE)
+    from airflow.exceptions import AirflowException, AirflowFailException
+
+    url = f"sqlite:///{tmp_path}/ledger.sqlite"
+    assert main([*_unit_setup_command(), "--ledger", url]) == 0
+    with open_ledger(url) as ledger:
+        (unit,) = [ledger.unit_status(u) for u in ledger.units()]
+    assert (unit.unit, unit.patterns, unit.window, unit.budget_epsilon) == ("subscribers", ("cdr.*", "billing.*"),
+                                                                           "30d", 2.0)
+    cli = (sys.executable, "-m", "sparkpriv.cli")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    head = mod.verify_ledger(None, ledger_url=url, sparkpriv=cli)
+    assert head.startswith("2:sha256:")
+
+    # a stand-in spark-submit: a local release with the ledger of the environment, written to --output
+    submit = tmp_path / "spark-submit"
+    submit.write_text(f"""#!{sys.executable}
+import os, sys
+import numpy as np
+from sparkpriv.api import release_projection
+from sparkpriv.errors import BudgetExceededError
+from sparkpriv.ledger import job_context
+args = sys.argv[1:]
+value = lambda flag: args[args.index(flag) + 1]
+X = np.random.default_rng(1).uniform(-1, 1, size=(100, 3))
+with job_context(value("--job-id")):
+    try:
+        rel = release_projection(X, k=2, epsilon=float(os.environ["NIGHT_EPSILON"]), lower=-1.0, upper=1.0,
+                                 ledger=os.environ["SPARKPRIV_LEDGER"], table_id=value("--table-id"))
+    except BudgetExceededError:
+        sys.exit(3)
+    rel.write(value("--output"))
+""")
+    submit.chmod(submit.stat().st_mode | stat.S_IEXEC)
+
+    def night(day: str, epsilon: float) -> str:
+        monkeypatch.setenv("NIGHT_EPSILON", str(epsilon))
+        out = mod.run_release(str(tmp_path / day), f"cdr.calls.{day}", f"scheduled__{day}", config="/etc/n.toml",
+                              job="jobs/release.py", submit_args="", ledger_url=url, spark_submit=str(submit))
+        mod.check_receipt(out, ledger_url=url, sparkpriv=cli)
+        return out
+
+    night("20260501", 1.5)
+    with pytest.raises(AirflowFailException, match="budget refused"):  # 1.5 + 1.5 > 2 within 30 days
+        night("20260502", 1.5)
+    with open_ledger(url) as ledger:
+        (entry,) = ledger.unit_status("subscribers").entries
+        assert (entry["table_id"], entry["job_id"]) == ("cdr.calls.20260501", "scheduled__20260501")
+    head = mod.verify_ledger(head, ledger_url=url, sparkpriv=cli)  # pins the previous run's head
+
+    with open_ledger(url) as ledger:  # a freed spend: the journal shows it
+        with ledger._transaction(write=True) as tx:
+            tx.execute("UPDATE sparkpriv_releases SET state = 'aborted'")
+    with pytest.raises(AirflowFailException, match="journal is broken: the entry .* differs from what journal"):
+        mod.verify_ledger(head, ledger_url=url, sparkpriv=cli)
+    with pytest.raises(AirflowFailException, match="does not match the ledger"):
+        mod.check_receipt(str(tmp_path / "20260501"), ledger_url=url, sparkpriv=cli)
+    with open_ledger(url) as ledger:  # put back, then cut the journal's tail: only the pinned head shows it
+        with ledger._transaction(write=True) as tx:
+            tx.execute("UPDATE sparkpriv_releases SET state = 'committed'")
+            n = tx.execute("SELECT MAX(seq) FROM sparkpriv_journal")[0][0]
+            tx.execute("DELETE FROM sparkpriv_journal WHERE seq = ?", (n,))  # the refusal: no state to revert
+    assert mod.verify_ledger(None, ledger_url=url, sparkpriv=cli)
+    with pytest.raises(AirflowFailException, match="deleted from its end"):
+        mod.verify_ledger(head, ledger_url=url, sparkpriv=cli)
+    with pytest.raises(AirflowException):
+        mod.verify_ledger(None, ledger_url=f"sqlite:///{tmp_path}/missing.sqlite", sparkpriv=cli)
 
 
 # --------------------------------------------------------------------------- standalone

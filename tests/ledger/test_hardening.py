@@ -212,7 +212,7 @@ def test_show_escapes_what_it_displays(ledger_url, capsys):
     assert not any("forged-id" in line and res.id not in line for line in lines)  # no fake row
     (row,) = [line for line in lines if res.id in line]
     assert "/out\\n  forged-id" in row and "m\\r\\x1b[2J" in row
-    assert len(lines) == 8  # "Ledger ...", blank, 4 lines of budget, the header and the one row
+    assert len(lines) == 9  # "Ledger ...", "Journal head ...", blank, 4 lines of budget, the header and the row
 
 
 # -- SQLite: foreign databases and read-only opening --------------------------------------------

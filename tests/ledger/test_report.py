@@ -22,7 +22,7 @@ from dp_accounting import dp_event as ev
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from sparkpriv.errors import LedgerError
+from sparkpriv.errors import BudgetExceededError, LedgerError
 from sparkpriv.ledger import open_ledger
 from sparkpriv.ledger.report import render_report, write_report
 from tests.ledger.test_ledger import cli, run_python
@@ -437,3 +437,115 @@ def test_real_command_line(tmp_path):
     assert [float(c["attrs"]["data-epsilon"]) for c in page.find("circle", class_="spend-point")] == [0.25]
     left = set(os.listdir(tmp_path)) - {"ledger.sqlite", "ledger.sqlite-shm", "ledger.sqlite-wal", "r.html"}
     assert left == set()  # no temporary file, no spark-warehouse: the report needs no Spark
+
+
+# -- units, windows, the journal and the history ------------------------------------------------
+
+UNIT_DAYS = 7
+#: (day, table, epsilon, fate) of a week-windowed unit over cdr.*; epsilons exact in binary
+UNIT_SCHEDULE = ((0, "cdr.calls", 0.5, "commit"), (2, "cdr.sms", 0.25, "commit"), (5, "cdr.calls", 0.5, "abort"),
+                 (8, "cdr.sms", 0.5, "commit"), (9, "cdr.calls", 1.0, "reserve"), (9.5, "cdr.sms", 1.0, "refused"))
+
+
+def make_unit_ledger(url: str, monkeypatch) -> dict:
+    """A privacy unit with a 7-day window and a table with a monthly one, on a replaced clock."""
+    from datetime import timedelta
+
+    import sparkpriv.ledger.base as ledger_base
+
+    start = datetime(2026, 3, 1, 6, tzinfo=timezone.utc)
+    now = [start]
+    monkeypatch.setattr(ledger_base, "_clock", lambda: now[0])
+    ids = {}
+    with open_ledger(url) as ledger:
+        ledger.set_unit("subscribers", tables="cdr.*", epsilon=2.0, delta=0.0, window=f"{UNIT_DAYS}d",
+                        reason="the same subscribers <b>")
+        ledger.set_budget("cdr.calls", epsilon=1.75, delta=0.0, window="month", reason="policy 12")
+        for day, table, eps, fate in UNIT_SCHEDULE:
+            now[0] = start + timedelta(days=day)
+            if fate == "refused":
+                with pytest.raises(BudgetExceededError):
+                    ledger.reserve(table, event=ev.LaplaceDpEvent(1 / eps), mechanism="m", parameters={},
+                                   output_path="/o")
+                continue
+            r = ledger.reserve(table, event=ev.LaplaceDpEvent(1 / eps), mechanism="m", parameters={},
+                               output_path=f"/o/{day}")
+            ids[day] = r.id
+            if fate == "commit":
+                ledger.commit(r.id)
+            elif fate == "abort":
+                ledger.abort(r.id, reason="executor lost")
+        now[0] = start + timedelta(days=10)
+    counted = [(start + timedelta(days=d), eps) for d, _, eps, fate in UNIT_SCHEDULE if fate in ("commit", "reserve")]
+    # the reference: the spend of the 7 days up to each counted release's time (exact sums)
+    window = [sum(e for u, e in counted if t - timedelta(days=UNIT_DAYS) < u <= t) for t, _ in counted]
+    return {"ids": ids, "window": window, "now": now[0], "start": start}
+
+
+def test_report_shows_units_windows_the_journal_and_the_history(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path}/ledger.sqlite"
+    expected = make_unit_ledger(url, monkeypatch)
+    assert expected["window"] == [0.5, 0.75, 0.75, 1.5]  # the spend of day 2 leaves the window on day 9
+    with open_ledger(url, read_only=True) as ledger:
+        text, tables, _ = render_report(ledger)
+        head = ledger.head()
+    page = Page(text)
+    (verdict,) = page.find("p", class_="verdict")
+    assert verdict["attrs"]["data-chain"] == "ok" and Page.text(verdict).startswith("Intact.")
+    assert [Page.text(el) for el in page.find(id="journal-head")] == [head]
+    (unit_row,) = page.find("tr", data_unit="subscribers")
+    assert [Page.text(td) for td in unit_row_cells(page, unit_row)][1:3] == ["cdr.*", "per 7 days"]
+    (unit,) = page.find("section", class_="ledger-unit")
+    sec = section_of(page, unit)
+    figures = {el["attrs"]["data-figure"]: Page.text(el) for el in sec.find(tag="div") if "data-figure" in el["attrs"]}
+    assert figures["budget"] == "ε = 2, δ = 0, per 7 days"
+    assert figures["spent"] == "ε = 1.5"  # day 8 and day 9, at day 10
+    (chart,) = sec.find("svg", class_="window-chart")
+    points = sec.find("circle", class_="window-point")
+    assert [float(p["attrs"]["data-epsilon"]) for p in points] == expected["window"]
+    (line,) = sec.find("polyline", class_="spend-line")
+    xy = [tuple(map(float, p.split(","))) for p in line["attrs"]["points"].split()]
+    assert [x for x, _ in xy] == sorted(x for x, _ in xy)  # time runs left to right
+    assert max(y for _, y in xy) > min(y for _, y in xy)
+    ys = [y for _, y in xy]
+    assert any(b > a for a, b in zip(ys, ys[1:])), "the window's spend goes down when spends leave it"
+    assert {Page.text(td) for td in sec.find("td", class_="path")} >= {"cdr.calls", "cdr.sms"}
+    # the table with a monthly window: its own chart of the month's spend
+    (calls,) = [t for t in tables if t.status.table_id == "cdr.calls"]
+    tsec = page.section("cdr.calls")
+    assert [float(p["attrs"]["data-epsilon"]) for p in tsec.find("circle", class_="window-point")] == [0.5, 1.5]
+    assert "privacy unit(s) subscribers" in Page.text(tsec.find("p", class_="covers")[0])
+    # the history: budget changes with who and why, the abort, the refusal; stored text escaped
+    records = {el["attrs"]["data-kind"]: el for el in page.find("tr", class_="record")}
+    assert set(records) == {"genesis", "unit", "budget", "abort", "refuse"}
+    assert "the same subscribers <b>" in Page.text(records["unit"]) and not page.find("b")
+    assert "executor lost" in Page.text(records["abort"])
+    assert "it would exceed the privacy budget of privacy unit 'subscribers'" in Page.text(records["refuse"])
+    # a tampered ledger: the page says so, naming the first broken record
+    with open_ledger(url) as ledger:
+        raw = ledger._transaction(write=True)
+        with raw as tx:
+            tx.execute("UPDATE sparkpriv_releases SET state = 'aborted' WHERE id = ?", (expected["ids"][8],))
+        text, _, _ = render_report(ledger)
+    (verdict,) = Page(text).find("p", class_="verdict")
+    assert verdict["attrs"]["data-chain"] == "broken" and "differs from what journal record" in Page.text(verdict)
+
+
+def unit_row_cells(page: Page, row: dict) -> list:
+    start = page.elements.index(row)
+    cells = []
+    for el in page.elements[start + 1:]:
+        if el["tag"] == "tr":
+            break
+        if el["tag"] == "td":
+            cells.append(el)
+    return cells
+
+
+def section_of(page: Page, section: dict) -> Page:
+    start = page.elements.index(section)
+    end = next((i for i in range(start + 1, len(page.elements)) if page.elements[i]["tag"] == "section"),
+               len(page.elements))
+    sub = Page("")
+    sub.elements = page.elements[start:end]
+    return sub

@@ -8,6 +8,9 @@ line and budget line must actually be painted: the pixels of their colours
 must cover about as much as the drawn segments (with the spend line's stroke
 removed from the page, the test fails).
 
+A second page, with a privacy unit and windowed budgets, must show the
+journal's verdict, the units and their window charts, painted.
+
 The browser: ``$SPARKPRIV_CHROMIUM``, else ``chromium`` / ``chromium-browser`` /
 ``google-chrome`` on PATH. When none is found and we are root with apt-get,
 the fixture runs ``.ci/chromium.sh`` (Debian's ``chromium`` package). Still
@@ -122,3 +125,33 @@ def test_report_renders_in_chromium(chromium, ledger_url, tmp_path):
     assert _pixels_of(image, COUNTED_COLOUR) >= 20
 
     assert {GAUSS_TABLE, LAPLACE_TABLE} <= {el["attrs"].get("data-table-id") for el in page.find("section")}
+
+
+def test_units_windows_and_the_journal_render_in_chromium(chromium, tmp_path, monkeypatch):
+    from PIL import Image
+
+    from tests.ledger.test_report import make_unit_ledger
+
+    url = f"sqlite:///{tmp_path}/ledger.sqlite"
+    expected = make_unit_ledger(url, monkeypatch)
+    report = tmp_path / "report.html"
+    with open_ledger(url, read_only=True) as ledger:
+        write_report(ledger, report)
+    page = Page(run_browser(chromium, tmp_path, "--dump-dom", report.resolve().as_uri()).stdout)
+    (verdict,) = page.find("p", class_="verdict")
+    assert verdict["attrs"]["data-chain"] == "ok"
+    (unit,) = page.find("section", class_="ledger-unit")
+    assert unit["attrs"]["data-unit"] == "subscribers"
+    points = [float(p["attrs"]["data-epsilon"]) for p in page.find("circle", class_="window-point")]
+    assert points[:4] == expected["window"]  # the unit's chart comes first, then the table's
+    assert {el["attrs"]["data-kind"] for el in page.find("tr", class_="record")} >= {"unit", "budget", "refuse"}
+
+    shot = tmp_path / "shot.png"
+    run_browser(chromium, tmp_path, f"--window-size={WIDTH},{HEIGHT}", f"--screenshot={shot}",
+                report.resolve().as_uri())
+    image = Image.open(shot)
+    drawn = sum(_polyline_length(el["attrs"]["points"]) for el in page.find("polyline", class_="window-line"))
+    assert drawn > 300  # the unit's and the table's window charts
+    assert _pixels_of(image, SPEND_COLOUR) >= 1.5 * drawn
+    assert _pixels_of(image, BUDGET_COLOUR) >= 0.5 * sum(
+        float(el["attrs"]["x2"]) - float(el["attrs"]["x1"]) for el in page.find("line", class_="budget-line"))

@@ -7,7 +7,10 @@ ledger, waits on a barrier, and then makes a few reservations on two tables:
   are admitted, having seen 0, 1, ..., 9 already spent;
 * ``gauss``: Gaussian releases with distinct noise multipliers at
   ``delta = 1e-6`` on a budget of 0.8; every third one is aborted, the others
-  committed. The counted spend is checked against the exact epsilon of the
+  committed.
+
+Afterwards the journal's hash chain verifies and holds one record per
+reservation, commit, abort and refused attempt. The counted spend is checked against the exact epsilon of the
   composition (one Gaussian with ``1/z^2 = sum 1/z_i^2``) and against
   dp_accounting composing the admitted events one by one.
 
@@ -133,6 +136,12 @@ def test_stress_races_never_overspend(stress_url, racers):
     assert counted_z and any(o[1] == "refused" for o in gauss), "the race must reach the budget"
     with open_ledger(url, read_only=True) as ledger:
         pure_status, gauss_status = ledger.status(PURE), ledger.status(GAUSS)
+        chain = ledger.verify()
+        refusals = ledger.history(kinds=["refuse"])
+    # the journal's chain survived the race, and holds every reservation, commit, abort and refusal
+    assert chain.ok, chain.problems
+    assert len(refusals) == sum(1 for o in outcomes if o[1] == "refused")
+    assert chain.records == 1 + 2 + len(outcomes) + sum(1 for o in gauss if o[1] in ("committed", "aborted"))
     assert {e["id"] for e in pure_status.entries} == {o[2] for o in admitted}  # nothing lost or doubled
     assert pure_status.spent_epsilon == float(PURE_BUDGET)
     states = {e["id"]: e["state"] for e in gauss_status.entries}
@@ -200,6 +209,8 @@ def test_kill_storm_leaves_a_consistent_ledger(ledger_url, racers):
         if ledger_url.startswith("sqlite"):
             assert ledger._conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         status = ledger.status(GAUSS)  # every stored entry is readable
+        chain = ledger.verify()  # a killed transaction left no half-written journal record
+        assert chain.ok, chain.problems
         zs = [json.loads(e["events"])["noise_multiplier"] for e in status.entries
               if e["state"] in ("reserved", "committed")]
         if zs:
