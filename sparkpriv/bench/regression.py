@@ -205,16 +205,16 @@ def _methods(A, b, *, eps, delta, B, rng, sketch_cap, lo, hi):
         m = sketch_rows_for(rule, n, d + 1)
         if m * n > sketch_cap:
             continue
-        rel = release_regression_array(A, b, RegressionParams(row_bound=B, epsilon=eps, delta=delta,
+        rel = release_regression_array(A, b, RegressionParams(method="sketch", row_bound=B, epsilon=eps, delta=delta,
                                                               sketch_rule=rule))
         out[f"sketch {rule} (m={m})"] = rel.fit.coef
         if rule == "log":  # the paper's estimator: no debiasing (the noise acts as a ridge m s^2)
             out[f"sketch log, not debiased (m={m})"] = release_regression_array(A, b, RegressionParams(
-                row_bound=B, epsilon=eps, delta=delta, sketch_rule=rule, debias=False)).fit.coef
-    rel = release_regression_array(A, b, RegressionParams(row_bound=B, epsilon=eps, delta=delta, scheme="additive"))
+                method="sketch", row_bound=B, epsilon=eps, delta=delta, sketch_rule=rule, debias=False)).fit.coef
+    rel = release_regression_array(A, b, RegressionParams(method="sketch", row_bound=B, epsilon=eps, delta=delta, scheme="additive"))
     out["additive"] = rel.fit.coef
     out["additive, not debiased"] = release_regression_array(A, b, RegressionParams(
-        row_bound=B, epsilon=eps, delta=delta, scheme="additive", debias=False)).fit.coef
+        method="sketch", row_bound=B, epsilon=eps, delta=delta, scheme="additive", debias=False)).fit.coef
     out["AdaSSP"] = adassp(A, b, epsilon=eps, delta=delta, bound_x=B, bound_y=B, rng=rng)
     LR = _diffprivlib_lr()
     lr = LR(epsilon=eps, bounds_X=(lo, hi), bounds_y=(-B, B), fit_intercept=False,

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.spark
 
 N = 2500
 FEATURES = ["f0", "f1", "f2"]
-KW = dict(columns=FEATURES, target="y", row_bound=1.5, epsilon=2.0, delta=1e-6, sketch_rows=40)
+KW = dict(method="sketch", columns=FEATURES, target="y", row_bound=1.5, epsilon=2.0, delta=1e-6, sketch_rows=40)
 
 
 def _table(spark, parts):
