@@ -39,8 +39,8 @@ DEFAULT_SPLIT = (1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0)  # AdaSSP: eigenvalue, Gram ma
 # float; outside them a release is refused by name before anything is reserved.
 EPSILON_RANGE = (1e-3, 1e4)
 DELTA_RANGE = (1e-14, 0.5)
-BOUND_MAX = 1e100  # |bound| (row_bound, lower, upper, target bounds, fill)
-BOUND_MIN = 1e-100  # smallest row_bound and box width
+BOUND_MAX = 1e50  # |bound| (row_bound, lower, upper, target bounds, fill): noise variances ~ bound^4 stay finite
+BOUND_MIN = 1e-50  # smallest row_bound and box width
 _POS = Interval("real", 0, None, "neither")
 _REAL = Interval("real", None, None, "neither")
 

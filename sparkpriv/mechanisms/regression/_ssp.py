@@ -202,7 +202,7 @@ def ssp_domain(params: RegressionParams, d: int, caller: str) -> SSPDomain:
     dom = SSPDomain(d, bool(params.fit_intercept), lower, upper, params.row_bound,
                     tuple(float(v) for v in centre), float(r2), params.model, target,
                     params.positive_value, params.fill)
-    if not (math.isfinite(dom.bx_sq) and dom.bx_sq > 0 and dom.bx_sq < 1e250):
+    if not (math.isfinite(dom.bx_sq) and 0 < dom.bx_sq < 1e120):
         raise ParameterError(f"The declared feature bounds of {caller} give a squared radius {dom.bx_sq!r} "
                              "outside the range the noise can be calibrated to; rescale the features.")
     return dom
@@ -218,10 +218,11 @@ def eigen_sensitivity(dom: SSPDomain) -> float:
 
 def gram_sensitivity(dom: SSPDomain, neighbors: str) -> float:
     """L2 sensitivity of ``triu(X~^T X~)`` (module docstring)."""
-    b4, r4 = dom.bx_sq ** 2, dom.radius_sq ** 2
+    b2, r2 = dom.bx_sq, dom.radius_sq  # scaled by b2 so that no fourth power overflows or underflows
     if neighbors == "add-remove":
-        return math.sqrt((b4 + r4 + float(dom.intercept)) / 2.0)
-    return math.sqrt(b4 + r4)
+        extra = (1.0 / b2) / b2 if dom.intercept else 0.0  # b2 >= 1 with an intercept
+        return b2 * math.sqrt((1.0 + (r2 / b2) ** 2 + extra) / 2.0)
+    return math.hypot(b2, r2)
 
 
 def moment_weights(dom: SSPDomain, by: float | None = None) -> tuple[float, float]:
@@ -325,8 +326,10 @@ def plan_ssp(params: RegressionParams, d: int, caller: str) -> SSPPlan:
     zs = tuple(1.0 / m for m in split_mu(r * mu, shares))
     plan = SSPPlan(dom, params.neighbors, eps, delta, zs, hist, params.target_quantile, candidates,
                    float(params.confidence), int(params.bootstrap))
-    if dom.target_range is not None:
-        plan.noises()  # any refusal of the noise's calibration comes now, before the reservation
+    if dom.target_range is not None:  # any refusal of the noise's calibration comes now, before the reservation
+        if not all(math.isfinite(nz.variance) and nz.variance > 0 for nz in plan.noises()):
+            raise ParameterError(f"The declared bounds of {caller} with epsilon={eps!r} give a noise variance "
+                                 "outside the floating-point range; rescale the features or the target.")
     return plan
 
 
