@@ -134,7 +134,7 @@ from sparkpriv.mechanisms.regression._ssp import (RHO, COUNTERS, SSPDomain, SSPP
                                                   block_statistics, statistics_fn, signed_edges,
                                                   target_histogram_fn, choose_target_range)
 from sparkpriv.mechanisms.regression._ssp_fit import (LOGISTIC_RADIUS, SSPStatistics, SSPFit, chebyshev_logistic,
-                                                      logistic_kappa, finalize_ssp, adassp_ridge, ridge_solve,
+                                                      logistic_kappa, exact_steps, finalize_ssp, adassp_ridge, ridge_solve,
                                                       fit_from_statistics)
 from sparkpriv.mechanisms.regression._mechanism import (sketch_slots, indexed_sketch_fn, _RegressionState,
                                                         Regression, _additive_row_map, _gram_fn, _meat_fn,

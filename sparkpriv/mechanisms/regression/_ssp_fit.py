@@ -154,24 +154,31 @@ class SSPFit:
 # ----------------------------------------------------------------------------- the driver's noise
 
 
-def finalize_ssp(total: np.ndarray, plan: SSPPlan, dom: SSPDomain, seed: int, names: tuple
-                 ) -> tuple[SSPStatistics, int]:
-    """Driver step: clamp the exact statistics to the grids' public range, add the three noises once
-    (streams ``(seed, stage)``), and return the released statistics and how many values were clamped."""
+def exact_steps(total: np.ndarray, dom: SSPDomain) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The exact values of the three noise additions from the summed block statistics: ``[lambda_min]``,
+    ``X~^T X~`` (its upper triangle is noised) and ``[X~^T y~, w_yy y~^T y~, w_n n]``."""
     dz = dom.dz
     k = dz + 1
     total = np.asarray(total, dtype=np.float64)
     C = total[:-1].reshape(k, k)
     C = 0.5 * (C + C.T)
-    n = float(total[-1])
+    w_yy, w_n = moment_weights(dom)
+    XX = C[:dz, :dz]
+    lam = np.array([float(np.linalg.eigvalsh(XX)[0])])
+    return lam, XX, np.concatenate([C[:dz, dz], [w_yy * C[dz, dz], w_n * float(total[-1])]])
+
+
+def finalize_ssp(total: np.ndarray, plan: SSPPlan, dom: SSPDomain, seed: int, names: tuple
+                 ) -> tuple[SSPStatistics, int]:
+    """Driver step: clamp the exact statistics to the grids' public range, add the three noises once
+    (streams ``(seed, stage)``), and return the released statistics and how many values were clamped."""
+    dz = dom.dz
+    n = float(np.asarray(total)[-1])
     w_yy, w_n = moment_weights(dom)
     n_eig, n_gram, n_mom = plan.noises(dom)
-    XX = C[:dz, :dz]
-    lam = float(np.linalg.eigvalsh(XX)[0])
-    moments = np.concatenate([C[:dz, dz], [w_yy * C[dz, dz], w_n * n]])
     clamped = 0
     vals = []
-    for v, nz in ((np.array([lam]), n_eig), (XX, n_gram), (moments, n_mom)):
+    for v, nz in zip(exact_steps(total, dom), (n_eig, n_gram, n_mom)):
         lim = nz.max_abs_value
         clamped += int(np.count_nonzero(np.abs(v) > lim))
         vals.append(np.clip(v, -lim, lim))
