@@ -372,6 +372,10 @@ def test_target_range_from_an_exact_histogram():
     # 0.98: up to 10 below (the 10 at -0.5) and 990 below 2 (the 10 at 5.0 are the other 1%)
     assert reg.choose_target_range(counts, cands, 0.98) == (1.0, 2.0)
     assert reg.choose_target_range(np.zeros_like(counts), cands, 0.9) == (-8.0, 8.0)
+    # bins below the occupancy threshold outside the data's region do not count (their noise would
+    # add up to more than a tail): 8 in every empty bin, threshold 9
+    assert reg.choose_target_range(np.where(counts > 0, counts, 8.0), cands, 0.99, threshold=9.0) == (-0.5, 8.0)
+    assert reg.choose_target_range(np.where(counts > 0, counts, 8.0), cands, 0.99) == (-8.0, 8.0)
 
 
 def test_target_quantile_release():

@@ -132,7 +132,7 @@ from sparkpriv.mechanisms.regression._ssp import (RHO, COUNTERS, SSPDomain, SSPP
                                                   eigen_sensitivity, gram_sensitivity, moment_weights,
                                                   moment_sensitivity, plan_ssp, prepare_rows, stats_size,
                                                   block_statistics, statistics_fn, signed_edges,
-                                                  target_histogram_fn, choose_target_range)
+                                                  target_histogram_fn, choose_target_range, occupancy_threshold)
 from sparkpriv.mechanisms.regression._ssp_fit import (LOGISTIC_RADIUS, SSPStatistics, SSPFit, chebyshev_logistic,
                                                       logistic_kappa, exact_steps, finalize_ssp, adassp_ridge, ridge_solve,
                                                       fit_from_statistics)

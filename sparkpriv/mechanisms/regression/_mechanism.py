@@ -19,7 +19,8 @@ from sparkpriv.privacy.calibration import gdp_mu_for
 from sparkpriv.privacy.random import new_secret_seed, stream
 from sparkpriv.mechanisms.regression._params import RegressionParams
 from sparkpriv.mechanisms.regression._sketch import ADDITIVE_STAGE, _block, block_rows, partial_size, sketch_rows_for
-from sparkpriv.mechanisms.regression._ssp import (COUNTERS, TARGET_STAGE, SSPPlan, choose_target_range, plan_ssp,
+from sparkpriv.mechanisms.regression._ssp import (COUNTERS, TARGET_STAGE, SSPPlan, choose_target_range,
+                                                  occupancy_threshold, plan_ssp,
                                                   stats_size, statistics_fn, target_histogram_fn)
 from sparkpriv.mechanisms.regression._ssp_fit import finalize_ssp, fit_from_statistics
 from sparkpriv.mechanisms.regression._plan import RegressionPlan
@@ -217,7 +218,7 @@ def _run_ssp(engine, source, plan: _p.Plan, progress) -> _p.Outcome:
         counts = engine.aggregate(source, target_histogram_fn(dom, splan.candidates), hist_noise.dim)
         lim = hist_noise.max_abs_value
         noisy = _noise.add_noise(np.clip(counts, -lim, lim), hist_noise, stream(hist_seed, TARGET_STAGE))
-        lo, hi = choose_target_range(noisy, splan.candidates, splan.quantile)
+        lo, hi = choose_target_range(noisy, splan.candidates, splan.quantile, occupancy_threshold(hist_noise))
         dom = dom.with_target_range(lo, hi)
         public["target_range"] = {"lower": lo, "upper": hi, "coverage": splan.quantile,
                                   "chosen_by": "DP quantiles of a Laplace histogram (this release's first event)"}

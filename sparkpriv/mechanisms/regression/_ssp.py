@@ -431,23 +431,40 @@ def target_histogram_fn(dom: SSPDomain, candidates: np.ndarray):
     return target_histogram
 
 
-def choose_target_range(noisy: np.ndarray, candidates: np.ndarray, coverage: float) -> tuple[float, float]:
+def occupancy_threshold(hist: _noise.LaplaceNoise, false_positive: float = 0.01) -> float:
+    """A noisy count above which a bin is taken to hold data: pure noise passes it in any of the
+    histogram's bins with probability at most ``false_positive`` (Laplace tail ``e^{-t/b} / 2`` per
+    bin, ``b`` the noise scale in counts). Public: a function of the noise only."""
+    b = hist.scale * hist.grid
+    return b * math.log(hist.dim / (2.0 * false_positive))
+
+
+def choose_target_range(noisy: np.ndarray, candidates: np.ndarray, coverage: float,
+                        threshold: float = 0.0) -> tuple[float, float]:
     """The central range holding ``coverage`` of the noisy histogram (post-processing).
 
-    Lower bound: the largest edge with at most ``(1 - coverage) / 2`` of the noisy total below it;
-    upper: the smallest edge with at least ``(1 + coverage) / 2`` below it; at least one bin apart.
+    Only the bins between the outermost ones whose noisy count exceeds ``threshold``
+    (:func:`occupancy_threshold`) count: the noise of the many empty bins of a wide public grid would
+    otherwise add up to more than a tail's share. Among those, the lower bound is the largest edge
+    with at most ``(1 - coverage) / 2`` of their (clamped) noisy total below it, the upper the smallest
+    edge with at least ``(1 + coverage) / 2`` below it; at least one bin apart. Without any such bin:
+    the whole public grid.
     """
     edges = signed_edges(candidates)
-    c = np.maximum(np.asarray(noisy, float), 0.0)
-    total = c.sum()
-    below = np.cumsum(c)[:-1]  # below[i]: noisy count of values < edges[i]
-    if total <= 0:
+    raw = np.asarray(noisy, float)
+    occ = np.flatnonzero(raw > threshold)
+    if occ.size == 0:
         return float(edges[0]), float(edges[-1])
+    c = np.zeros_like(raw)
+    c[occ[0]:occ[-1] + 1] = np.maximum(raw[occ[0]:occ[-1] + 1], 0.0)
+    total = c.sum()
+    below = np.cumsum(c)[:-1]  # below[i]: noisy count of values < edges[i] (the region's bins only)
     ql, qu = 0.5 * (1.0 - coverage) * total, 0.5 * (1.0 + coverage) * total
-    lo_i = np.flatnonzero(below <= ql)
-    i = int(lo_i[-1]) if lo_i.size else 0
+    first, last = max(occ[0] - 1, 0), min(occ[-1], edges.size - 1)  # the region's outer edges
+    lo_i = np.flatnonzero(below[:last + 1] <= ql)
+    i = max(int(lo_i[-1]) if lo_i.size else first, first)
     hi_j = np.flatnonzero(below >= qu)
-    j = int(hi_j[0]) if hi_j.size else edges.size - 1
+    j = min(int(hi_j[0]) if hi_j.size else last, last)
     if j <= i:
         if i < edges.size - 1:
             j = i + 1
