@@ -130,7 +130,7 @@ from sparkpriv.mechanisms.regression._fit import (RegressionFit, RegressionRelea
                                                   relative_objective_error)
 from sparkpriv.mechanisms.regression._ssp import (RHO, COUNTERS, SSPDomain, SSPPlan, feature_radius_sq, ssp_domain,
                                                   eigen_sensitivity, gram_sensitivity, moment_weights,
-                                                  moment_sensitivity, plan_ssp, prepare_rows, stats_size,
+                                                  moment_sensitivity, plan_ssp, prepare_block, stats_size,
                                                   block_statistics, statistics_fn, signed_edges,
                                                   target_histogram_fn, choose_target_range, occupancy_threshold)
 from sparkpriv.mechanisms.regression._ssp_fit import (LOGISTIC_RADIUS, SSPStatistics, SSPFit, chebyshev_logistic,
@@ -180,7 +180,7 @@ __all__ = [
     "moment_weights",
     "statistics_fn",
     "block_statistics",
-    "prepare_rows",
+    "prepare_block",
     "finalize_ssp",
     "fit_from_statistics",
     "adassp_ridge",

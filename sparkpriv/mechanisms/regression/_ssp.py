@@ -340,41 +340,51 @@ def accounted_epsilon(plan: SSPPlan) -> float:
 # ----------------------------------------------------------------------------- per-block functions
 
 
-def _split_block(block, d: int):
-    """``(X, y, missing)`` of a block: a matrix, or a ``TableRows`` with the null mask; NaN and
-    infinities count as missing too (they reach here only from engines that pass them through)."""
-    M = getattr(block, "X", block)
-    M = np.array(M, dtype=np.float64, copy=True)
+def _split_block(block):
+    """``(M, missing)`` of a block: a matrix, or a ``TableRows`` with the null mask; NaN and infinities
+    count as missing too (they reach here only from engines that pass them through). ``M`` is the
+    block's own array (not copied)."""
+    M = np.asarray(getattr(block, "X", block), dtype=np.float64)
     miss = getattr(block, "missing", None)
     bad = ~np.isfinite(M)
     miss = bad if miss is None else (np.asarray(miss, bool) | bad)
     return M, miss
 
 
-def prepare_rows(block, dom: SSPDomain):
-    """``(U, y~, counts)``: the clipped, centred features ``U`` (n, d), the target on its public scale
-    (``y - c_y`` clipped, or ``s`` in {-1, 0, 1}) and the owner counts (replaced values, rows with a
-    replacement, rows clipped)."""
-    M, miss = _split_block(block, dom.d + 1)
-    X, y = M[:, :dom.d], M[:, dom.d]
+def prepare_block(block, dom: SSPDomain):
+    """``(Z, counts)``: ``Z = [u, (1), y~]`` (n, d' + 1), the clipped and centred features, the intercept's
+    constant and the target on its public scale (``clip(y) - c_y``, or ``s`` in {-1, 0, 1}); and the owner
+    counts (rows, replaced values, rows with a replacement, rows box-clipped, norm-clipped, target-clipped).
+    One copy of the block (into ``Z``), clipped in place."""
+    M, miss = _split_block(block)
+    n, d = M.shape[0], dom.d
+    Z = np.empty((n, dom.dz + 1))
+    U = Z[:, :d]
+    U[...] = M[:, :d]
+    y = M[:, d].copy()
     replaced = int(np.count_nonzero(miss))
-    rows_replaced = int(np.count_nonzero(miss.any(axis=1))) if replaced else 0
+    rows_replaced = 0
     if replaced:
-        fx = dom.feature_replacement()
-        mx = miss[:, :dom.d]
+        rows_replaced = int(np.count_nonzero(miss.any(axis=1)))
+        mx = miss[:, :d]
         if mx.any():
-            X[mx] = np.broadcast_to(fx, X.shape)[mx]
-        y[miss[:, dom.d]] = dom.target_replacement()
-    Xc, counts = clip_rows(X, dom.bounds, out=X)
-    U = Xc - np.asarray(dom.centre) if any(dom.centre) else Xc
+            U[mx] = np.broadcast_to(dom.feature_replacement(), U.shape)[mx]
+        y[miss[:, d]] = dom.target_replacement()
+    _, counts = clip_rows(U, dom.bounds, out=U)
+    if any(dom.centre):
+        U -= np.asarray(dom.centre)
+    if dom.intercept:
+        Z[:, d] = 1.0
     if dom.model == "logistic":
-        yt = np.where(np.isnan(y), 0.0, np.where(y == dom.positive, 1.0, -1.0))
+        Z[:, -1] = np.where(np.isnan(y), 0.0, np.where(y == dom.positive, 1.0, -1.0))
         target_clipped = 0
     else:
         lo, hi = dom.target_range
         target_clipped = int(np.count_nonzero((y < lo) | (y > hi)))
-        yt = np.clip(y, lo, hi) - dom.target_centre
-    return U, yt, (M.shape[0], replaced, rows_replaced, counts.box_clipped, counts.norm_clipped, target_clipped)
+        np.clip(y, lo, hi, out=Z[:, -1])
+        if dom.target_centre:
+            Z[:, -1] -= dom.target_centre
+    return Z, (n, replaced, rows_replaced, counts.box_clipped, counts.norm_clipped, target_clipped)
 
 
 def stats_size(dom: SSPDomain) -> int:
@@ -382,14 +392,12 @@ def stats_size(dom: SSPDomain) -> int:
     return (dom.dz + 1) ** 2 + 1
 
 
-def block_statistics(U: np.ndarray, yt: np.ndarray, dom: SSPDomain) -> np.ndarray:
+def block_statistics(Z: np.ndarray) -> np.ndarray:
     """``vec(Z^T Z)`` of ``Z = [u, (1), y~]`` and the row count (sums over blocks add up)."""
-    n = U.shape[0]
-    cols = [U] + ([np.ones((n, 1))] if dom.intercept else []) + [yt.reshape(-1, 1)]
-    Z = np.concatenate(cols, axis=1)
-    out = np.empty(stats_size(dom))
+    k = Z.shape[1]
+    out = np.empty(k * k + 1)
     out[:-1] = (Z.T @ Z).ravel()
-    out[-1] = n
+    out[-1] = Z.shape[0]
     return out
 
 
@@ -398,11 +406,11 @@ def statistics_fn(dom: SSPDomain, counters=None):
     Built from plain values (pickled into Spark tasks)."""
 
     def ssp_statistics(block):
-        U, yt, counts = prepare_rows(block, dom)
+        Z, counts = prepare_block(block, dom)
         if counters is not None:
             for c, v in zip(counters, counts):
                 c.add(v)
-        return block_statistics(U, yt, dom)
+        return block_statistics(Z)
 
     return ssp_statistics
 
@@ -419,7 +427,7 @@ def target_histogram_fn(dom: SSPDomain, candidates: np.ndarray):
     edges = signed_edges(candidates)
 
     def target_histogram(block):
-        M, miss = _split_block(block, dom.d + 1)
+        M, miss = _split_block(block)
         y = M[:, dom.d]
         m = miss[:, dom.d]
         if dom.fill is not None:
