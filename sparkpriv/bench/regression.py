@@ -36,7 +36,9 @@ import time
 
 import numpy as np
 
-__all__ = ["add_arguments", "run_from_args", "run"]
+from sparkpriv.bench.regression_sketch import read_idx  # noqa: F401  (the MNIST reader other studies import)
+
+__all__ = ["add_arguments", "run_from_args", "run", "read_idx"]
 
 _log = logging.getLogger(__name__)
 
