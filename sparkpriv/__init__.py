@@ -13,6 +13,8 @@ or imports Spark):
   (Spark DataFrames, event records, or in-memory arrays and tables;
   ``release_kmeans_array`` is the same function), :class:`KMeansModel`
 * :func:`release_counts` (DP counts per public key of bounded event records)
+* :func:`release_synthetic` (a DP synthetic person x item table of an event table or an
+  in-memory 0/1 matrix; ``model.sample(n, seed)``)
 * :func:`open_ledger` (privacy-budget ledger), :func:`read_table` (a source
   table as the CLI reads it; local Parquet read this way lets aggregate
   passes scan the files directly)
@@ -43,6 +45,7 @@ _LAZY = {
     "release_regression": "sparkpriv.api",
     "release_counts": "sparkpriv.api",
     "release_dpgm": "sparkpriv.api",
+    "release_synthetic": "sparkpriv.api",
     "KMeansModel": "sparkpriv.mechanisms.kmeans_model",
     "open_ledger": "sparkpriv.ledger",
     "get_spark": "sparkpriv.spark.session",

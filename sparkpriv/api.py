@@ -14,7 +14,7 @@ from sparkpriv.release import Release, release
 
 __all__ = ["release", "release_kmeans", "release_kmeans_array", "release_projection", "release_projection_array",
            "release_dprp", "release_dprp_array", "table_arrays", "release_regression", "release_counts",
-           "release_dpgm", "release_dpgm_array"]
+           "release_dpgm", "release_dpgm_array", "release_synthetic"]
 
 
 def release_kmeans(data, *, ledger=None, table_id: str | None = None, source: str | None = None,
@@ -293,3 +293,39 @@ def release_counts(data, *, ledger=None, table_id: str | None = None, source: st
     """
     return release("counts", data, ledger=ledger, table_id=table_id, source=source, on_step=on_step,
                    caller="release_counts", **params)
+
+
+def release_synthetic(data, *, max_items="auto", ledger=None, table_id: str | None = None,
+                      source: str | None = None, on_step=None, **params) -> Release:
+    """A DP synthetic person x item table (docs/utility.md; docs/math.md section 10).
+
+    ``data``: bounded event records (:func:`sparkpriv.spark.events.bound_contributions` on Spark,
+    :func:`sparkpriv.local.records.bound_items` in memory), or an in-memory 0/1 person x item matrix
+    (``scipy.sparse`` or numpy), bounded here at ``max_items`` (default ``"auto"``: a DP quantile of
+    the items per person, in the same budget). Parameters are those of
+    :class:`sparkpriv.mechanisms.synthetic.SyntheticParams`: ``epsilon``, ``delta`` (required),
+    ``length_share``, ``length_limit``, ``shrink``, ``neighbors``.
+
+    Returns a :class:`~sparkpriv.release.Release`: ``model`` (a
+    :class:`~sparkpriv.mechanisms.synthetic.SyntheticModel`; ``model.sample(n, seed)`` gives a
+    synthetic table, ``model.union_answers(Q)`` its expected counting-query answers), ``df`` the
+    per-item noisy counts; ``write(path)`` publishes them with the receipt and the model file,
+    which ``sparkpriv synthesize`` turns into synthetic tables of any size.
+
+    Privacy: one Laplace histogram of items per person (``length_share`` of epsilon) and one discrete
+    Gaussian addition to the per-item counts of the bounded records (L2 sensitivity ``sqrt(2 L)``
+    under replace-one), each drawn once on the driver; synthesis is post-processing.
+    """
+    from sparkpriv.local.records import LocalRecords, bound_items
+
+    if not isinstance(data, LocalRecords) and (type(data).__module__.startswith("scipy.sparse")
+                                               or isinstance(data, (list, tuple)) or _is_ndarray(data)):
+        data = bound_items(data, max_items=max_items)
+    return release("synthetic", data, ledger=ledger, table_id=table_id, source=source, on_step=on_step,
+                   caller="release_synthetic", **params)
+
+
+def _is_ndarray(x) -> bool:
+    import numpy as np
+
+    return isinstance(x, np.ndarray)

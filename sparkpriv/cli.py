@@ -81,7 +81,8 @@ EVALUATE_COUNTING_OPTIONS = (
 
 
 SYNTHESIZE_OPTIONS = (
-    Option("model", "str", "the output directory of a DPGM release (sparkpriv release dpgm)", required=True),
+    Option("model", "str", "the output directory of a DPGM or synthetic release (sparkpriv release dpgm|synthetic)",
+           required=True),
     Option("rows", "int", "number of synthetic rows (people, for a model released on --events)", required=True),
     Option("output", "str", "output Parquet directory of the synthetic table", required=True),
     Option("explode", "bool", "a model released on --events: one row per (person, item) under the source's "
@@ -89,6 +90,8 @@ SYNTHESIZE_OPTIONS = (
     Option("wide", "bool", "a model released on --events: one 0/1 column per vocabulary item (x0, x1, ...) "
            "instead of the events", default=False),
     Option("partitions", "int", "Spark partitions, i.e. output files (default: by size)"),
+    Option("seed", "int", "a public seed that makes the synthetic table reproducible (recorded in its receipt; "
+           "default: fresh entropy)"),
     Option("writer", "str", "who writes the part files", choices=("auto", "spark", "arrow"), default="auto"),
     Option("overwrite", "bool", "replace an existing output", default=False),
 )
@@ -162,10 +165,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         dest="mechanism", required=True, parser_class=_ArgParser)
     if wanted("release"):
         from sparkpriv.config import COMMON_OPTIONS
+        from sparkpriv.runner import options_for
 
         for name, spec in sorted(MECHANISMS.items()):
             releasing = words is None or leaf == name
-            _leaf(rel, name, spec.summary, _cmd_release, COMMON_OPTIONS + (spec.all_options() if releasing else ()))
+            _leaf(rel, name, spec.summary, _cmd_release, options_for(name) if releasing else COMMON_OPTIONS)
 
     gen = sub.add_parser("generate", help="generate sample tables on Spark").add_subparsers(
         dest="what", required=True, parser_class=_ArgParser)
@@ -299,6 +303,8 @@ def _cmd_release(args) -> int:
     print(f"guarantee:     epsilon={res.epsilon:.6g} delta={res.delta:.3g}")
     if res.ledger_entry:
         print(f"ledger entry:  {res.ledger_entry}")
+    for note in res.notes:
+        print(f"note:          {note}")
     return EXIT_OK
 
 

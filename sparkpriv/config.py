@@ -23,6 +23,7 @@ Example (``nightly.toml``)::
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -34,7 +35,7 @@ else:  # pragma: no cover
 
 from sparkpriv.errors import ParameterError
 
-__all__ = ["Option", "COMMON_OPTIONS", "ReleaseConfig", "load_toml", "coerce", "read_bounds_file",
+__all__ = ["Option", "COMMON_OPTIONS", "TABLE_OPTIONS", "ReleaseConfig", "load_toml", "coerce", "read_bounds_file",
            "apply_bounds_file"]
 
 
@@ -43,7 +44,7 @@ class Option:
     """One option of a command: its name, type and help (shared by CLI and TOML)."""
 
     name: str
-    type: str  # "str" | "int" | "float" | "bool" | "strs" | "floats"
+    type: str  # "str" | "int" | "float" | "bool" | "strs" | "floats" | "int_or_auto"
     help: str
     default: Any = None
     required: bool = False
@@ -56,7 +57,7 @@ COMMON_OPTIONS = (
     Option("input_format", "str", "format of the input (default: guessed from the path)",
            choices=("parquet", "csv", "table")),
     Option("null_value", "str", "CSV input: the string that marks a missing value (e.g. '?'); "
-           "such cells are read as nulls (then see --fill)"),
+           "such cells are read as nulls (then replaced by the public fill)"),
     Option("output", "str", "destination directory of the private Parquet table", required=True),
     Option("overwrite", "bool", "replace an existing output", default=False),
     Option("writer", "str", "who writes the part files: arrow (the Python tasks; row-level releases "
@@ -65,19 +66,26 @@ COMMON_OPTIONS = (
     Option("reader", "str", "who reads a Parquet input's rows: arrow (the Python workers read the row "
            "groups; local files), spark, or auto (arrow where it applies, else spark)", default="auto",
            choices=("auto", "spark", "arrow")),
-    Option("columns", "strs", "comma-separated numeric feature columns", required=True,
-           required_unless="events"),
-    Option("keep_columns", "strs", "comma-separated input columns declared PUBLIC and copied "
-           "to the output unchanged (person keys are never copied otherwise)", default=()),
-    Option("fill", "float", "public value that replaces nulls in the feature columns"),
-    Option("bounds_file", "str", "file of declared per-column bounds instead of --lower/--upper: CSV "
-           "with the header column,lower,upper, or TOML lines column = [lower, upper]"),
     Option("epsilon", "float", "privacy budget epsilon of this release", required=True),
     Option("delta", "float", "privacy budget delta of this release (0 for pure-DP mechanisms)"),
     Option("ledger", "str", "budget ledger URL: sqlite:///path or postgresql://... "
            "(default: $SPARKPRIV_LEDGER or ~/.sparkpriv/ledger.sqlite)"),
     Option("table_id", "str", "logical id of the source table in the ledger, e.g. cdr.daily_towers"),
     Option("owner_report", "str", "write data-owner diagnostics (NOT private) to this local JSON file"),
+)
+
+# Options of releases of a table's columns; a mechanism offers those that apply to it
+# (sparkpriv.runner.options_for): --columns where it takes a table, --keep-columns, --fill and
+# --bounds-file where its parameters have keep_columns, fill, lower and upper.
+TABLE_OPTIONS = (
+    Option("columns", "strs", "comma-separated numeric feature columns", required=True,
+           required_unless="events"),
+    Option("keep_columns", "strs", "comma-separated input columns declared PUBLIC and copied "
+           "to the output unchanged (person keys are never copied otherwise)", default=()),
+    Option("fill", "float", "public value that replaces nulls, NaN and infinities in the feature columns "
+           "(default: the centre of the declared box, else 0)"),
+    Option("bounds_file", "str", "file of declared per-column bounds instead of --lower/--upper: CSV "
+           "with the header column,lower,upper, or TOML lines column = [lower, upper]"),
 )
 
 
@@ -98,6 +106,11 @@ def coerce(opt: Option, value: Any, where: str) -> Any:
                 out = value.lower() in ("true", "1", "yes")
             else:
                 raise TypeError
+        elif t == "int_or_auto":  # a positive bound, or "auto" (chosen by the release)
+            if isinstance(value, str) and value.strip().lower() == "auto":
+                out = "auto"
+            else:
+                out = coerce(dataclasses.replace(opt, type="int"), value, where)
         elif t == "int":
             if isinstance(value, bool):
                 raise TypeError
@@ -142,7 +155,7 @@ def _type_words(t: str) -> str:
     return {
         "str": "a string", "bool": "true or false", "int": "an integer", "float": "a number",
         "strs": "a list of names (comma-separated on the command line)",
-        "floats": "a number or a list of numbers",
+        "floats": "a number or a list of numbers", "int_or_auto": "an integer or auto",
     }[t]
 
 

@@ -135,7 +135,9 @@ def run_demo(*, workdir: str, people: int, epsilon: float, max_items: int = 32, 
     print(f"private table: {syn.output}")
     print(f"               (synthetic: {people} people x {d} towers, generated from the released model)")
     print(f"receipt:       {receipt_path}")
-    print(f"model:         {out} (DPGM, {k} clusters, epsilon {spent['epsilon']:.4g}, delta {spent['delta']:g})")
+    usable = ((receipt["mechanism_details"].get("model") or {}).get("clusters") or {}).get("usable", k)
+    print(f"model:         {out} (DPGM, {k} clusters, {usable} usable, epsilon {spent['epsilon']:.4g}, "
+          f"delta {spent['delta']:g})")
     print(f"tower counts:  {counts_out} (DP distinct people per tower, epsilon {crel.epsilon:g})")
     print(f"ledger:        {url} (table demo.cdr, budget epsilon 10, delta {DELTA:g}; two releases)")
     print(f"utility:       {qs.size} counting queries (how many people used at least one tower of a random set; "

@@ -8,10 +8,12 @@ the neighbour relation, opens the input on the engine (schema only), lets the
 mechanism plan (secrets drawn, noise calibrated, events known), and calls
 :func:`reserve` *before any data is read*: the ledger (when a table id is
 given) refuses a release that would exceed the table's budget at that point.
-It then runs the mechanism on the engine (releasing the reservation if that
-fails) and returns a :class:`Release` holding the private table; its
-:meth:`Release.write` publishes the table and receipt atomically and commits
-the reservation, or releases it if publishing fails.
+It then runs the mechanism on the engine and returns a :class:`Release`
+holding the private table; its :meth:`Release.write` publishes the table and
+receipt atomically and commits the reservation. A run that fails after the
+reservation keeps it as spent (whether a run fails may depend on one record),
+and so does a release that is abandoned; a failed publish leaves it reserved
+(counted) so the release can be written again.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ NO_GUARANTEE = (
     "calibration only; they are no privacy guarantee, and no budget ledger recorded this release."
 )
 _log = logging.getLogger(__name__)
+# the share of people (or events) cut by the contribution bounds above which the owner is warned
+TRUNCATION_WARNING_SHARE = 0.05
 
 
 @dataclass
@@ -69,7 +73,30 @@ class BudgetHold:
             self.ledger.commit(self.reservation.id, output_path=output_path, receipt_summary=summary)
             _log.info("ledger: committed entry %s for table %s", self.reservation.id, self.table_id)
 
+    def spend_failed(self, reason: str) -> None:
+        """Keep the reservation as spent: the release failed after its budget was reserved.
+
+        Whether a run fails may depend on what one record holds, so a failure
+        after the reservation costs what was reserved (docs/privacy.md,
+        "Failures"). The entry is committed with no output and the failure in
+        its summary (the error's type only: no value of the data).
+        """
+        if self.reservation is not None:
+            r = self.reservation
+            try:
+                self.ledger.commit(r.id, output_path=None,
+                                   receipt_summary={"failed": reason[:500], "published": False,
+                                                    "epsilon": r.epsilon_requested})
+                _log.warning("ledger: entry %s on table %s keeps its spend (epsilon %.6g at the budget's delta): "
+                             "the release failed after its budget was reserved (%s), and whether a release "
+                             "fails may depend on the data, so a failure is charged like a release",
+                             r.id, self.table_id, r.epsilon_requested, reason[:200])
+            except Exception:  # never hide the original failure; the entry stays reserved (counted)
+                _log.exception("ledger: could not record the failed release %s; it stays reserved (counted)", r.id)
+            self.reservation = None
+
     def abort(self, reason: str) -> None:
+        """Release the reservation (not counted): only before anything was computed from the data."""
         if self.reservation is not None:
             try:
                 self.ledger.abort(self.reservation.id, reason=reason[:500])
@@ -192,6 +219,7 @@ class Release:
     # where the release's long pass runs when it is written (row-level releases on Spark: the
     # output's job, with the event bounding for event records): (what, report) or None
     write_progress: tuple | None = field(default=None, repr=False)
+    _warned: set = field(default_factory=set, repr=False)
 
     @property
     def events(self):
@@ -312,12 +340,11 @@ class Release:
         only when its tasks wrote no rows, saving a Spark job).
         """
         publish = self._publish_local if self.engine == "local" else self._publish_spark
-        try:
-            out = publish(path, overwrite, writer)
-        except BaseException as exc:
-            self.hold.abort(f"publishing failed: {type(exc).__name__}")
-            self.hold.close()
-            raise
+        # A failed publish keeps the reservation (counted, shown as unfinished): the private table
+        # was computed from the data (in memory, or lazily by this very write), so its spend
+        # cannot be given back. The same release may be written again (another path); abandon()
+        # records it as spent without an output.
+        out = publish(path, overwrite, writer)
         self.hold.commit(out, {"epsilon": self.epsilon, "delta": self.delta})
         self.hold.close()
         self.written_to = out
@@ -380,16 +407,56 @@ class Release:
         return self.df.select(*cols).toPandas().to_numpy(dtype=np.float64)
 
     def abandon(self, reason: str = "abandoned by the caller") -> None:
-        """Release the ledger reservation of a release that will not be written."""
-        self.hold.abort(reason)
+        """Record a release that will not be written: its reservation stays SPENT.
+
+        The private table (and model) were computed from the data and are in
+        the caller's hands, so not publishing them gives nothing back: the
+        ledger entry is committed with no output and ``reason`` (docs/privacy.md,
+        "Failures").
+        """
+        self.hold.spend_failed(f"not published: {reason}")
         self.hold.close()
+
+    def owner_warnings(self) -> list[str]:
+        """Warnings for the data owner (logged once, written to the owner report; never in the receipt).
+
+        Bounded event records: more than :data:`TRUNCATION_WARNING_SHARE` of the
+        people lost items to the cap ``L``, or of the events to the cap ``c``; the
+        released values (and their intervals) are then those of the bounded
+        contributions, well below the raw totals. Replaced missing values.
+        Empty until the data was read (a lazy Spark table: after it is written).
+        """
+        diag = self.diagnostics() if self.diagnostics else {}
+        out = []
+        people, cut = diag.get("people", 0), diag.get("people_truncated", 0)
+        if people and cut / people > TRUNCATION_WARNING_SHARE:
+            out.append(f"{cut} of {people} people ({cut / people:.0%}) had more than max_items items and lost the "
+                       "rest: the released values and their intervals are those of the bounded contributions, "
+                       "below the raw totals; raise max_items (or use max_items='auto') if that is not meant")
+        events, capped = diag.get("events", 0), diag.get("events_capped", 0) + diag.get("events_dropped", 0)
+        if events and capped / events > TRUNCATION_WARNING_SHARE:
+            out.append(f"{capped} of {events} events ({capped / events:.0%}) were cut by the contribution bounds "
+                       "(max_items, max_events_per_item)")
+        if diag.get("missing_values_replaced"):
+            out.append(f"{diag['missing_values_replaced']} null, NaN or infinite values were replaced by the "
+                       "public fill (the receipt's input.missing_values states the rule)")
+        return out
+
+    def warn_owner(self) -> None:
+        """Log :meth:`owner_warnings` once (WARNING level; the log is the owner's, not the release's)."""
+        for w in self.owner_warnings():
+            if w not in self._warned:
+                _log.warning("owner warning (not part of the release): %s", w)
+                self._warned.add(w)
 
     def _owner_report(self, out: str, owner_report: str | None) -> None:
         diag = self.diagnostics() if self.diagnostics else {}
         if diag:
             _log.info("owner diagnostics (not part of the release): %s", json.dumps(diag, sort_keys=True))
+        self.warn_owner()
         if owner_report:
             doc = {"output": out, "mechanism": self.mechanism, "diagnostics": diag,
+                   "warnings": self.owner_warnings(),
                    "note": "data-owner diagnostics; NOT private, never publish with the release"}
             with open(owner_report, "w") as f:
                 json.dump(doc, f, indent=2, sort_keys=True)
@@ -445,6 +512,70 @@ def _write_progress(watched: bool, outcome, src, progress) -> tuple | None:
     return ("event bounding and write" if kind == "records" else "write", progress.step)
 
 
+def _plan_auto(mech, p, src, auto, caller):
+    """The plan of a release whose contribution bound is ``auto`` (reads no data).
+
+    The mechanism is planned with ``(1 - share) epsilon`` at the largest bound
+    that may be chosen (its events do not depend on the bound:
+    :mod:`sparkpriv.mechanisms.auto_bound`), and its events are composed with the
+    Laplace histogram's, so the ledger reserves the whole spend before any data
+    is read.
+    """
+    import dataclasses
+
+    from sparkpriv.mechanisms.auto_bound import EPSILON_MARGIN, discount_event, histogram_noise_for
+    from sparkpriv.privacy.accounting import compose
+    from sparkpriv.privacy.calibration import split_epsilon
+    from sparkpriv.privacy.random import new_secret_seed
+
+    share = getattr(mech, "auto_share", None)
+    share = float(share(p)) if share is not None else auto.share  # a release that also uses the histogram
+    eps_q, eps_rest = split_epsilon(p.epsilon, share)
+    p_rest = dataclasses.replace(p, epsilon=eps_rest * (1.0 - EPSILON_MARGIN))
+    src.set_max_items(auto.limit)
+    inner = mech.plan(p_rest, src.facts, caller)
+    reserved = discount_event(inner.events)  # a hair more than the limit's plan spends (auto_bound)
+    qnoise = histogram_noise_for(epsilon=eps_q, neighbors=inner.neighbors.name, limit=auto.limit)
+    events = compose([qnoise.dp_event(), reserved])
+    plan = dataclasses.replace(inner, events=events, epsilon=epsilon_of(events, inner.delta))
+    return plan, {"p": p_rest, "auto": auto, "noise": qnoise, "epsilon": eps_q, "inner_events": reserved, "share": share,
+                  "seed": new_secret_seed("contribution-bound-histogram")}
+
+
+def _resolve_auto(mech, eng, src, plan, st, progress, caller):
+    """One pass: the noisy histogram of items per person, ``L`` chosen, the mechanism planned at it."""
+    import dataclasses
+
+    import numpy as np
+
+    from sparkpriv.mechanisms.auto_bound import choose_max_items, dominates, items_histogram_fn
+    from sparkpriv.privacy import noise as _noise
+    from sparkpriv.privacy.random import stream
+
+    auto, qnoise = st["auto"], st["noise"]
+    src.set_max_items(auto.limit)
+    from sparkpriv.mechanisms.auto_bound import length_edges
+
+    hist = eng.aggregate(src, items_histogram_fn(auto.limit), int(length_edges(auto.limit).size), count=False)
+    clamp = qnoise.max_abs_value  # a public range: never increases the sensitivity
+    noisy = _noise.add_noise(np.clip(np.asarray(hist, dtype=np.float64), -clamp, clamp), qnoise,
+                             stream(st["seed"], 0))
+    L = choose_max_items(noisy, auto.quantile, auto.limit)
+    src.length_histogram = (noisy, float(qnoise.std), int(auto.limit))  # public (DP): a mechanism may use it (synthetic)
+    src.set_max_items(L)
+    chosen = mech.plan(st["p"], src.facts, caller)
+    if not dominates(chosen.events, st["inner_events"]):  # pragma: no cover - tested for every mechanism
+        raise RuntimeError(f"{caller}: the release at the chosen contribution bound would spend more than "
+                           "was reserved")
+    progress.log("contribution bound: max_items %d chosen by a DP quantile (%g of the people), epsilon %.4g",
+                 L, auto.quantile, st["epsilon"])
+    public = dict(chosen.public, contribution_bound_estimation={
+        **auto.to_public_dict(), "epsilon_share": st["share"],
+        "epsilon": st["epsilon"], "histogram_noise": qnoise.to_public_dict(),
+        "chosen_max_items": int(L)})
+    return dataclasses.replace(chosen, events=plan.events, epsilon=plan.epsilon, public=public)
+
+
 def release(mechanism, data, *, ledger=None, table_id: str | None = None, source: str | None = None,
             engine=None, caller: str | None = None, on_step=None, **params) -> Release:
     """Release ``data`` with a registered ``mechanism`` (its name or object): the one path.
@@ -466,7 +597,11 @@ def release(mechanism, data, *, ledger=None, table_id: str | None = None, source
     eng = engine if engine is not None else choose_engine(data, mech, caller)
     src = eng.open(data, caller=caller, **mech.open_args(p))
     mech.check_input(p, src.facts, caller)
-    plan = mech.plan(p, src.facts, caller)
+    auto = getattr(src, "auto_cap", None)  # max_items='auto': L chosen by a DP quantile, accounted here
+    if auto is not None:
+        plan, auto_state = _plan_auto(mech, p, src, auto, caller)
+    else:
+        plan, auto_state = mech.plan(p, src.facts, caller), None
     declared = p.public_dict()  # a parameter left None (columns of a numpy array) takes the input's value
     parameters = {**src.public_params(), **{k: v for k, v in declared.items() if v is not None or k not in
                                             src.public_params()},
@@ -479,9 +614,13 @@ def release(mechanism, data, *, ledger=None, table_id: str | None = None, source
     if watched:
         eng.progress = progress.step
     try:
+        if auto_state is not None:
+            plan = _resolve_auto(mech, eng, src, plan, auto_state, progress, caller)
         outcome = mech.run(eng, src, plan, progress)
     except BaseException as exc:
-        hold.abort(f"{mech.name} failed: {type(exc).__name__}")
+        # the run read the data: whether it fails may depend on one record, so the failure is
+        # charged (docs/privacy.md, "Failures")
+        hold.spend_failed(f"{mech.name} failed: {type(exc).__name__}")
         hold.close()
         raise
     finally:
@@ -492,9 +631,11 @@ def release(mechanism, data, *, ledger=None, table_id: str | None = None, source
     public.setdefault("neighbors", plan.neighbors.name)
     public.setdefault("protects", plan.neighbors.protects)
     owner = outcome.extras.pop("diagnostics", {})
-    return Release(df=outcome.table, mechanism=mech.name, event=plan.events, epsilon=plan.epsilon,
+    rel = Release(df=outcome.table, mechanism=mech.name, event=plan.events, epsilon=plan.epsilon,
                    delta=plan.delta, public=public, input_info=src.input_info(source), hold=hold,
                    diagnostics=lambda: {**src.diagnostics(), **(owner() if callable(owner) else owner)},
                    source_df=src.source_df if mech.refuses_empty_input else None,
                    rows=outcome.rows, model=outcome.model, files=outcome.files, extras=outcome.extras,
                    engine=eng.name, write_progress=_write_progress(watched, outcome, src, progress))
+    rel.warn_owner()  # what the run already counted (aggregates); lazy tables warn when written
+    return rel

@@ -9,12 +9,14 @@ release function from a config.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import os
 from dataclasses import dataclass
 from typing import Callable
 
-from sparkpriv.config import COMMON_OPTIONS, Option, ReleaseConfig, apply_bounds_file
+from sparkpriv.config import COMMON_OPTIONS, TABLE_OPTIONS, Option, ReleaseConfig, apply_bounds_file
 from sparkpriv.errors import ParameterError
 
 __all__ = ["MechanismSpec", "MECHANISMS", "register", "options_for", "run_release", "RunResult"]
@@ -34,6 +36,8 @@ class MechanismSpec:
     def all_options(self) -> tuple[Option, ...]:
         return self.options if self.lazy_options is None else self.lazy_options()
     row_level: bool = True  # its table is computed in Python (the Arrow writer can write it); False: an aggregate
+    plan_without_data: Callable | None = None  # (cfg) -> the events, or None when they need the input
+    table_fields: Callable | None = None  # () -> the names of its parameters (which table options apply)
 
 
 MECHANISMS: dict[str, MechanismSpec] = {}
@@ -49,8 +53,25 @@ def options_for(mechanism: str) -> tuple[Option, ...]:
         raise ParameterError(
             f"Unknown mechanism {mechanism!r}; available: {', '.join(sorted(MECHANISMS))}."
         )
-    return COMMON_OPTIONS + spec.all_options()
+    return COMMON_OPTIONS + table_options(mechanism) + spec.all_options()
 
+
+def table_options(mechanism: str) -> tuple[Option, ...]:
+    """The options of :data:`TABLE_OPTIONS` that apply to ``mechanism`` (none to a release of event
+    tables only, such as counts; ``--bounds-file`` only where the parameters declare lower and upper)."""
+    spec = MECHANISMS[mechanism]
+    fields = spec.table_fields() if spec.table_fields is not None else None
+    if fields is None:  # a mechanism outside the protocol: every table option
+        return TABLE_OPTIONS
+    out = []
+    for o in TABLE_OPTIONS:
+        if o.name == "bounds_file":
+            ok = {"lower", "upper"} <= fields
+        else:
+            ok = o.name in fields
+        if ok:
+            out.append(o)
+    return tuple(out)
 
 def per_column(values, d: int, name: str):
     """A per-column list from one value (applied to every column) or d values."""
@@ -83,15 +104,44 @@ def _event_records(df, cfg: ReleaseConfig, source: str):
     """``--events``: bound the event table to one record per person (docs/math.md section 8)."""
     from sparkpriv.spark.events import bound_contributions
 
+    max_items, auto = check_event_options(cfg)
+    return bound_contributions(
+        df, person=cfg.get("person_col"), item=cfg.get("item_col"), max_items=max_items,
+        vocabulary=cfg.get("vocabulary"), weights=cfg.get("weights", "binary"),
+        max_events_per_item=cfg.get("max_events_per_item"),
+        seed=read_key_file(cfg.get("bounding_key_file")), source=source, auto=auto)
+
+
+def check_event_options(cfg: ReleaseConfig):
+    """``(max_items, AutoCap or None)`` of an event-table release, or a ParameterError (public options
+    only: run before Spark starts)."""
+    from sparkpriv._validation import Interval, check_param
+
+    caller = f"sparkpriv release {cfg.mechanism}"
     missing = [f"--{n.replace('_', '-')}" for n in ("person_col", "item_col", "max_items", "vocabulary")
                if cfg.get(n) is None]
     if missing:
         raise ParameterError(f"An event-table release (--events) needs {', '.join(missing)}.")
-    return bound_contributions(
-        df, person=cfg.get("person_col"), item=cfg.get("item_col"), max_items=cfg.get("max_items"),
-        vocabulary=cfg.get("vocabulary"), weights=cfg.get("weights", "binary"),
-        max_events_per_item=cfg.get("max_events_per_item"),
-        seed=read_key_file(cfg.get("bounding_key_file")), source=source)
+    raw = cfg.get("max_items")
+    auto_opts = {k: cfg.get(f"max_items_{k}") for k in ("quantile", "share", "limit")
+                 if cfg.get(f"max_items_{k}") is not None}
+    if str(raw).strip().lower() == "auto":
+        from sparkpriv.mechanisms.auto_bound import DEFAULT_LIMIT, AutoCap
+
+        limit = auto_opts.pop("limit", DEFAULT_LIMIT)
+        return "auto", AutoCap(**auto_opts, limit=limit, _caller=caller)
+    try:
+        max_items = int(str(raw).strip())
+    except ValueError:
+        max_items = None
+    if max_items is None or max_items < 1:
+        raise ParameterError(f"The 'max_items' parameter of {caller} (--max-items) must be a positive integer "
+                             f"or 'auto'. Got {raw!r} instead.")
+    if auto_opts:
+        raise ParameterError(f"--max-items-{next(iter(auto_opts))} applies to --max-items auto only.")
+    check_param("max_events_per_item", cfg.get("max_events_per_item"), [None, Interval("integer", 1, None, "left")],
+                caller)
+    return max_items, None
 
 
 EVENT_OPTIONS = (
@@ -100,8 +150,15 @@ EVENT_OPTIONS = (
            "events become one record of at most --max-items items of --vocabulary", default=False),
     Option("person_col", "str", "event tables: the person-key column (never copied to the output)"),
     Option("item_col", "str", "event tables: the item column (tower, station)"),
-    Option("max_items", "int", "event tables: at most this many distinct items per person, chosen "
-           "uniformly at random when a person has more"),
+    Option("max_items", "int_or_auto", "event tables: at most this many distinct items per person, chosen "
+           "uniformly at random when a person has more; 'auto': chosen by the release as a DP quantile of "
+           "the items per person (spends --max-items-share of epsilon, accounted in the same event)"),
+    Option("max_items_quantile", "float", "with --max-items auto: the share of people whose items all fit "
+           "(default 0.95)"),
+    Option("max_items_share", "float", "with --max-items auto: the share of epsilon the choice spends "
+           "(default 0.1)"),
+    Option("max_items_limit", "int", "with --max-items auto: the largest bound that may be chosen "
+           "(default 256)"),
     Option("vocabulary", "str", "event tables: the PUBLIC item ids: a file of ids (one per line or "
            "a CSV's first column), or a range 'a..b' (inclusive); other items are dropped and counted"),
     Option("weights", "str", "event tables: binary (1 per visited item) or counts (event counts "
@@ -120,6 +177,7 @@ class RunResult:
     epsilon: float
     delta: float
     ledger_entry: str | None
+    notes: tuple = ()  # public facts the command prints (unreliable clusters, the chosen max_items)
 
 
 def check_budget_exists(ledger_url: str | None, table_id: str | None) -> None:
@@ -148,6 +206,79 @@ def check_budget_exists(ledger_url: str | None, table_id: str | None) -> None:
     with led:
         if table_id not in led.tables():
             raise BudgetExceededError(_no_budget_message(getattr(led, "public_url", None) or str(url), table_id))
+
+
+def check_budget_admits(cfg: ReleaseConfig, plan_without_data) -> None:
+    """Refuse, without starting Spark, a release the ledger would refuse now (over budget).
+
+    The release's events are planned from its public parameters alone where the input's
+    public facts follow from them (a table's declared columns; an event table's vocabulary
+    and contribution bound): ``plan_without_data(cfg)`` returns them, or None when they
+    need the input's schema. The ledger's dry run (``check_admission``) then raises the
+    refusal the reservation would (exit 3). Nothing is reserved here: the reservation, made
+    after Spark starts and before any data is read, still decides.
+    """
+    table_id = cfg.get("table_id")
+    if table_id is None:
+        return
+    events = plan_without_data(cfg)
+    if events is None:
+        return
+    from sparkpriv.ledger import open_ledger
+    from sparkpriv.ledger.base import default_ledger_url
+
+    try:
+        led = open_ledger(cfg.get("ledger") or default_ledger_url(), read_only=True)
+    except Exception:
+        return  # a ledger that cannot be read here: the reservation says why
+    with led:
+        check = getattr(led, "check_admission", None)
+        if check is not None:
+            check(table_id, events)
+
+
+class _PlannedRecords:
+    """The public facts of an event table's bounded records, from the options alone (no data)."""
+
+    def __init__(self, d: int, max_items: int, value_cap: float, auto):
+        self.d, self.value_cap, self.auto_cap = d, value_cap, auto
+        self.set_max_items(max_items)
+
+    def set_max_items(self, max_items: int) -> None:
+        self.max_items = int(max_items)
+
+    @property
+    def facts(self):
+        from sparkpriv.mechanisms.protocol import InputFacts
+
+        return InputFacts("records", self.d, (), self.value_cap, math.sqrt(self.max_items) * self.value_cap)
+
+
+def _public_facts(cfg: ReleaseConfig, mech):
+    """The input facts a release would see, from public options only (None where they need data)."""
+    from sparkpriv.mechanisms.protocol import InputFacts
+
+    if cfg.get("events"):
+        from sparkpriv.mechanisms.sparse import Vocabulary
+
+        max_items, auto = check_event_options(cfg)
+        try:
+            d = Vocabulary.parse(cfg.get("vocabulary")).size
+        except Exception:
+            return None  # a vocabulary file Spark reads (a remote path): checked at the reservation
+        if auto is not None:
+            auto = dataclasses.replace(auto, limit=min(auto.limit, d))
+            max_items = auto.limit
+        c = float(cfg.get("max_events_per_item") or 1) if cfg.get("weights", "binary") == "counts" else 1.0
+        return _PlannedRecords(d, max_items, c, auto)
+    columns = cfg.get("columns")
+    if not columns:
+        return None
+    columns = tuple(columns)
+    names = columns + tuple(cfg.get("keep_columns") or ()) + tuple(c for c in (cfg.get("label"), cfg.get("target"))
+                                                                  if c)
+    return type("_Table", (), {"facts": InputFacts("table", len(columns), columns, names=names),
+                               "auto_cap": None})()
 
 
 def check_local_paths(cfg: ReleaseConfig) -> None:
@@ -200,6 +331,8 @@ def run_release(cfg: ReleaseConfig, spark=None, on_step=None) -> RunResult:
     if spec.precheck is not None:
         spec.precheck(cfg)
     check_budget_exists(cfg.get("ledger"), cfg.get("table_id"))
+    if spec.plan_without_data is not None:
+        check_budget_admits(cfg, spec.plan_without_data)
     if spark is None:
         check_local_paths(cfg)
     spark = spark or get_spark(cfg.spark, size_local_driver=True)
@@ -210,14 +343,40 @@ def run_release(cfg: ReleaseConfig, spark=None, on_step=None) -> RunResult:
         raise ParameterError("--reader arrow does not apply to --events: an event table is bounded by Spark "
                              "SQL, so Spark reads it. Leave --reader out (auto) or use --reader spark.")
     reader = "spark" if cfg.get("events") else cfg.get("reader", "auto")
+    used = [c for c in (*(cfg.get("columns") or ()), *(cfg.get("keep_columns") or ()), cfg.get("label"),
+                        cfg.get("target"), cfg.get("person_col"), cfg.get("item_col")) if c]
     df = read_table(spark, cfg.get("input"), cfg.get("input_format"), null_value=cfg.get("null_value"),
-                    reader=reader)
+                    reader=reader, columns=used)
     release = spec.release(df, cfg, cfg.get("input"), **({"on_step": on_step} if spec.precheck else {}))
     entry = release.hold.reservation.id if release.hold.reservation is not None else None
-    out = release.write(cfg.get("output"), overwrite=bool(cfg.get("overwrite")), writer=cfg.get("writer"),
-                        owner_report=cfg.get("owner_report"))
+    try:
+        out = release.write(cfg.get("output"), overwrite=bool(cfg.get("overwrite")), writer=cfg.get("writer"),
+                            owner_report=cfg.get("owner_report"))
+    except BaseException as exc:
+        # the job ends here: its computed (or partly computed) table is charged, never given back
+        release.abandon(f"publishing failed: {type(exc).__name__}")
+        raise
     return RunResult(output=out, receipt_path=f"{out}/{RECEIPT_FILE}", epsilon=release.epsilon,
-                     delta=release.delta, ledger_entry=entry)
+                     delta=release.delta, ledger_entry=entry, notes=public_notes(release.public))
+
+
+def public_notes(public: dict) -> tuple:
+    """What a user must see of a release's public facts before using it (printed by the command)."""
+    notes = []
+    clusters = (public.get("model") or {}).get("clusters")
+    if clusters and clusters.get("unreliable"):
+        k = len(clusters["reliable"]) + len(clusters["unreliable"])
+        notes.append(f"{clusters['usable']} of {k} clusters usable; clusters {clusters['unreliable']} are unreliable "
+                     "(noisy size below the rule in the receipt) and synthesis skips them")
+    unreliable = public.get("unreliable_clusters")
+    if isinstance(unreliable, (list, tuple)) and unreliable:
+        notes.append(f"clusters {list(unreliable)} are unreliable (noisy size within noise of 0): their centres are "
+                     "noise")
+    est = public.get("contribution_bound_estimation")
+    if est:
+        notes.append(f"max_items {est['chosen_max_items']} chosen by a DP quantile ({est['quantile']:g} of the people),"
+                     f" epsilon {est['epsilon']:.4g} of the release")
+    return tuple(notes)
 
 
 def _read_init_file(path: str):
@@ -253,7 +412,7 @@ def register_protocol(name: str, summary: str, *, row_level: bool, extra: tuple[
     """
     from functools import lru_cache
 
-    common = {o.name for o in COMMON_OPTIONS}
+    common = {o.name for o in COMMON_OPTIONS + TABLE_OPTIONS}
 
     @lru_cache(maxsize=1)
     def resolved():
@@ -283,15 +442,40 @@ def register_protocol(name: str, summary: str, *, row_level: bool, extra: tuple[
         """The parameters' own checks, before Spark starts (public parameters only)."""
         from sparkpriv.mechanisms.protocol import resolve_neighbors
 
-        mech = resolved()[0]
+        mech, _, events, _ = resolved()
         caller = f"sparkpriv release {name}"
-        p = mech.Params.from_mapping(params_of(cfg), caller)
+        params = params_of(cfg)  # the mechanism's own refusals of options first
+        if events and cfg.get("events"):
+            check_event_options(cfg)
+        p = mech.Params.from_mapping(params, caller)
         if hasattr(p, "neighbors"):
             resolve_neighbors(p.neighbors, mech, caller)
         p.validate(caller)
 
+    def plan_without_data(cfg: ReleaseConfig):
+        """The release's events from its public options alone, or None (they need the input)."""
+        from sparkpriv.release import _plan_auto
+
+        mech = resolved()[0]
+        caller = f"sparkpriv release {name}"
+        src = _public_facts(cfg, mech)
+        if src is None:
+            return None
+        try:
+            p = mech.Params.from_mapping(params_of(cfg), caller)
+            p.validate(caller)
+            mech.check_input(p, src.facts, caller)
+            if src.auto_cap is not None:
+                return _plan_auto(mech, p, src, src.auto_cap, caller)[0].events
+            return mech.plan(p, src.facts, caller).events
+        except Exception:  # the real plan, on the input's schema, refuses what is wrong
+            return None
+
     register(MechanismSpec(name=name, summary=summary, options=(), release=run, precheck=precheck,
-                           lazy_options=lambda: resolved()[3], row_level=row_level))
+                           lazy_options=lambda: resolved()[3], row_level=row_level,
+                           plan_without_data=plan_without_data,
+                           table_fields=lambda: ({s.name for s in resolved()[0].specs()}
+                                                 if "table" in resolved()[0].inputs else set())))
 
 
 def _kmeans_adapt(cfg: ReleaseConfig, params: dict) -> dict:
@@ -346,6 +530,18 @@ register_protocol("counts", "DP counts per public key of an event table (distinc
                   row_level=False, adapt=_counts_adapt)
 
 
+def _events_only(cfg: ReleaseConfig, params: dict) -> dict:
+    if not cfg.get("events"):
+        raise ParameterError("sparkpriv release synthetic reads an event table: give --events with "
+                             "--person-col, --item-col, --vocabulary and --max-items (auto is advised).")
+    return params
+
+
+register_protocol("synthetic", "a DP synthetic table of an event table (each person's set of items): the histogram "
+                  "of items per person and the per-item counts, released once; synthetic people drawn from them",
+                  row_level=False, adapt=_events_only)
+
+
 def _projection_adapt(cfg: ReleaseConfig, params: dict) -> dict:
     if cfg.get("events") and (cfg.get("columns") or cfg.get("keep_columns")):
         raise ParameterError("--columns and --keep-columns do not apply to --events: the record of a "
@@ -389,12 +585,15 @@ def options_markdown() -> str:
            "a job config file (TOML). For the mechanisms of the protocol the table comes from the",
            "mechanism's parameters class, which also defines the Python keywords; \"(Python only)\"",
            "marks parameters that have no flag.", "",
-           "## Every release", "", _legacy_table(COMMON_OPTIONS), ""]
+           "## Every release", "", _legacy_table(COMMON_OPTIONS), "",
+           "## Releases of a table's columns", "",
+           "Each mechanism that takes a table offers those of these that apply to it.", "",
+           _legacy_table(TABLE_OPTIONS), ""]
     for name in sorted(MECHANISMS):
         spec = MECHANISMS[name]
         out += [f"## {name}", "", spec.summary + ".", ""]
         if name in protocol:
-            common = {o.name for o in COMMON_OPTIONS}
+            common = {o.name for o in COMMON_OPTIONS + TABLE_OPTIONS}
             mech = protocol[name]
             out += [option_table(mech), ""]
             cli_only = [o for o in spec.all_options() if o.name not in {s.name for s in mech.specs()}

@@ -249,17 +249,19 @@ def test_table_without_budget_is_refused_before_spark_starts(tmp_path, capsys):
 
 
 def test_spark_log_noise_stays_out_of_the_terminal(tmp_path):
-    """A null in a column fails in the executors; the terminal shows sparkpriv's one-line
+    """An undeclared label fails in the executors; the terminal shows sparkpriv's one-line
     error, not Spark's executor stack traces (they were 94 lines), unless --log-level DEBUG."""
-    (tmp_path / "t.csv").write_text("a,b\n1.0,2.0\n0.5,\n0.1,0.3\n")
+    (tmp_path / "t.csv").write_text("a,b,y\n1.0,2.0,0\n0.5,,1\n0.1,0.3,7\n")
     env = _env(tmp_path)
     env.pop("SPARKPRIV_SPARK_LOG_LEVEL", None)
-    args = [sys.executable, "-m", "sparkpriv.cli", "release", "projection", "--input", "t.csv", "--output",
-            "out", "--columns", "a,b", "--k", "1", "--epsilon", "1", "--row-bound", "1"]
+    args = [sys.executable, "-m", "sparkpriv.cli", "release", "dprp", "--input", "t.csv", "--output",
+            "out", "--columns", "a,b", "--label", "y", "--labels", "private", "--classes", "0,1", "--epsilon", "1", "--delta", "1e-5",
+            "--lower", "0", "--upper", "2"]
     out = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 2
+    assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
-    assert lines[-1].startswith("sparkpriv: error: column 'b' has null values")
+    assert lines[-1].startswith("sparkpriv: error: the label column 'y' holds a value that is not a declared"), \
+        lines[-3:]
     assert len(lines) < 15 and "Traceback" not in out.stderr and "Exception in task" not in out.stderr
     assert not (tmp_path / "out").exists()
 
@@ -284,3 +286,33 @@ def test_dprp_parameter_errors_before_spark_starts(tmp_path, capsys, monkeypatch
                "--columns", "a", "--lower", "0", "--upper", "1", "--epsilon", "1", *extra])
     assert rc == 2
     assert re.search(msg, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("argv", [
+    ["release", "projection", "--columns", "a,b", "--k", "1", "--epsilon", "1", "--row-bound", "1"],
+    ["release", "counts", "--events", "--person-col", "p", "--item-col", "i", "--vocabulary", "0..9",
+     "--max-items", "3", "--epsilon", "1"],
+    ["release", "counts", "--events", "--person-col", "p", "--item-col", "i", "--vocabulary", "0..9",
+     "--max-items", "auto", "--epsilon", "1"],
+    ["release", "kmeans", "--columns", "a,b", "--k", "2", "--epsilon", "1", "--delta", "1e-6",
+     "--variant", "linear", "--row-bound", "1"],
+])
+def test_over_budget_is_refused_before_spark_starts(tmp_path, monkeypatch, capsys, argv):
+    """The ledger's dry run refuses an over-budget release before Spark starts (exit 3), on the command
+    line and in spark-submit jobs (the same run_release)."""
+    import sparkpriv.spark.session as session
+    from sparkpriv.ledger import open_ledger
+
+    def no_spark(*a, **k):
+        raise AssertionError("Spark must not start for an over-budget release")
+
+    url = f"sqlite:///{tmp_path}/l.sqlite"
+    with open_ledger(url) as led:
+        led.set_budget("t", epsilon=0.5, delta=1e-5)
+    monkeypatch.setattr(session, "get_spark", no_spark)
+    rc = main([*argv, "--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "o"),
+               "--ledger", url, "--table-id", "t"])
+    assert rc == 3
+    assert "budget" in capsys.readouterr().err
+    with open_ledger(url) as led:
+        assert led.status("t").entries == []  # nothing reserved

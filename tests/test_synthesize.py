@@ -557,3 +557,17 @@ def test_a_release_on_event_records_synthesizes_its_events(spark, tmp_path):
     items = t.column("items").to_pylist()
     assert all(its == sorted(set(its)) and set(its) <= set(range(200, 206)) for its in items)
     assert sum(map(len, items)) > 0
+
+
+def test_a_public_seed_reproduces_the_table_and_is_recorded(spark, release, tmp_path):
+    """--seed: post-processing of a public model, so a public seed is allowed; the same seed gives the
+    same table, another seed another one, and the receipt records it."""
+    a = synthesize_dpgm(release, rows=1500, output=str(tmp_path / "a"), partitions=2, spark=spark, seed=7)
+    b = synthesize_dpgm(release, rows=1500, output=str(tmp_path / "b"), partitions=2, spark=spark, seed=7)
+    c = synthesize_dpgm(release, rows=1500, output=str(tmp_path / "c"), partitions=2, spark=spark, seed=8)
+    np.testing.assert_array_equal(_read(a.output), _read(b.output))
+    assert not np.array_equal(_read(a.output), _read(c.output))
+    receipt = json.loads((tmp_path / "a" / "_privacy_receipt.json").read_text())
+    assert "7" in json.dumps(receipt) and receipt["guarantee"]["epsilon"] > 0
+    with pytest.raises(ParameterError, match="'seed'"):
+        synthesize_dpgm(release, rows=10, output=str(tmp_path / "d"), spark=spark, seed=-1)

@@ -6,10 +6,13 @@ Sources are Parquet or CSV paths (any Hadoop filesystem Spark can read:
 
 from __future__ import annotations
 
+import logging
 import os
 
 from sparkpriv.errors import InputError
 from sparkpriv.spark.schema import check_numeric_columns, schema_fingerprint
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["read_table", "check_numeric_columns", "schema_fingerprint", "FORMATS", "READERS"]
 
@@ -28,7 +31,8 @@ def _guess_format(source: str) -> str:
 
 
 def read_table(spark, source: str, fmt: str | None = None, *, null_value: str | None = None,
-               format_option: str = "--input-format", reader: str = "spark", filesystem=None):
+               format_option: str = "--input-format", reader: str = "spark", filesystem=None,
+               columns=None):
     """Read ``source`` as a DataFrame (lazily; only the schema is read), or as a
     :class:`~sparkpriv.spark.parquet_scan.ParquetInput` for the direct Parquet reader.
 
@@ -59,6 +63,11 @@ def read_table(spark, source: str, fmt: str | None = None, *, null_value: str | 
     the files of the direct reader; default the local filesystem for ``file:``
     paths, else (``"arrow"`` only) the one pyarrow derives from the URI.
     See :mod:`sparkpriv.spark.parquet_scan`.
+
+    ``columns``: the columns the release uses, when known. A Parquet column
+    Spark cannot read (nanosecond timestamps, as pandas writes them) that is
+    not among them is read as a plain integer and left alone; one that is
+    among them is an :class:`InputError` naming it and the fix.
     """
     if reader not in READERS:
         raise InputError(f"Unknown reader {reader!r}; use one of {', '.join(READERS)} (--reader).")
@@ -76,7 +85,7 @@ def read_table(spark, source: str, fmt: str | None = None, *, null_value: str | 
                          f"is read as {fmt}. Use reader='spark' (--reader spark).")
     try:
         if fmt == "parquet":
-            df = spark.read.parquet(source)
+            df = _read_parquet(spark, source, columns)
         elif fmt == "csv":
             csv = spark.read.option("header", "true").option("inferSchema", "true")
             if null_value is not None:
@@ -84,6 +93,8 @@ def read_table(spark, source: str, fmt: str | None = None, *, null_value: str | 
             return csv.csv(source)
         else:
             return spark.table(source)
+    except InputError:
+        raise
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(
@@ -91,6 +102,56 @@ def read_table(spark, source: str, fmt: str | None = None, *, null_value: str | 
             f"name and the format ({format_option} parquet|csv|table)."
         ) from None
     return _parquet_input(spark, df, source, reader, filesystem)
+
+
+_NANOS_CONF = "spark.sql.legacy.parquet.nanosAsLong"
+
+
+def _read_parquet(spark, source: str, columns):
+    """``spark.read.parquet(source)``; nanosecond timestamp columns the release does not use are read
+    as integers (Spark refuses the whole file otherwise), used ones are refused naming them."""
+    fix = ("rewrite the file with microsecond timestamps (pandas: df.to_parquet(path, coerce_timestamps='us', "
+           "allow_truncated_timestamps=True)) or drop the column")
+
+    def refuse(named: str):
+        raise InputError(f"Cannot read the input {source!r}: {named} nanosecond timestamps, which Spark cannot "
+                         f"read as timestamps: {fix}.")
+
+    nanos = _nanosecond_columns(source)  # local files: from the footers, before Spark reads anything
+    used = [c for c in nanos if columns is None or c in columns]
+    if used:
+        refuse(f"column {used[0]!r}{' (used by this release)' if columns is not None else ''} holds")
+    if nanos:
+        _log.info("input %s: column(s) %s hold nanosecond timestamps; the release does not use them (read as "
+                  "integers)", source, ", ".join(nanos))
+        spark.conf.set(_NANOS_CONF, "true")
+    try:
+        return spark.read.parquet(source)
+    except Exception as exc:
+        if "NANOS" not in str(exc) and "PARQUET_TYPE_ILLEGAL" not in str(exc):
+            raise
+        if columns is None:  # a remote file: which column it is, Spark does not say
+            refuse("a column holds")
+    _log.info("input %s: a column holds nanosecond timestamps; read as integers (the release reads only %s)",
+              source, ", ".join(columns))
+    spark.conf.set(_NANOS_CONF, "true")
+    return spark.read.parquet(source)
+
+
+def _nanosecond_columns(source: str) -> list[str]:
+    """The nanosecond timestamp columns of a local Parquet file or directory (its schema, by pyarrow);
+    empty where pyarrow cannot see the files (a remote path)."""
+    try:
+        import pyarrow as pa
+        import pyarrow.dataset as ds
+
+        path = source[len("file:"):] if source.startswith("file:") else source
+        if ":" in path or not os.path.exists(path):
+            return []
+        schema = ds.dataset(path, format="parquet").schema
+    except Exception:
+        return []
+    return [f.name for f in schema if pa.types.is_timestamp(f.type) and f.type.unit == "ns"]
 
 
 def _parquet_input(spark, df, source: str, reader: str, filesystem):

@@ -44,6 +44,7 @@ _log = logging.getLogger("sparkpriv.synthesize")
 
 SYNTHESIS_FORMAT = "sparkpriv.synthesis/1"
 _CALLER = "synthesize_dpgm"
+PERSON_COLUMN, ITEMS_COLUMN = "person", "items"  # event_columns.PERSON, ITEMS
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,8 @@ def _layout(mdl, explode: bool, wide: bool, where: str) -> str:
 
 def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = False,
                     partitions: int | None = None, writer: str = "auto", explode: bool = False,
-                    wide: bool = False, spark=None, spark_conf=None, on_step=None) -> SynthesisResult:
+                    wide: bool = False, spark=None, spark_conf=None, on_step=None,
+                    seed: int | None = None) -> SynthesisResult:
     """Write ``rows`` synthetic records of the DPGM release ``model`` to ``output``.
 
     Parameters
@@ -174,6 +176,10 @@ def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = Fal
     wide : bool
         A model released on event records: the 0/1 table of one column per vocabulary item
         (``x0, x1, ...``) instead of the events. A table model's output is always wide.
+    seed : int >= 0, optional
+        A PUBLIC seed that makes the synthetic table reproducible (the same model, rows,
+        partitions and seed give the same table); recorded in the receipt. The model is
+        public, so a known seed reveals nothing more. Default: fresh OS entropy, never written.
     spark : SparkSession, optional
         Default: :func:`sparkpriv.spark.session.get_spark` with ``spark_conf``, started after
         the parameters are checked.
@@ -190,6 +196,11 @@ def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = Fal
     """
     from sparkpriv.io.writer import RECEIPT_FILE, check_output_path, publish
     from sparkpriv.mechanisms.dpgm import MODEL_FILE, DPGMModel
+
+    if _is_synthetic_release(model, spark, spark_conf):
+        return synthesize_items(model, rows=rows, output=output, overwrite=overwrite, partitions=partitions,
+                                writer=writer, explode=explode, wide=wide, spark=spark, spark_conf=spark_conf,
+                                on_step=on_step, seed=seed)
     from sparkpriv.mechanisms.event_columns import ITEMS, PERSON, THRESHOLD
     from sparkpriv.mechanisms.protocol import Progress
     from sparkpriv.privacy.random import active_fixed_seed, new_secret_seed
@@ -197,6 +208,9 @@ def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = Fal
     from sparkpriv.spark.synthesize import batch_rows_for, default_partitions, synthetic_events, synthetic_rows
 
     rows = _check_rows(rows)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+        raise ParameterError(f"The 'seed' parameter of {_CALLER} must be an integer in [0, 2^63) (--seed). "
+                             f"Got {seed!r} instead.")
     partitions = _check_partitions(partitions, rows)
     if writer not in ("auto", "spark", "arrow"):
         raise ParameterError(f"The 'writer' parameter of {_CALLER} must be auto, spark or arrow (--writer). "
@@ -225,7 +239,13 @@ def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = Fal
     if partitions is None:
         partitions = default_partitions(rows, spark.sparkContext.defaultParallelism
                                         if hasattr(spark, "_jsc") else 2)
-    seed = new_secret_seed("dpgm-synthesis")
+    if seed is None:
+        seed, seed_note = new_secret_seed("dpgm-synthesis"), "fresh OS entropy for this run; not recorded"
+    else:
+        from sparkpriv.privacy.random import derive_seed
+
+        seed_note = int(seed)
+        seed = derive_seed(int(seed).to_bytes(16, "little"), "dpgm-synthesis-public")
     batch_rows = batch_rows_for(mdl)
     if layout == "wide":
         batch_map = synthetic_rows(spark, mdl, rows, seed, columns, partitions=partitions, batch_rows=batch_rows)
@@ -269,7 +289,7 @@ def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = Fal
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "synthesis": {"rows": rows, "columns": list(out_columns), "partitions": partitions,
                       "cluster_sizes": [float(v) for v in mdl.sizes], "values": values, "layout": layout,
-                      "seed": "fresh OS entropy for this run; not recorded"},
+                      "seed": seed_note},
         "insecure_test_seed": test_seed,
     }
     if mdl.events is not None:
@@ -287,6 +307,125 @@ def synthesize_dpgm(model: str, *, rows: int, output: str, overwrite: bool = Fal
                            partitions=partitions, model_receipt=f"{directory}/{RECEIPT_FILE}",
                            epsilon=float(guarantee.get("epsilon", math.nan)),
                            delta=float(guarantee.get("delta", math.nan)), types=tuple(out_types), layout=layout)
+
+
+def _is_synthetic_release(model: str, spark, spark_conf) -> bool:
+    """Whether ``model`` names a ``synthetic`` release (its model file), not a DPGM one. Local paths
+    are looked at directly; others when Spark is given (else the DPGM path says what is missing)."""
+    import os
+
+    from sparkpriv.mechanisms.synthetic import MODEL_FILE as SYN_FILE
+
+    path = str(model).rstrip("/")
+    if path.endswith("/" + SYN_FILE):
+        return True
+    local = path[len("file:"):] if path.startswith("file:") else path
+    if ":" not in local:
+        return os.path.exists(os.path.join(local, SYN_FILE))
+    if spark is None:
+        return False
+    from sparkpriv.io.writer import _store_for_check
+
+    fs = _store_for_check(spark, path)
+    return fs.exists(f"{fs.qualify(path)}/{SYN_FILE}")
+
+
+def synthesize_items(model: str, *, rows: int, output: str, overwrite: bool = False, partitions: int | None = None,
+                     writer: str = "auto", explode: bool = False, wide: bool = False, spark=None, spark_conf=None,
+                     on_step=None, seed: int | None = None) -> SynthesisResult:
+    """Write ``rows`` synthetic people of a ``synthetic`` release (``sparkpriv release synthetic``) to
+    ``output``: ``person``, ``items`` (the item ids, sorted), or with ``explode`` one row per (person,
+    item) under the source's column names. Post-processing of the released model (no data read, no
+    budget spent, no ledger entry); ``seed`` as in :func:`synthesize_dpgm`."""
+    from sparkpriv.io.writer import RECEIPT_FILE, _store_for_check, check_output_path, publish
+    from sparkpriv.mechanisms.protocol import Progress
+    from sparkpriv.mechanisms.synthetic import MODEL_FILE as SYN_FILE, SyntheticModel
+    from sparkpriv.privacy.random import active_fixed_seed, derive_seed, new_secret_seed
+    from sparkpriv.spark.progress import TaskProgress
+    from sparkpriv.spark.synthesize import default_partitions, sparse_synthetic_events
+
+    rows = _check_rows(rows)
+    partitions = _check_partitions(partitions, rows)
+    explode, wide = _check_flag("explode", explode), _check_flag("wide", wide)
+    if wide:
+        raise ParameterError(f"The 'wide' parameter of {_CALLER} (--wide) does not apply to a synthetic release: "
+                             "its tables are sparse (person, items). Remove --wide.")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+        raise ParameterError(f"The 'seed' parameter of {_CALLER} must be an integer in [0, 2^63) (--seed). "
+                             f"Got {seed!r} instead.")
+    if spark is None:
+        from sparkpriv.spark.session import get_spark
+
+        spark = get_spark(spark_conf)
+    path = str(model).rstrip("/")
+    directory = path[: -len(SYN_FILE) - 1] if path.endswith("/" + SYN_FILE) else path
+    fs = _store_for_check(spark, directory)
+    directory = fs.qualify(directory)
+    model_bytes = fs.read_bytes(f"{directory}/{SYN_FILE}")
+    receipt_bytes = fs.read_bytes(f"{directory}/{RECEIPT_FILE}")
+    try:
+        mdl = SyntheticModel.load(io.BytesIO(model_bytes))
+        receipt = json.loads(receipt_bytes.decode())
+    except ParameterError:
+        raise
+    except Exception as exc:
+        raise InputError(f"The synthetic release {directory} cannot be read ({type(exc).__name__}): its model "
+                         "file or receipt is damaged (--model).") from None
+    if receipt.get("mechanism") != "synthetic" or mdl.events is None:
+        raise InputError(f"{directory} is not a synthetic release of an event table (--model).")
+    recorded = (receipt.get("mechanism_details", {}).get("model") or {}).get("n_people")
+    if recorded is not None and int(recorded) != mdl.n:
+        raise InputError(f"The model file of {directory} does not match its receipt: the directory was altered.")
+    target = check_output_path(spark, output, overwrite)
+    if partitions is None:
+        partitions = default_partitions(rows, spark.sparkContext.defaultParallelism if hasattr(spark, "_jsc") else 2)
+    if seed is None:
+        key, seed_note = new_secret_seed("synthetic-synthesis"), "fresh OS entropy for this run; not recorded"
+    else:
+        key, seed_note = derive_seed(int(seed).to_bytes(16, "little"), "synthetic-synthesis-public"), int(seed)
+    batch_map = sparse_synthetic_events(spark, mdl, rows, key, partitions=partitions, explode=explode)
+    ev = mdl.events
+    t = ev.synthetic_item_type
+    out_columns, out_types = ((ev.person, ev.item), ("bigint", t)) if explode else \
+        ((PERSON_COLUMN, ITEMS_COLUMN), ("bigint", f"array<{t}>"))
+    guarantee = dict(receipt.get("guarantee") or {})
+    test_seed = active_fixed_seed() is not None
+    if test_seed:
+        guarantee.update(holds=False, statement="made with a fixed test seed: the model release's own receipt "
+                         "says what it guarantees")
+    provenance = {
+        "format": SYNTHESIS_FORMAT, "mechanism": "synthetic-synthesis", "post_processing": True,
+        "statement": "synthetic people sampled from a released synthetic model: post-processing of that release, "
+                     "no data read, no budget spent, no ledger entry; the guarantee is the model release's",
+        "post_processing_of": {"release": directory, "receipt": f"{directory}/{RECEIPT_FILE}",
+                               "receipt_sha256": hashlib.sha256(receipt_bytes).hexdigest(),
+                               "model_file": f"{directory}/{SYN_FILE}",
+                               "model_sha256": hashlib.sha256(model_bytes).hexdigest(),
+                               "mechanism": "synthetic", "created_at": receipt.get("created_at"),
+                               "ledger": receipt.get("ledger")},
+        "guarantee": guarantee, "spent": {"epsilon": 0.0, "delta": 0.0},
+        "library": {"name": "sparkpriv", "version": _version(), "python": platform.python_version()},
+        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "synthesis": {"rows": rows, "columns": list(out_columns), "partitions": partitions,
+                      "layout": "events" if explode else "items", "seed": seed_note,
+                      "values": f"synthetic person ids 0..{rows - 1} (not the source's keys); each person's items "
+                                "are item ids of the declared vocabulary, sorted",
+                      "events": ev.to_public_dict()},
+        "insecure_test_seed": test_seed,
+        "output": {"path": target, "schema": [{"name": c, "type": t} for c, t in zip(out_columns, out_types)]},
+    }
+    _log.info("synthesize: %d people of the synthetic model of %s, %d partition(s); post-processing, no budget "
+              "spent", rows, directory, partitions)
+    progress = Progress(_CALLER, _log, on_step, spent="post-processing: no budget spent")
+    with TaskProgress(spark, "synthesis", progress.step):
+        out = publish(batch_map.to_df(), output, receipt=provenance, overwrite=overwrite, rows=batch_map,
+                      writer=writer)
+    del key
+    return SynthesisResult(output=out, receipt_path=f"{out}/{RECEIPT_FILE}", rows=rows, columns=tuple(out_columns),
+                           partitions=partitions, model_receipt=f"{directory}/{RECEIPT_FILE}",
+                           epsilon=float(guarantee.get("epsilon", math.nan)),
+                           delta=float(guarantee.get("delta", math.nan)), types=tuple(out_types),
+                           layout="events" if explode else "items")
 
 
 def _version() -> str:

@@ -27,6 +27,10 @@ def accepts(data: Any) -> bool:
     """True for the in-memory inputs this engine takes."""
     if isinstance(data, (np.ndarray, list)):
         return True
+    from sparkpriv.local.records import LocalRecords
+
+    if isinstance(data, LocalRecords):
+        return True
     mod = type(data).__module__
     return mod.startswith("pandas.") or mod.startswith("pyarrow.")
 
@@ -44,9 +48,10 @@ class LocalSource:
     """In-memory rows and their public description (schema only; values are read per block).
 
     ``data`` is a 2-D numpy array or a pyarrow Table (pandas is converted);
-    :meth:`blocks` yields float64 ``(rows, d)`` blocks, filling nulls/NaN with
-    ``fill`` or refusing them naming the column, as the Spark engine's
-    :func:`~sparkpriv.spark.batches.batch_matrix` does inside its tasks.
+    :meth:`blocks` yields float64 ``(rows, d)`` blocks, replacing nulls, NaN and
+    infinities with the public ``fill`` (0.0 when none; counted for the owner), as
+    the Spark engine's :func:`~sparkpriv.spark.batches.batch_matrix` does inside
+    its tasks. With ``missing`` they are marked in the null mask instead.
     """
 
     data: Any = field(repr=False)
@@ -56,6 +61,8 @@ class LocalSource:
     labels: tuple | None = None  # (label column, declared classes coerced to its type)
     missing: bool = False  # blocks are TableRows with the null mask (nulls 0.0)
     keep: tuple = ()
+    replaced: "_Counter" = field(default_factory=lambda: _Counter(), repr=False)  # nulls, NaN, inf replaced
+    _counted: set = field(default_factory=set, repr=False)  # blocks whose replacements were counted
     source_df = None  # no Spark input to check for emptiness
 
     @property
@@ -84,7 +91,8 @@ class LocalSource:
         return {"columns": list(self.columns)}
 
     def input_info(self, source: str | None) -> dict:
-        info = {"source": source or "in-memory data", "columns": list(self.columns), "fill_for_nulls": self.fill}
+        info = {"source": source or "in-memory data", "columns": list(self.columns), "fill_for_nulls": self.fill,
+                "missing_values": missing_values_rule(self.fill, self.missing)}
         if self.labels is not None:
             info["label"] = self.labels[0]
         if self.keep:
@@ -92,7 +100,7 @@ class LocalSource:
         return info
 
     def diagnostics(self) -> dict:
-        return {}
+        return {"missing_values_replaced": self.replaced.value} if self.replaced.value else {}
 
     @property
     def rows(self) -> int:
@@ -101,54 +109,56 @@ class LocalSource:
     def blocks(self, block_rows: int = BLOCK_ROWS):
         for i in range(0, self.rows, block_rows):
             yield self._block(i, block_rows)
+            self._counted.add((i, block_rows))  # a block's replacements are counted on its first read
+
+    def _count(self, start: int, size: int, n: int) -> None:
+        if (start, size) not in self._counted:
+            self.replaced.add(n)
 
     def _block(self, start: int, size: int):
         if self.labels is None and not self.missing:
             return self._matrix(start, size)
         if isinstance(self.data, np.ndarray):  # no label column in a numpy array (open refuses labels)
             X = np.array(self.data[start:start + size], dtype=np.float64)
-            miss = np.isnan(X)
-            X[miss] = 0.0
-            _check_finite(X, self.columns)
-            return TableRows(X, None, miss)
+            miss = ~np.isfinite(X)  # NaN and infinities are missing values (docs/privacy.md, "Failures")
+            self._count(start, size, int(miss.sum()))
+            if self.missing:
+                X[miss] = 0.0
+                return TableRows(X, None, miss)
+            return TableRows(_filled(X, miss, self.fill), None, None)
         import pyarrow as pa
 
         part = self.data.slice(start, size)
         X = np.empty((part.num_rows, len(self.columns)), dtype=np.float64)
-        miss = np.zeros(X.shape, dtype=bool) if self.missing else None
+        miss = np.zeros(X.shape, dtype=bool)
         for j, c in enumerate(self.columns):
             arr = part.column(c)
             if arr.null_count:
-                if miss is None:
-                    raise InputError(f"column {c!r} has null values; declare a public fill value "
-                                     "(fill=...) or remove them before the release")
                 miss[:, j] = arr.is_null().to_numpy(zero_copy_only=False)
                 arr = arr.cast(pa.float64()).fill_null(0.0)
             X[:, j] = arr.to_numpy().astype(np.float64)
-        _check_finite(X, self.columns)
+        miss |= ~np.isfinite(X)
+        self._count(start, size, int(miss.sum()))
+        X[miss] = 0.0
         codes = None
         if self.labels is not None:
             col, classes = self.labels
             codes = label_codes(part.column(col), classes, col, InputError)
-        return TableRows(X, codes, miss)
+        if self.missing:
+            return TableRows(X, codes, miss)
+        return TableRows(_filled(X, miss, self.fill), codes, None)
 
     def _matrix(self, start: int, size: int) -> np.ndarray:
-        fill = self.fill
         if isinstance(self.data, np.ndarray):
             X = self.data[start:start + size]
-            if X.dtype == np.float64 and (fill is None or not np.isnan(X).any()):
+            if X.dtype == np.float64 and np.isfinite(X).all():
                 X = X.view()  # no copy of the user's rows: a read-only view of them
                 X.flags.writeable = False
-            else:
-                X = np.array(X, dtype=np.float64)
-                if fill is not None:
-                    X[np.isnan(X)] = fill
-            bad = np.flatnonzero(~np.isfinite(X).all(axis=0))
-            if bad.size:
-                j = int(bad[0])
-                raise InputError(f"column {self.columns[j]!r} (index {j}) has NaN or infinite values; "
-                                 "declare a public fill value for NaN (fill=...), or remove them")
-            return X
+                return X
+            X = np.array(X, dtype=np.float64)
+            bad = ~np.isfinite(X)
+            self._count(start, size, int(bad.sum()))
+            return _filled(X, bad, self.fill)
         import pyarrow as pa
 
         part = self.data.slice(start, size)
@@ -156,24 +166,43 @@ class LocalSource:
         for j, c in enumerate(self.columns):
             arr = part.column(c)
             if arr.null_count:
-                if fill is None:
-                    raise InputError(f"column {c!r} has null values; declare a public fill value "
-                                     "(fill=...) or remove them before the release")
-                arr = arr.cast(pa.float64()).fill_null(float(fill))
-            out[:, j] = arr.to_numpy().astype(np.float64) if isinstance(arr, pa.Array) else \
-                arr.to_numpy().astype(np.float64)
-            if not np.isfinite(out[:, j]).all():
-                raise InputError(f"column {c!r} has NaN or infinite values; they have no place in a "
-                                 "bounded domain: remove or replace them")
-        return out
+                arr = arr.cast(pa.float64())  # nulls read as NaN, replaced below with the others
+                arr = arr.fill_null(float("nan"))
+            out[:, j] = arr.to_numpy().astype(np.float64)
+        bad = ~np.isfinite(out)
+        self._count(start, size, int(bad.sum()))
+        return _filled(out, bad, self.fill)
 
 
-def _check_finite(X: np.ndarray, columns) -> None:
-    bad = np.flatnonzero(~np.isfinite(X).all(axis=0))
-    if bad.size:
-        j = int(bad[0])
-        raise InputError(f"column {columns[j]!r} (index {j}) has NaN or infinite values; they have no place "
-                         "in a bounded domain: remove or replace them")
+def missing_values_rule(fill, missing: bool) -> str:
+    """The public rule for nulls, NaN and infinities, as receipts state it."""
+    if missing:
+        return "nulls, NaN and infinite values are missing values, filled by the mechanism (fill)"
+    f = "0.0" if fill is None else repr(fill if np.ndim(fill) == 0 else [float(v) for v in np.ravel(fill)])
+    return f"nulls, NaN and infinite values are replaced by {f} before clipping (a public rule; never an error)"
+
+
+def fill_vector(fill, d: int) -> np.ndarray:
+    """The ``(d,)`` public replacement of nulls, NaN and infinities: the declared or the
+    mechanism's ``fill`` (one value, or one per column), 0.0 where none is given."""
+    if fill is None:
+        return np.zeros(d)
+    f = np.asarray(fill, dtype=np.float64).reshape(-1)
+    if f.size not in (1, d) or not np.isfinite(f).all():
+        raise ParameterError(f"The fill for missing values must be one finite number or one per column ({d}). "
+                             f"Got {fill!r}.")
+    return np.array(np.broadcast_to(f, (d,)), dtype=np.float64)
+
+
+def _filled(X: np.ndarray, bad: np.ndarray, fill) -> np.ndarray:
+    """``X`` with the entries marked ``bad`` (nulls, NaN, infinities) replaced by the public fill.
+
+    A public rule applied to every record alike: no value of the data makes a release fail or
+    changes its cost (docs/privacy.md, "Failures"); the replacements are counted for the owner.
+    """
+    if bad.any():
+        X[bad] = np.broadcast_to(fill_vector(fill, X.shape[1]), X.shape)[bad]
+    return X
 
 
 _SQL_INTS = {1: "tinyint", 2: "smallint", 4: "int", 8: "bigint"}
@@ -368,6 +397,10 @@ class LocalEngine:
         with the null mask (nulls read as 0.0) instead of nulls filled or
         refused. ``keep``: columns a row-level output copies (checked present).
         """
+        from sparkpriv.local.records import LocalRecords
+
+        if isinstance(data, LocalRecords):  # bounded person records in memory (sparkpriv.local.records)
+            return data
         data, names = _open(data, columns, caller)
         if (labels is not None or keep) and isinstance(data, np.ndarray):
             what = "a label column" if labels is not None else "kept columns (keep_columns)"
@@ -391,7 +424,9 @@ class LocalEngine:
 
     def aggregate(self, source: LocalSource, fn, size: int, *, count: bool = False) -> np.ndarray:
         acc = np.zeros(size, dtype=np.float64)
-        for X in source.blocks(self.block_rows):
+        blocks = source.blocks(self.block_rows, count=count) if source.kind == "records" else \
+            source.blocks(self.block_rows)
+        for X in blocks:
             acc += fn(X)
         return acc
 
@@ -484,6 +519,13 @@ class LocalEngine:
         return {"int": pa.int32(), "long": pa.int64(), "double": pa.float64(), "bool": pa.bool_(),
                 "array<double>": pa.list_(pa.float64()), "array<int>": pa.list_(pa.int32()),
                 "string": pa.string()}
+
+    def columns_table(self, columns: Sequence[tuple]):
+        """A pyarrow Table from ``(name, type, values)`` numpy columns (the Spark engine's ``columns_table``)."""
+        import pyarrow as pa
+
+        types = self._types()
+        return pa.table({n: pa.array(np.asarray(v), types[t]) for n, t, v in columns})
 
     def table(self, rows: list[tuple], schema: Sequence[tuple]):
         import pyarrow as pa

@@ -147,11 +147,25 @@ def _value_order(events: EventColumns) -> np.ndarray:
     return np.asarray(pc.sort_indices(events.item_values()).to_numpy(), np.int64)
 
 
-def _sorted_items(X: np.ndarray, events: EventColumns):
-    """``(offsets, the visited items' ids as an Arrow array)``, each row's items sorted by id."""
+def _sorted_items(X, events: EventColumns):
+    """``(offsets, the visited items' ids as an Arrow array)``, each row's items sorted by id.
+
+    ``X``: synthetic records ``(n, d)`` (dense), or ``(offsets, indices)`` of sparse ones
+    (vocabulary indices; distinct within a row)."""
     import pyarrow as pa
 
-    off, pos = item_matrix(X, events)
+    if isinstance(X, tuple):
+        off, idx = np.asarray(X[0], np.int64), np.asarray(X[1], np.int64)
+        if events.vocabulary.is_range:
+            pos = idx
+        else:
+            rank = np.empty(events.d, np.int64)
+            rank[_value_order(events)] = np.arange(events.d)
+            pos = rank[idx]
+        rows = np.repeat(np.arange(off.size - 1), np.diff(off))
+        pos = pos[np.lexsort((pos, rows))]
+    else:
+        off, pos = item_matrix(X, events)
     values = events.item_values()
     if not events.vocabulary.is_range:
         values = values.take(pa.array(_value_order(events)))

@@ -47,6 +47,7 @@ __all__ = [
     "Neighbors", "ReplaceOne", "AddRemove", "Element", "REPLACE_ONE", "ADD_REMOVE", "ELEMENT",
     "resolve_neighbors", "option", "Params", "OptionSpec", "option_table", "Plan", "Outcome",
     "SparseRows", "TableRows", "InputFacts", "Mechanism", "Progress", "register", "registered", "get_mechanism", "REQUIRED",
+    "missing_value_fill",
 ]
 
 
@@ -133,6 +134,17 @@ def resolve_neighbors(value: Any, mechanism: "Mechanism | type[Mechanism]", call
 
 
 # ----------------------------------------------------------------------------- parameters
+
+# The range of public numbers every mechanism computes with exactly (Params._check_magnitudes):
+# squares of bounds times counts stay far below float64's 1.8e308, noise grids inside int64.
+MAX_PUBLIC_MAGNITUDE = 1e15
+MIN_PUBLIC_SCALE = 1e-12
+EPSILON_RANGE = (1e-4, 1e4)
+MIN_DELTA = 1e-12  # dp_accounting's PLD resolves no delta below about 1e-15 (its tail truncation)
+POSITIVE_SCALES = frozenset({"row_bound", "element_bound", "clip", "kernel_width", "label_scale",
+                             "max_value", "value_bound"})
+# public numbers that are not magnitudes of the data (shares, rates, counts, probabilities)
+_NOT_MAGNITUDES = frozenset({"neighbors"})
 
 
 class _Required:
@@ -250,7 +262,50 @@ class Params:
             cons = list(m.get("constraints", ()))
             if cons and v is not None:
                 check_param(f.name, v, cons, caller)
+        self._check_magnitudes(caller)
         self.check(caller)
+
+    def _check_magnitudes(self, caller: str) -> None:
+        """Every public number within the range the calibration computes with exactly.
+
+        A declared bound, fill or scale above :data:`MAX_PUBLIC_MAGNITUDE` (or a
+        positive scale below :data:`MIN_PUBLIC_SCALE`), an epsilon outside
+        :data:`EPSILON_RANGE` or a positive delta below :data:`MIN_DELTA` would
+        overflow (or underflow) the sensitivity, the noise scale or the
+        accountant somewhere after the reservation; it is refused here, naming
+        the parameter, before anything is reserved or read.
+        """
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name == "epsilon":
+                lo, hi = EPSILON_RANGE
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and not lo <= v <= hi:
+                    raise ParameterError(
+                        f"The 'epsilon' parameter of {caller} must be a float in the range [{lo:g}, {hi:g}]. "
+                        f"Got {v!r} instead: below {lo:g} the noise is larger than any answer, above {hi:g} "
+                        "there is no privacy left to state.")
+                continue
+            if f.name == "delta":
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < MIN_DELTA:
+                    raise ParameterError(
+                        f"The 'delta' parameter of {caller} must be 0 or at least {MIN_DELTA:g}. Got {v!r} "
+                        "instead: the accountants do not resolve smaller deltas (1/n or 1e-9 is usual).")
+                continue
+            if f.name in _NOT_MAGNITUDES or f.metadata.get("kind") == "object":
+                continue
+            vals = v if isinstance(v, tuple) else (v,)
+            for x in vals:
+                if isinstance(x, bool) or not isinstance(x, (int, float)):
+                    continue
+                if not math.isfinite(x) or abs(x) > MAX_PUBLIC_MAGNITUDE:
+                    raise ParameterError(
+                        f"The {f.name!r} parameter of {caller} must be a finite number of magnitude at most "
+                        f"{MAX_PUBLIC_MAGNITUDE:g}. Got {x!r} instead: rescale the column (e.g. to thousands) "
+                        "and declare the bound in those units.")
+                if f.name in POSITIVE_SCALES and 0 < x < MIN_PUBLIC_SCALE:
+                    raise ParameterError(
+                        f"The {f.name!r} parameter of {caller} must be 0 or at least {MIN_PUBLIC_SCALE:g}. Got "
+                        f"{x!r} instead: rescale the column and declare the bound in those units.")
 
     def check(self, caller: str) -> None:
         """Cross-field rules (subclasses); public parameters only."""
@@ -320,6 +375,8 @@ class InputFacts:
     strings: ``tinyint``, ``smallint``, ``int``, ``bigint``, ``float``,
     ``double``, ``boolean``, ``decimal(p,s)``; empty when unknown), for outputs
     that keep the source's column types (DPGM's synthetic tables).
+    ``length_histogram``: bounded event records whose bound is ``auto``: the release path measures the
+    DP histogram of items per person (and gives it to the mechanism as ``source.length_histogram``).
     ``events``: bounded event records, the event table's public
     :class:`~sparkpriv.mechanisms.event_columns.EventColumns` (person and item
     column names, the item column's type, the declared vocabulary), for outputs
@@ -336,6 +393,7 @@ class InputFacts:
     names: tuple = ()
     types: tuple = ()
     events: Any = None
+    length_histogram: bool = False  # records with max_items='auto': the release measures items per person
 
 
 @dataclass(frozen=True)
@@ -457,7 +515,7 @@ class Mechanism:
         the null mask, columns kept in a row-level output) says so here.
         """
         columns = params.input_columns() if hasattr(params, "input_columns") else getattr(params, "columns", None)
-        return {"columns": columns, "fill": getattr(params, "fill", None)}
+        return {"columns": columns, "fill": missing_value_fill(params)}
 
     def plan(self, params: Params, facts: InputFacts, caller: str) -> Plan:  # pragma: no cover
         raise NotImplementedError
@@ -470,6 +528,30 @@ class Mechanism:
         if facts.kind not in self.inputs:
             raise ParameterError(f"{caller} does not take {facts.kind} input; it takes: "
                                  f"{', '.join(self.inputs)}.")
+
+
+def missing_value_fill(params: Params):
+    """The public replacement of nulls, NaN and infinities in a table's declared columns.
+
+    The declared ``fill`` when there is one; otherwise the centre of the declared
+    per-column box ``[lower, upper]`` (one value, or one per column) when both ends
+    are declared; otherwise 0.0 (the centre of a norm ball). The same rule for every
+    record, decided by public parameters only: no value of the data makes a release
+    fail or changes what it costs (docs/privacy.md, "Failures"). Clipping then
+    applies as to any other value.
+    """
+    fill = getattr(params, "fill", None)
+    if isinstance(fill, (int, float)) and not isinstance(fill, bool):
+        return float(fill)
+    lo, hi = getattr(params, "lower", None), getattr(params, "upper", None)
+    if lo is not None and hi is not None:
+        try:
+            c = (np.asarray(lo, dtype=np.float64) + np.asarray(hi, dtype=np.float64)) / 2.0
+        except (TypeError, ValueError):
+            return None
+        if np.all(np.isfinite(c)):
+            return float(c.reshape(-1)[0]) if c.size == 1 else tuple(float(v) for v in np.ravel(c))
+    return None
 
 
 class Progress:
@@ -516,6 +598,7 @@ def registered() -> dict[str, Mechanism]:
     import sparkpriv.mechanisms.kmeans  # noqa: F401  (registers itself)
     import sparkpriv.mechanisms.regression  # noqa: F401  (registers itself)
     import sparkpriv.mechanisms.projection  # noqa: F401  (registers itself)
+    import sparkpriv.mechanisms.synthetic  # noqa: F401  (registers itself)
 
     return dict(_REGISTRY)
 

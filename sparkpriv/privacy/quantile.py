@@ -31,6 +31,7 @@ __all__ = [
     "norm_bucket_counts",
     "histogram_noise",
     "choose_bound",
+    "wide_histogram_noise",
     "DEFAULT_EXPONENTS",
 ]
 
@@ -70,3 +71,16 @@ def choose_bound(noisy_counts: np.ndarray, candidates: np.ndarray, quantile: flo
     cum = np.cumsum(c[:-1])
     hit = np.flatnonzero(cum >= quantile * total)
     return float(candidates[hit[0]]) if hit.size else float(candidates[-1])
+
+
+def wide_histogram_noise(hist_noise: "_noise.LaplaceNoise") -> "_noise.LaplaceNoise":
+    """The same Laplace noise (same event) on a grid holding counts up to 2^30 noise scales.
+
+    The default grid holds only 2^22 scales: with a large epsilon a bucket of a
+    few thousand rows would overflow it, and the release would fail because of
+    the data. The coarser grid costs a factor ``1 + dim g / sensitivity`` (about
+    ``1 + dim 2^-30``) in noise.
+    """
+    return _noise.calibrate_laplace_noise(
+        sensitivity=hist_noise.sensitivity, epsilon=hist_noise.epsilon, dim=hist_noise.dim,
+        max_abs=2.0**30 * hist_noise.sensitivity / hist_noise.epsilon)

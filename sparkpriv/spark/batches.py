@@ -9,9 +9,10 @@ The only Spark-specific helpers the mechanisms need:
   statistic such as a Gram matrix, or per-cluster counts and sums), and merges
   the partials by tree aggregation; only the merged vector reaches the driver.
 * :func:`batch_matrix` turns declared numeric columns of a batch into an
-  ``(n, d)`` float64 array, raising a marked :class:`InputError` that names the
-  column on nulls or non-finite values; :func:`spark_errors` turns such a
-  failure inside a task back into the same error on the driver.
+  ``(n, d)`` float64 array, nulls and non-finite values replaced by a public
+  fill (never an error); :func:`spark_errors` turns a marked
+  :class:`InputError` raised inside a task back into the same error on the
+  driver.
 
 Secrets (projection matrices, noise seeds) reach the executors inside the task
 closure, which Spark distributes once per stage through its own broadcast of
@@ -56,38 +57,35 @@ def _marked(msg: str) -> InputError:
     return InputError(f"{ERROR_MARK}<<{msg}>>")
 
 
-def batch_matrix(batch: pa.RecordBatch, columns: Sequence[str], *, fill: float | None = None) -> np.ndarray:
+def batch_matrix(batch: pa.RecordBatch, columns: Sequence[str], *, fill=None, counter=None,
+                 mask: bool = False):
     """Columns of ``batch`` as an ``(n_rows, len(columns))`` float64 array.
 
-    Nulls are replaced by ``fill`` when it is given, else they are an error;
-    NaN and infinities are always an error (they have no place in a bounded
-    domain). The error names the column and the fix.
+    Nulls, NaN and infinities are replaced by the public ``fill`` (one value or
+    one per column; 0.0 when none is given), the same rule for every record, so
+    no value of the data makes a release fail (docs/privacy.md, "Failures");
+    ``counter`` (an accumulator, or None) counts the replaced values for the
+    data owner. ``mask=True`` returns ``(X, missing)`` with those entries 0.0 and
+    marked in the ``(n, d)`` bool mask instead (DPRP fills them itself).
     """
+    from sparkpriv.local.engine import _filled
+
     n = batch.num_rows
     out = np.empty((len(columns), n), dtype=np.float64).T  # column-major fill, row-major use
     for j, name in enumerate(columns):
         arr = batch.column(name)
-        if arr.null_count:
-            if fill is None:
-                raise _marked(
-                    f"column {name!r} has null values; declare a public fill value "
-                    f"(fill / --fill), or for DPRP fill them with DP column means "
-                    f"(fill='dp-mean' / --fill-dp-mean, which spends a share of the budget), "
-                    f"or remove them before the release"
-                )
-            if pa.types.is_boolean(arr.type):  # a boolean column reads as 0/1; the fill is a number
-                arr = arr.cast(pa.float64())
-            arr = arr.fill_null(pa.scalar(fill, type=arr.type) if pa.types.is_floating(arr.type) else fill)
-        col = arr.to_numpy(zero_copy_only=False)
-        out[:, j] = col
-    if n and not np.isfinite(out).all():
-        bad = np.flatnonzero(~np.isfinite(out).all(axis=0))
-        name = columns[int(bad[0])]
-        raise _marked(
-            f"column {name!r} has NaN or infinite values; replace them with a public value "
-            f"before the release (fill / --fill only replaces nulls)"
-        )
-    return out
+        if arr.null_count:  # nulls read as NaN, replaced below with the others
+            arr = arr.cast(pa.float64()).fill_null(pa.scalar(float("nan"), type=pa.float64()))
+        out[:, j] = arr.to_numpy(zero_copy_only=False)
+    bad = ~np.isfinite(out)
+    replaced = int(bad.sum()) if n else 0
+    if replaced and counter is not None:
+        counter.add(replaced)
+    if mask:
+        if replaced:
+            out[bad] = 0.0
+        return out, bad
+    return _filled(out, bad, fill) if replaced else out
 
 
 def matrix_columns(Z: np.ndarray, block_rows: int = 256) -> list[pa.Array]:

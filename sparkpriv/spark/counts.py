@@ -70,13 +70,15 @@ def key_index_events(events_df, *, person: str, domain: KeyDomain):
             if v.integer_ids and not isinstance(types[c], (IntegralType, StringType)):
                 raise SchemaError(f"The key column {c!r} has type {types[c].simpleString()}; its declared values "
                                   "are integers: give an integer (or string) column.")
+            # try_cast: a malformed key reads as null (outside the domain: dropped and counted),
+            # never a failed job (docs/privacy.md, "Failures")
             if v.is_range:
-                it = F.col(col).cast("long")
+                it = F.expr(f"try_cast(`{col}` AS BIGINT)")
                 ev = ev.withColumn(f"_i{j}", F.when((it >= v.start) & (it < v.stop), it - F.lit(v.start)))
             else:
                 kind = "long" if v.integer_ids else "string"
                 vdf = spark.createDataFrame(list(zip(v.ids, range(v.size))), f"_v{j} {kind}, _i{j} long")
-                ev = ev.withColumn(col, F.col(col).cast(kind)).join(
+                ev = ev.withColumn(col, _try_cast(col, kind)).join(
                     F.broadcast(vdf), F.col(col) == F.col(f"_v{j}"), "left")
             parts.append(F.col(f"_i{j}") * F.lit(s) if s != 1 else F.col(f"_i{j}"))
         idx = parts[0]
@@ -92,7 +94,7 @@ def key_index_events(events_df, *, person: str, domain: KeyDomain):
     rows = [tuple(t) + (i,) for i, t in enumerate(domain.tuples)]
     vdf = spark.createDataFrame(rows, schema)
     for j, k in enumerate(kinds):
-        ev = ev.withColumn(f"_c{j}", F.col(f"_c{j}").cast(k))
+        ev = ev.withColumn(f"_c{j}", _try_cast(f"_c{j}", k))
     cond = None
     for j in range(len(kinds)):
         e = F.col(f"_c{j}") == F.col(f"_v{j}")
@@ -100,14 +102,22 @@ def key_index_events(events_df, *, person: str, domain: KeyDomain):
     return ev.join(F.broadcast(vdf), cond, "left").select("_p", _KIDX)
 
 
-def bound_keys(events_df, *, person: str, domain: KeyDomain, max_keys: int, max_events_per_key: int | None = None,
-               seed=None, source: str | None = None):
+def _try_cast(col: str, kind: str):
+    """``col`` as ``kind`` (long or string), null where a value does not parse."""
+    from pyspark.sql import functions as F
+
+    return F.expr(f"try_cast(`{col}` AS {'BIGINT' if kind == 'long' else 'STRING'})")
+
+
+def bound_keys(events_df, *, person: str, domain: KeyDomain, max_keys, max_events_per_key: int | None = None,
+               seed=None, source: str | None = None, auto=None):
     """The bounded records of the event table over the key domain (lazy :class:`BoundedRecords`).
 
     At most ``max_keys`` (``L``) keys per person, each counting 1 (distinct
     people) or, with ``max_events_per_key`` (``c``), the person's events there
-    capped at ``c``. ``seed``: the secret key of the keyed choice (default:
-    fresh entropy). Pass the result and the same ``domain`` to
+    capped at ``c``; ``max_keys="auto"``: ``L`` chosen by the release as a DP
+    quantile of the keys per person (``auto``: an ``AutoCap``; docs/counts.md).
+    ``seed``: the secret key of the keyed choice (default: fresh entropy). Pass the result and the same ``domain`` to
     ``release_counts``. Reads no data (refusals come first).
     """
     if not isinstance(domain, KeyDomain):
@@ -122,14 +132,15 @@ def bound_keys(events_df, *, person: str, domain: KeyDomain, max_keys: int, max_
                              "vocabularies (its noise is then drawn in the tasks), or split it.")
     from sparkpriv._validation import Interval, check_param
 
-    check_param("max_keys", max_keys, [Interval("integer", 1, None, "left")], "bound_keys")
+    if not (isinstance(max_keys, str) and max_keys == "auto"):
+        check_param("max_keys", max_keys, [Interval("integer", 1, None, "left")], "bound_keys")
     check_param("max_events_per_key", max_events_per_key, [None, Interval("integer", 1, 2**20, "both")],
                 "bound_keys")
     ev = key_index_events(events_df, person=person, domain=domain)
     weights = "binary" if max_events_per_key is None else "counts"
     rec = bound_contributions(ev, person="_p", item=_KIDX, max_items=max_keys,
                               vocabulary=Vocabulary.from_range(0, domain.size), weights=weights,
-                              max_events_per_item=max_events_per_key, seed=seed, source=source)
+                              max_events_per_item=max_events_per_key, seed=seed, source=source, auto=auto)
     rec.input_info["event_table"] = {"person_column": person, "key_columns": list(domain.columns)}
     rec.events = events_df
     return rec

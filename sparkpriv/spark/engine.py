@@ -142,7 +142,9 @@ class SparkEngine:
                     else "string" if isinstance(t, StringType) else "boolean" if isinstance(t, BooleanType)
                     else "other")
             labels = (col, coerce_classes(classes, kind, col, t.simpleString()))
-        return TableSource(data, columns, fill, labels=labels, missing=missing, keep=tuple(keep), input=given)
+        (replaced,) = owner_counters(self._spark, 1) or (None,)
+        return TableSource(data, columns, fill, labels=labels, missing=missing, keep=tuple(keep), input=given,
+                           replaced=replaced)
 
     def __init__(self) -> None:
         self._spark = None  # the session of the opened source

@@ -129,6 +129,12 @@ class BoundedRecords:
     input_info: dict
     _key: int = field(repr=False)
     layout_partitions: int | None = None
+    auto: Any = None  # AutoCap: max_items='auto', L chosen by a DP quantile in the release (cap: its limit)
+
+    def set_max_items(self, max_items: int) -> None:
+        """The cap at ``max_items`` (same weights and events cap): the release of an ``auto`` bound
+        sets the limit for its histogram pass, then the chosen ``L``."""
+        self.cap = ItemCap(int(max_items), self.cap.weights, self.cap.max_events_per_item, _caller=self.cap._caller)
 
     @property
     def d(self) -> int:
@@ -206,7 +212,11 @@ class BoundedRecords:
         return counters_dict(counters)
 
     def to_public_dict(self) -> dict:
-        return {"contribution_bound": self.cap.to_public_dict(),
+        cap = self.cap.to_public_dict()
+        if self.auto is not None:
+            cap = {"max_items": "auto", **self.auto.to_public_dict(), "weights": cap["weights"],
+                   "max_events_per_item": cap["max_events_per_item"]}
+        return {"contribution_bound": cap,
                 "vocabulary": self.vocabulary.to_public_dict(),
                 "record": "one per person: at most max_items distinct items, chosen uniformly at "
                           "random (keyed) when a person has more"}
@@ -314,13 +324,14 @@ def bound_contributions(
     *,
     person: str,
     item: str,
-    max_items: int,
+    max_items,
     vocabulary,
     weights: str = "binary",
     max_events_per_item: int | None = None,
     seed: int | bytes | None = None,
     source: str | None = None,
     layout_partitions: int | None = None,
+    auto=None,
 ) -> BoundedRecords:
     """Reduce an event table to one bounded record per person (lazy).
 
@@ -330,9 +341,14 @@ def bound_contributions(
         One row per event (call, tap, ...).
     person, item : str
         The person-key column and the item column (tower, station id).
-    max_items : int >= 1
+    max_items : int >= 1 or "auto"
         ``L``: at most this many distinct items per person are kept, chosen
-        uniformly at random (keyed) when a person has more.
+        uniformly at random (keyed) when a person has more. ``"auto"``: the
+        release chooses ``L`` as a DP quantile of the number of distinct items
+        per person, spending a share of its epsilon in the same event
+        (:mod:`sparkpriv.mechanisms.auto_bound`; ``auto`` an
+        :class:`~sparkpriv.mechanisms.auto_bound.AutoCap` for its quantile,
+        share and largest ``L``).
     vocabulary : Vocabulary, range, sequence of ids, ``"range:a:b"``, ``"a..b"`` or a file path
         The PUBLIC item vocabulary (``d`` items). Events at other items are
         dropped and counted (owner diagnostics).
@@ -370,8 +386,25 @@ def bound_contributions(
     from pyspark.sql.types import IntegralType, StringType
 
     caller = "bound_contributions"
-    cap = ItemCap(max_items, weights, max_events_per_item, _caller=caller)
     voc = Vocabulary.parse(vocabulary)
+    if isinstance(max_items, str) and max_items == "auto":
+        from sparkpriv.mechanisms.auto_bound import DEFAULT_LIMIT, AutoCap
+
+        auto = auto if auto is not None else AutoCap(limit=DEFAULT_LIMIT, _caller=caller)
+        if not isinstance(auto, AutoCap):
+            raise ParameterError(f"{caller}: 'auto' must be an AutoCap (quantile, share, limit). Got "
+                                 f"{type(auto).__name__}.")
+        if auto.limit > voc.size:  # no person holds more items than the vocabulary has
+            import dataclasses
+
+            auto = dataclasses.replace(auto, limit=voc.size)
+        max_items = auto.limit
+    elif auto is not None:
+        raise ParameterError(f"{caller}: 'auto' applies to max_items='auto' only (got max_items={max_items!r}).")
+    if isinstance(max_items, str):
+        raise ParameterError(f"The 'max_items' parameter of {caller} must be an int in the range [1, inf) or "
+                             f"'auto'. Got {max_items!r} instead.")
+    cap = ItemCap(max_items, weights, max_events_per_item, _caller=caller)
     fields = {f.name: f for f in events_df.schema.fields}
     for role, c in (("person", person), ("item", item)):
         if not isinstance(c, str) or c not in fields:
@@ -395,16 +428,18 @@ def bound_contributions(
         key = derive_seed(seed, "contribution-bounding")
 
     ev = events_df.select(F.col(person).alias("_p"), F.col(item).alias("_it"))
+    # try_cast: a malformed id ('x' in a string column of integer ids) reads as null, an event
+    # outside the vocabulary, dropped and counted like any other: never a failed job (under ANSI
+    # mode a plain cast raises, quoting the value, after the budget was reserved)
     if voc.is_range:
-        it = F.col("_it").cast("long")
+        it = F.expr("try_cast(`_it` AS BIGINT)")
         ev = ev.withColumn("_idx", F.when((it >= voc.start) & (it < voc.stop),
                                           (it - F.lit(voc.start)).cast("int")))
     else:
         spark = events_df.sparkSession
         vdf = spark.createDataFrame(list(zip(voc.ids, range(voc.size))),
                                     "_vid long, _vi int" if voc.integer_ids else "_vid string, _vi int")
-        cast = "long" if voc.integer_ids else "string"
-        ev = (ev.withColumn("_it", F.col("_it").cast(cast))
+        ev = (ev.withColumn("_it", F.expr(f"try_cast(`_it` AS {'BIGINT' if voc.integer_ids else 'STRING'})"))
               .join(F.broadcast(vdf), F.col("_it") == F.col("_vid"), "left")
               .select("_p", F.col("_vi").alias("_idx")))
     collect = F.collect_list if cap.weights == "counts" else F.collect_set
@@ -416,4 +451,4 @@ def bound_contributions(
             "event_table": {"person_column": person, "item_column": item},
             "person_key": "used only to group events; never copied to the output"}
     return BoundedRecords(grouped=grouped, cap=cap, vocabulary=voc, events=events_df,
-                          input_info=info, _key=key, layout_partitions=layout_partitions)
+                          input_info=info, _key=key, layout_partitions=layout_partitions, auto=auto)

@@ -38,16 +38,19 @@ def local_driver_memory() -> str:
 
 
 def get_spark(conf: Mapping[str, str] | None = None, *, app_name: str = "sparkpriv", master: str | None = None,
-              size_local_driver: bool = False):
+              size_local_driver: bool = True):
     """Return the active SparkSession, or create one.
 
     Under spark-submit (or in a notebook with a running session) the existing
     session is used and ``conf`` is applied where Spark allows it at run time.
     Otherwise a local session (``local[*]`` unless ``master`` says otherwise)
     is created with Arrow enabled, bound to 127.0.0.1, and ``conf`` applied;
-    with ``size_local_driver`` (the command line) and a local master, its driver
-    memory is :func:`local_driver_memory` unless ``spark.driver.memory`` or
-    ``SPARK_DRIVER_MEMORY`` says otherwise.
+    with a local master its driver memory is :func:`local_driver_memory`
+    unless ``spark.driver.memory`` or ``SPARK_DRIVER_MEMORY`` says otherwise
+    (``size_local_driver=False``: Spark's default). Under spark-submit the
+    driver JVM is already running, so no memory setting can change it: the
+    log says what the JVM has (:func:`driver_memory_report`), and warns when a
+    local driver has less than 2 GiB (``spark-submit --driver-memory``).
     """
     from pyspark.sql import SparkSession
 
@@ -80,17 +83,46 @@ def get_spark(conf: Mapping[str, str] | None = None, *, app_name: str = "sparkpr
         # them on this interpreter unless the user chose one (PYSPARK_PYTHON or the conf).
         # PySpark reads the worker interpreter from PYSPARK_PYTHON when the context starts.
         os.environ["PYSPARK_PYTHON"] = sys.executable
-    if (size_local_driver and str(target).strip().lower().startswith("local")
+    jvm_running = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started the driver JVM already
+    if jvm_running and "spark.driver.memory" in settings:
+        _log.warning("spark.driver.memory %s is ignored: under spark-submit the driver JVM is already running; "
+                     "give it as spark-submit --driver-memory %s", settings["spark.driver.memory"],
+                     settings["spark.driver.memory"])
+        del settings["spark.driver.memory"]
+    elif (size_local_driver and not jvm_running and str(target).strip().lower().startswith("local")
             and "spark.driver.memory" not in settings and not os.environ.get("SPARK_DRIVER_MEMORY")):
         settings["spark.driver.memory"] = local_driver_memory()
-        _log.info("local Spark session: spark.driver.memory %s (half this machine's memory, at most 8g; "
-                  "set spark.driver.memory in the configuration's [spark] section to change it)",
-                  settings["spark.driver.memory"])
     for k, v in settings.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("SPARKPRIV_SPARK_LOG_LEVEL", "WARN"))
+    level, message = driver_memory_report(spark)
+    _log.log(level, "%s", message)
     return spark
+
+
+MIN_LOCAL_HEAP = 2 << 30  # below this a local driver (which also runs the executors) is warned
+
+
+def driver_memory_report(spark) -> tuple[int, str]:
+    """``(log level, message)``: what the running driver JVM has, as the JVM says it (its max heap),
+    and ``spark.driver.memory`` as the context holds it; a WARNING with the fix when a local driver
+    (which runs the executors too) has less than 2 GiB."""
+    try:
+        heap = int(spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory())
+        conf = spark.sparkContext.getConf()
+        setting = conf.get("spark.driver.memory", None)
+        master = conf.get("spark.master", "")
+    except Exception:  # Spark Connect: no JVM here
+        return logging.DEBUG, "driver memory: not visible from this client (Spark Connect)"
+    said = f"spark.driver.memory {setting}" if setting else "spark.driver.memory unset (Spark's default 1g)"
+    msg = f"Spark driver JVM: max heap {heap / 2**30:.1f} GiB ({said}; master {master})"
+    if master.strip().lower().startswith("local") and heap < MIN_LOCAL_HEAP:
+        how = ("spark-submit --driver-memory 8g" if "PYSPARK_GATEWAY_PORT" in os.environ
+               else "spark.driver.memory in the [spark] section of the config, or get_spark(conf=...)")
+        return logging.WARNING, (msg + f": a local driver runs the executors too and may run out of memory on "
+                                 f"large tables; give it more with {how}")
+    return logging.INFO, msg
 
 
 def _runs_on_this_machine(master: str) -> bool:

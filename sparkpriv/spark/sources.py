@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from sparkpriv.local.engine import label_codes
+from sparkpriv.local.engine import label_codes, missing_values_rule
 from sparkpriv.mechanisms.protocol import InputFacts, SparseRows, TableRows
 from sparkpriv.mechanisms.sparse import rows_count_of_bytes, rows_from_bytes
 from sparkpriv.spark.batches import _marked, batch_matrix, map_batches, spark_errors, sum_partials
@@ -35,6 +35,8 @@ class TableSource:
     missing: bool = False  # blocks are TableRows with the null mask (nulls 0.0)
     keep: tuple = ()
     input: Any = field(default=None, repr=False)
+    replaced: Any = field(default=None, repr=False)  # accumulator: nulls, NaN, inf replaced (owner)
+    replaced_pass: bool = field(default=True, repr=False)  # the next pass built counts them (the first)
 
     def __post_init__(self):
         if self.input is None:
@@ -68,7 +70,8 @@ class TableSource:
 
     def input_info(self, source: str | None) -> dict:
         info = {"source": source, "schema_fingerprint": schema_fingerprint(self.df.schema),
-                "columns": list(self.columns), "fill_for_nulls": self.fill}
+                "columns": list(self.columns), "fill_for_nulls": self.fill,
+                "missing_values": missing_values_rule(self.fill, self.missing)}
         if self.labels is not None:
             info["label"] = self.labels[0]
         if self.keep:
@@ -76,25 +79,22 @@ class TableSource:
         return info
 
     def diagnostics(self) -> dict:
-        return {}
+        v = self.replaced.value if self.replaced is not None else 0
+        return {"missing_values_replaced": v} if v else {}
 
     def block_fn(self):
         """``batch -> block`` (a matrix, or :class:`TableRows` when labels or the null mask were
         asked for), built from plain values (it is pickled into the tasks)."""
         columns, fill, labels, missing = list(self.columns), self.fill, self.labels, self.missing
+        counter, self.replaced_pass = (self.replaced, False) if self.replaced_pass else (None, False)  # first pass only
         if labels is None and not missing:
-            return lambda batch: batch_matrix(batch, columns, fill=fill)
+            return lambda batch: batch_matrix(batch, columns, fill=fill, counter=counter)
 
         def block(batch):
             if missing:
-                X = batch_matrix(batch, columns, fill=0.0)
-                miss = np.zeros(X.shape, dtype=bool)
-                for j, c in enumerate(columns):
-                    col = batch.column(c)
-                    if col.null_count:
-                        miss[:, j] = col.is_null().to_numpy(zero_copy_only=False)
+                X, miss = batch_matrix(batch, columns, counter=counter, mask=True)
             else:
-                X, miss = batch_matrix(batch, columns, fill=fill), None
+                X, miss = batch_matrix(batch, columns, fill=fill, counter=counter), None
             codes = None if labels is None else label_codes(batch.column(labels[0]), labels[1], labels[0], _marked)
             return TableRows(X, codes, miss)
 
@@ -125,7 +125,8 @@ class RecordsSource:
 
         cap = self.records.cap
         return InputFacts("records", self.records.d, (), cap.value_cap, cap.l2_bound,
-                          events=EventColumns.from_records(self.records))
+                          events=EventColumns.from_records(self.records),
+                          length_histogram=self.records.auto is not None)
 
     @property
     def spark(self):
@@ -143,6 +144,14 @@ class RecordsSource:
 
     def diagnostics(self) -> dict:
         return counters_dict(self.counters)
+
+    @property
+    def auto_cap(self):
+        """The records' :class:`~sparkpriv.mechanisms.auto_bound.AutoCap` (``max_items='auto'``), or None."""
+        return self.records.auto
+
+    def set_max_items(self, max_items: int) -> None:
+        self.records.set_max_items(max_items)
 
     def batch_fn(self, fn, *, counted: bool = True):
         bound = self.records.record_fn(self.counters if counted else None)
@@ -275,6 +284,7 @@ class _Indexed:
 
         self.frame = source.df.select(*source.columns)
         self.columns, self.fill = list(source.columns), source.fill
+        self.counter, source.replaced_pass = (source.replaced, False) if source.replaced_pass else (None, False)
         schema = StructType([StructField("pid", LongType(), False), StructField("rows", LongType(), False)])
 
         def sparkpriv_count(batches, pid):
@@ -298,7 +308,8 @@ class _Indexed:
     def aggregate(self, fn, size: int) -> np.ndarray:
         from sparkpriv.spark.batches import _marked
 
-        columns, fill, offsets, counts = self.columns, self.fill, self.offsets, self.counts
+        columns, fill, offsets, counts, counter = self.columns, self.fill, self.offsets, self.counts, self.counter
+        self.counter = None  # the first pass counts the replaced values
         changed = ("the input changed between the count pass and the data pass; cache or checkpoint a "
                    "non-deterministic input before the release")
 
@@ -310,7 +321,7 @@ class _Indexed:
                     continue
                 if pid >= counts.size or pos + b.num_rows > counts[pid]:
                     raise _marked(changed)
-                acc += fn(batch_matrix(b, columns, fill=fill), int(offsets[pid]) + pos)
+                acc += fn(batch_matrix(b, columns, fill=fill, counter=counter), int(offsets[pid]) + pos)
                 pos += b.num_rows
             if pid < counts.size and pos != counts[pid]:
                 raise _marked(changed)

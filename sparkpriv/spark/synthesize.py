@@ -26,7 +26,7 @@ from sparkpriv.mechanisms.dpgm import DPGMModel, synthesize_part, synthetic_arra
 from sparkpriv.mechanisms.event_columns import ITEMS, PERSON, exploded_arrays, item_arrays
 from sparkpriv.spark.batches import BatchMap
 
-__all__ = ["synthetic_rows", "synthetic_events", "default_partitions", "slice_rows", "first_row", "spark_type",
+__all__ = ["synthetic_rows", "synthetic_events", "sparse_synthetic_events", "default_partitions", "slice_rows", "first_row", "spark_type",
            "batch_rows_for", "BATCH_ROWS"]
 
 BATCH_ROWS = 65_536  # rows generated (and held) at once by a task
@@ -144,3 +144,42 @@ def synthetic_events(spark, model: DPGMModel, rows: int, seed: int, *, partition
 
     source = spark.range(0, partitions, 1, numPartitions=partitions)
     return BatchMap(source, sparkpriv_synthesize_events, schema)
+
+
+def sparse_synthetic_events(spark, model, rows: int, seed: int, *, partitions: int, explode: bool = False,
+                            batch_rows: int = BATCH_ROWS) -> BatchMap:
+    """``rows`` synthetic people of a :class:`~sparkpriv.mechanisms.synthetic.SyntheticModel` released on
+    event records, as :func:`synthetic_events` lays them out (``person``, ``items``; or with ``explode``
+    one row per (person, item) under the source's names). Partition ``p``'s batch ``b`` is
+    ``model.sample_sparse(m, seed, p, b)``: sparse end to end (a person costs their items, not ``d``)."""
+    from pyspark.sql.types import ArrayType, LongType, StructField, StructType
+
+    ev = model.events
+    if ev is None:
+        raise ValueError("the model was not released on event records")
+    rows, partitions, seed, batch_rows = int(rows), int(partitions), int(seed), int(batch_rows)
+    item_type = spark_type(ev.synthetic_item_type)
+    if explode:
+        names = [ev.person, ev.item]
+        schema = StructType([StructField(ev.person, LongType(), False), StructField(ev.item, item_type, False)])
+        arrays = exploded_arrays
+    else:
+        names = [PERSON, ITEMS]
+        schema = StructType([StructField(PERSON, LongType(), False),
+                             StructField(ITEMS, ArrayType(item_type, False), False)])
+        arrays = item_arrays
+
+    def sparkpriv_synthesize_items(batches, pid):
+        for _ in batches:  # the partition's index row: only its partition id matters
+            pass
+        todo, start = slice_rows(rows, partitions, pid), first_row(rows, partitions, pid)
+        b = 0
+        while todo > 0:
+            m = min(todo, batch_rows)
+            yield pa.RecordBatch.from_arrays(arrays(model.sample_sparse(m, seed, pid, b), ev, start), names)
+            start += m
+            todo -= m
+            b += 1
+
+    source = spark.range(0, partitions, 1, numPartitions=partitions)
+    return BatchMap(source, sparkpriv_synthesize_items, schema)

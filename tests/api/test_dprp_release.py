@@ -74,7 +74,7 @@ def test_label_errors_name_the_column():
                      **dict(ARGS, lower=[0], upper=[3]))
 
 
-def test_dp_mean_pass_is_planned_reserved_and_failure_releases_it(tmp_path):
+def test_dp_mean_pass_is_planned_and_reserved_and_infinities_are_missing_values(tmp_path):
     from sparkpriv.ledger import open_ledger
 
     url = f"sqlite:///{tmp_path}/l.sqlite"
@@ -101,10 +101,13 @@ def test_dp_mean_pass_is_planned_reserved_and_failure_releases_it(tmp_path):
         release_dprp(X, fill="dp-mean", ledger=url, table_id="t", **ARGS)
     with open_ledger(url) as led:
         led.set_budget("t", epsilon=10.0, delta=1e-4)
-    with pytest.raises(InputError, match="column 'x0' \\(index 0\\) has NaN or infinite"):
-        release_dprp(X, fill="dp-mean", ledger=url, table_id="t", **ARGS)
+    # within the budget the infinite value is a missing value like a null: filled by the DP means
+    r = release_dprp(X, fill="dp-mean", ledger=url, table_id="t", **ARGS)
+    assert np.isfinite(table_arrays(r)[0]).all()
+    assert r.diagnostics()["missing_values_replaced"] == int((~np.isfinite(X)).sum())  # the nulls and the inf
+    r.write(str(tmp_path / "rel2"))
     with open_ledger(url) as led:
-        assert [e["state"] for e in led.status("t").entries] == ["committed", "aborted"]
+        assert [e["state"] for e in led.status("t").entries] == ["committed", "committed"]
 
 
 def test_event_record_options_are_refused_for_a_table_and_table_options_need_bounds():

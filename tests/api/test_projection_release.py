@@ -86,11 +86,12 @@ def test_row_bound_quantile_spend_is_reserved_before_reading(tmp_path):
     bad[3, 1] = np.nan
     with pytest.raises(BudgetExceededError):
         release_projection(bad, k=2, epsilon=0.6, row_bound_quantile=0.9, ledger=url, table_id="t")
-    # within the budget, the histogram pass reads the NaN: the reservation is released
-    with pytest.raises(InputError, match="column 'x1'"):
-        release_projection(bad, k=2, epsilon=0.4, row_bound_quantile=0.9, ledger=url, table_id="t")
+    # within the budget, the NaN is replaced by the public fill (0.0: no box): released and charged
+    rel = release_projection(bad, k=2, epsilon=0.4, row_bound_quantile=0.9, ledger=url, table_id="t")
+    assert rel.diagnostics()["missing_values_replaced"] == 1
+    rel.write(str(tmp_path / "out2"))
     with open_ledger(url) as led:
-        assert [e["state"] for e in led.status("t").entries] == ["committed", "aborted"]
+        assert [e["state"] for e in led.status("t").entries] == ["committed", "committed"]
 
 
 def test_refusals_come_from_the_schema_and_parameters_only():

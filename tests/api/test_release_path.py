@@ -50,12 +50,25 @@ def test_pandas_and_arrow_inputs_give_the_array_result(test_seed):
     assert a.engine == "local" and isinstance(a.df, pa.Table) and a.df.num_rows == 3
 
 
-def test_nulls_need_a_fill():
-    t = pa.table({"a": [1.0, None] * 500, "b": [0.0, 1.0] * 500})
-    with pytest.raises(InputError, match="column 'a' has null values"):
-        release_kmeans(t, columns=["a", "b"], **ARGS)
-    r = release_kmeans(t, columns=["a", "b"], fill=0.0, **ARGS)
-    assert r.public["parameters"]["fill"] == 0.0
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), -float("inf")])
+def test_nulls_and_non_finite_values_are_replaced_by_the_public_fill(bad):
+    """Never an error (which would depend on one record): the same release as the table with the
+    public replacement written in (0.0 without a box or a fill; the declared fill otherwise)."""
+    from sparkpriv.privacy.random import insecure_fixed_seed
+
+    def table(v):
+        return pa.table({"a": pa.array([1.0, v] * 500, pa.float64()), "b": [0.0, 1.0] * 500})
+
+    for fill, expect in ((None, 0.0), (2.5, 2.5)):
+        extra = {} if fill is None else {"fill": fill}
+        with insecure_fixed_seed(7):
+            r = release_kmeans(table(bad), columns=["a", "b"], **extra, **ARGS)
+        with insecure_fixed_seed(7):
+            r0 = release_kmeans(table(expect), columns=["a", "b"], **ARGS)
+        np.testing.assert_array_equal(r.model.centers, r0.model.centers)
+        assert r.diagnostics()["missing_values_replaced"] == 500
+        assert "replaced by " + repr(expect) in r.receipt()["input"]["missing_values"]
+        assert r.public["parameters"]["fill"] == fill
 
 
 def test_write_is_atomic_with_receipt_in_the_footer(tmp_path):
@@ -92,18 +105,35 @@ def test_ledger_reserves_before_reading_and_commits(tmp_path):
     assert states == ["committed"]
 
 
-def test_failed_run_releases_the_reservation(tmp_path):
+def test_a_failed_run_is_charged(tmp_path, monkeypatch):
+    """The issue's reproduction: an infinite value no longer fails the release (it is replaced); a run
+    that fails after its reservation for any reason keeps the reservation spent (docs/privacy.md)."""
     from sparkpriv.ledger import open_ledger
+    from sparkpriv.local.engine import LocalSource
 
     url = f"sqlite:///{tmp_path}/l.sqlite"
     with open_ledger(url) as led:
         led.set_budget("t", epsilon=5.0, delta=1e-4)
     X = _X()
-    X[5, 1] = np.nan
-    with pytest.raises(InputError, match="column 'x1'"):
-        release_kmeans(X, ledger=url, table_id="t", **ARGS)
+    X[5, 1] = np.inf
+    rel = release_kmeans(X, ledger=url, table_id="t", **ARGS)
+    rel.write(str(tmp_path / "out"))
     with open_ledger(url) as led:
-        assert [e["state"] for e in led.status("t").entries] == ["aborted"]
+        spent_one = led.status("t").spent_epsilon
+    assert spent_one > 0
+
+    def boom(self, *a, **k):
+        raise MemoryError("lost the executor")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(LocalSource, "blocks", boom)
+    with pytest.raises(MemoryError):
+        release_kmeans(_X(), ledger=url, table_id="t", **ARGS)
+    with open_ledger(url) as led:
+        st = led.status("t")
+    assert [e["state"] for e in st.entries] == ["committed", "committed"]
+    assert st.entries[1]["receipt_summary"]["failed"] == "kmeans failed: MemoryError"
+    assert st.spent_epsilon > spent_one
 
 
 def test_option_table_is_generated_from_the_params():

@@ -61,28 +61,35 @@ for _noise, _fn in ((LAP, "test_counts_laplace"), (GAU, "test_counts_gaussian"))
         for _w in ("people", "events-capped"):
             AUDITED[("counts", _noise, _rel, _w)] = f"test_counts::{_fn}"
 
+for _rel in ("replace-one", "add-remove"):
+    AUDITED[("synthetic-counts", GAU, _rel, "counts")] = "test_synthetic::test_item_counts"
+for _rel in ("replace-one", "add-remove"):  # max_items='auto' on bounded event records
+    AUDITED[("contribution-bound", LAP, _rel, "histogram")] = "test_quantile::test_contribution_bound_histogram"
+
 # every public release function and CLI mechanism -> the audited mechanisms it runs
 FUNCTIONS = {
     "release_projection_array": ("projection",),
-    "release_projection": ("projection", "projection-events", "row-bound-quantile"),
+    "release_projection": ("projection", "projection-events", "row-bound-quantile", "contribution-bound"),
     "release_dprp_array": ("dprp",),
-    "release_dprp": ("dprp",),
+    "release_dprp": ("dprp", "contribution-bound"),
     "release_kmeans_array": ("kmeans-linear", "kmeans-kernel"),
-    "release_kmeans": ("kmeans-linear", "kmeans-kernel"),
+    "release_kmeans": ("kmeans-linear", "kmeans-kernel", "contribution-bound"),
     "release_regression_array": ("regression-sketch", "regression-additive"),
     "release_regression": ("regression-ssp", "regression-ssp-target-range", "regression-sketch",
                            "regression-additive"),
-    "release_counts": ("counts",),
+    "release_counts": ("counts", "contribution-bound"),
+    "release_synthetic": ("synthetic-counts", "contribution-bound"),
     "release_dpgm_array": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths", "dpgm-item-counts"),
-    "release_dpgm": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths", "dpgm-item-counts"),
+    "release_dpgm": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths", "dpgm-item-counts", "contribution-bound"),
 }
 CLI_MECHANISMS = {
-    "projection": ("projection", "projection-events", "row-bound-quantile"),
-    "dprp": ("dprp",),
-    "kmeans": ("kmeans-linear", "kmeans-kernel"),
+    "projection": ("projection", "projection-events", "row-bound-quantile", "contribution-bound"),
+    "dprp": ("dprp", "contribution-bound"),
+    "kmeans": ("kmeans-linear", "kmeans-kernel", "contribution-bound"),
     "regression": ("regression-ssp", "regression-ssp-target-range", "regression-sketch", "regression-additive"),
-    "counts": ("counts",),
-    "dpgm": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths", "dpgm-item-counts"),
+    "counts": ("counts", "contribution-bound"),
+    "synthetic": ("synthetic-counts", "contribution-bound"),
+    "dpgm": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths", "dpgm-item-counts", "contribution-bound"),
 }
 SAMPLERS = {"sample_discrete_laplace": "test_samplers::test_sampler_matches_exact_pmf",
             "sample_discrete_gaussian": "test_samplers::test_sampler_matches_exact_pmf"}

@@ -49,3 +49,40 @@ def test_row_bound_histogram(relation, control, monkeypatch):
 
         assert epsilon_of(noise.dp_event(), 0.0) <= EPS
     check(res)
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["mechanism", "control"])
+@pytest.mark.parametrize("relation", ["replace-one", "add-remove"])
+def test_contribution_bound_histogram(relation, control, monkeypatch):
+    """max_items='auto' (sparkpriv.mechanisms.auto_bound): the noisy histogram of items per person over
+    0 .. limit, from the core ``items_histogram_fn`` on bounded records. Worst case: a person with no
+    item replaced by one with ``limit`` or more (the two ends), or a person with ``limit`` items added."""
+    from sparkpriv.mechanisms.auto_bound import histogram_noise_for, items_histogram_fn
+    from sparkpriv.mechanisms.protocol import SparseRows
+
+    if control:
+        weaken_noise(monkeypatch)
+    limit = 16
+    noise = histogram_noise_for(epsilon=EPS, neighbors=relation, limit=limit)
+    rest = [0, 1, 1, 3, 5, 16, 16]
+
+    def hist(lengths):
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        block = SparseRows(offsets, np.zeros(offsets[-1], np.int32), None, limit)
+        return items_histogram_fn(limit)(block)
+
+    c_d = hist(rest + [0])
+    c_dp = hist(rest + [limit]) if relation == "replace-one" else hist(rest)
+    if relation == "add-remove":
+        c_d, c_dp = hist(rest + [limit]), hist(rest)
+    g = noise.grid
+    u = np.rint(c_d / g).astype(np.int64)
+    up = np.rint(c_dp / g).astype(np.int64)
+    I_d = grid_integers(nz.add_noise(trials_of(c_d, N), noise, stream(63, 0)), g)
+    I_dp = grid_integers(nz.add_noise(trials_of(c_dp, N), noise, stream(64, 0)), g)
+    res = laplace_game(f"contribution-bound histogram {relation}", I_d, I_dp, u, up, EPS, control=control)
+    if not control:
+        from sparkpriv.privacy.accounting import epsilon_of
+
+        assert epsilon_of(noise.dp_event(), 0.0) <= EPS
+    check(res)

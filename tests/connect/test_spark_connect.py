@@ -171,29 +171,30 @@ def test_release_projection_and_write_under_connect(remote, table, tmp_path):
     assert entry["state"] == "committed"
 
 
-def test_failed_write_under_connect_releases_the_reservation(remote, tmp_path):
+def test_failed_write_under_connect_keeps_the_reservation(remote, tmp_path):
     from sparkpriv import release_projection
-    from sparkpriv.errors import InputError
     from sparkpriv.ledger import open_ledger
 
-    path = tmp_path / "nan"
+    path = tmp_path / "corrupt"
     path.mkdir()
     X = np.ones((50, 4))
-    X[7, 2] = np.nan
     pq.write_table(pa.table({"id": np.arange(50), **{c: X[:, j] for j, c in enumerate(COLS)}}),
-                   path / "part-0.parquet")
+                   path / "part-0.parquet", compression="none")
+    with open(path / "part-0.parquet", "r+b") as f:  # data pages corrupted, footer intact: the task fails
+        f.seek(4)
+        f.write(b"\xff" * 400)
     ledger = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     with open_ledger(ledger) as led:
         led.set_budget(TABLE_ID, epsilon=10.0, delta=0.0)
     rel = release_projection(remote.read.parquet(str(path)), columns=COLS, k=2, epsilon=1.0, row_bound=2.0,
                              ledger=ledger, table_id=TABLE_ID)
     out = tmp_path / "release"
-    with pytest.raises(InputError, match="column 'f2' has NaN"):
+    with pytest.raises(Exception):
         rel.write(str(out))
     assert not out.exists() and not [p for p in tmp_path.iterdir() if "sparkpriv-staging" in p.name]
     with open_ledger(ledger) as led:
         (entry,) = led.status(TABLE_ID).entries
-    assert entry["state"] == "aborted"
+    assert entry["state"] == "reserved"  # counted: a failed publish never gives the budget back
 
 
 @pytest.mark.parametrize("mechanism", _registered())

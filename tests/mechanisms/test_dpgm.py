@@ -176,7 +176,7 @@ def test_release_on_the_local_engine_equals_the_numpy_reference(monkeypatch):
     # never states less than the realized noise spends (its multiplier is at least the recorded one,
     # asserted exactly above; the RDP accountant is monotone in it only to about 1e-11)
     assert rel.epsilon >= plan.epsilon_spent() - 1e-9
-    assert rel.df.column_names == ["cluster", "size", "center"] and rel.df.num_rows == 2
+    assert rel.df.column_names == ["cluster", "size", "reliable", "center"] and rel.df.num_rows == 2
     assert set(rel.files) == {dpgm.MODEL_FILE}
 
 
@@ -364,3 +364,51 @@ def test_a_model_file_from_before_the_tail_mean_says_it_kept_the_last_iterate(tm
     (tmp_path / "new.npz").write_bytes(m.to_bytes())
     new = dpgm.DPGMModel.load(tmp_path / "new.npz").params
     assert new.average_tail is None and new.tail == 0.5  # the rbm's default
+
+
+def test_reliability_rule_against_its_closed_form():
+    from sparkpriv.mechanisms.dpgm import cluster_size_std, reliable_clusters
+
+    sizes = np.array([0.0, 174.0, 0.0, 0.0, 41.0, 0.0, 5069.0, 0.0, 39.0, 0.0])  # the issue's 5,000 people
+    got = reliable_clusters(sizes, size_std=12.0, n=5000, reliability_stds=3.0, min_share=0.01)
+    assert got.tolist() == [s >= 36.0 and s >= 50.0 for s in sizes]
+    assert got.tolist() == [False, True, False, False, False, False, True, False, False, False]
+    # the inverse-variance mean's std: sqrt(1 / (1/a^2 + 1/(B b^2)))
+    assert cluster_size_std(3.0, 4, 2.0) == pytest.approx((1 / (1 / 9 + 1 / 16)) ** 0.5)
+    assert cluster_size_std(3.0) == 3.0
+
+
+def test_degenerate_mixture_is_flagged_and_synthesis_skips_unreliable_clusters(monkeypatch):
+    """A table where nearly everyone is alike: most of the 6 clusters are near empty. They are flagged in
+    the model, the receipt, the output table and the command's notes, and synthesis never draws them."""
+    from sparkpriv.api import release_dpgm
+    from sparkpriv.mechanisms.dpgm import DPGMModel, synthesize
+    from sparkpriv.privacy.random import insecure_fixed_seed
+    from sparkpriv.runner import public_notes
+
+    rng = np.random.default_rng(3)
+    X = (rng.random((3000, 8)) < 0.6).astype(float)
+    X[:20] = 0.0
+    with insecure_fixed_seed(2):
+        rel = release_dpgm(X, k=6, epsilon=1.0, delta=1e-5, kmeans_iterations=3, sampling_rate=0.2, epochs=1.0,
+                           hidden=3, chains=10, min_cluster_share=0.05)
+    clusters = rel.public["model"]["clusters"]
+    sizes = np.asarray(rel.public["model"]["cluster_sizes"])
+    expected = (sizes >= 3.0 * clusters["size_std"]) & (sizes >= 0.05 * 3000)
+    assert clusters["reliable"] == np.flatnonzero(expected).tolist()
+    assert clusters["unreliable"] == np.flatnonzero(~expected).tolist() and clusters["unreliable"]
+    assert rel.df.column("reliable").to_pylist() == expected.tolist()
+    assert rel.model.reliable.tolist() == expected.tolist()
+    assert any("usable" in n for n in public_notes(rel.public))
+    drawn = []
+    real = DPGMModel.sample_cluster
+
+    def spy(self, gen, j, n, rng):
+        drawn.append(j)
+        return real(self, gen, j, n, rng)
+
+    monkeypatch.setattr(DPGMModel, "sample_cluster", spy)
+    synthesize(rel.model, 5000, seed=4)
+    assert drawn and set(drawn) <= set(clusters["reliable"])
+    w = rel.model.mixture_weights()
+    assert np.all(w[~expected] == 0) and w.sum() == pytest.approx(1.0)

@@ -446,13 +446,22 @@ def test_label_errors():
         release_dprp_array(X, np.arange(20) % 3, labels="private", classes=[0, 1], **_BASE)
 
 
-def test_missing_values_need_a_fill():
+def test_missing_values_are_replaced_by_the_centre_of_the_box_or_the_fill():
+    from sparkpriv.privacy.random import insecure_fixed_seed
+
     X = np.random.default_rng(0).random((20, 3))
-    X[3, 2] = np.nan
-    with pytest.raises(InputError, match="column 'x2' \\(index 2\\) has NaN"):
-        release_dprp_array(X, **_BASE)
-    Xo, _, _ = _release(X, fill=0.5, **_BASE)
-    assert np.isfinite(Xo).all()
+    for bad in (np.nan, np.inf):
+        Xb = X.copy()
+        Xb[3, 2] = bad
+        for fill, expect in ((None, 0.5), (0.25, 0.25)):  # the box is [0, 1]: its centre is 0.5
+            Xe = X.copy()
+            Xe[3, 2] = expect
+            with insecure_fixed_seed(3):
+                a = release_dprp_array(Xb, **_BASE, **({} if fill is None else {"fill": fill}))
+            with insecure_fixed_seed(3):
+                b = release_dprp_array(Xe, **_BASE, **({} if fill is None else {"fill": fill}))
+            np.testing.assert_array_equal(a.to_numpy(), b.to_numpy())
+            assert np.isfinite(a.to_numpy()).all()
 
 
 def test_nominal_event_is_gaussian_per_step():

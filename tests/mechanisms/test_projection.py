@@ -114,11 +114,18 @@ def test_bad_parameters(kw, msg):
         release_projection_array(np.ones((5, 10)), **args)
 
 
-def test_nan_input_is_named():
+def test_nan_input_is_replaced_and_counted():
+    from sparkpriv.privacy.random import insecure_fixed_seed
+
     X = np.ones((4, 3))
     X[2, 1] = np.nan
-    with pytest.raises(InputError, match=r"column 'x1' \(index 1\) has NaN"):
-        release_projection_array(X, k=2, epsilon=1.0, row_bound=1.0)
+    with insecure_fixed_seed(5):
+        a = release_projection_array(X, k=2, epsilon=1.0, row_bound=1.0)
+    X[2, 1] = 0.0  # no box: the centre of the norm ball
+    with insecure_fixed_seed(5):
+        b = release_projection_array(X, k=2, epsilon=1.0, row_bound=1.0)
+    np.testing.assert_array_equal(a.to_numpy(), b.to_numpy())
+    assert a.diagnostics()["missing_values_replaced"] == 1
 
 
 def test_distance_recovery_is_unbiased_with_corrected_variance():

@@ -239,8 +239,14 @@ def test_single_lower_upper_value_for_all_columns():
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
-def test_nan_is_an_input_error(bad):
+def test_non_finite_values_take_the_centre_of_the_box(bad):
+    from sparkpriv.privacy.random import insecure_fixed_seed
+
     X = np.ones((4, 3))
     X[1, 2] = bad
-    with pytest.raises(InputError, match=r"column 'x2' \(index 2\) has NaN"):
-        release_projection_array(X, k=2, epsilon=1.0, row_bound=1.0)
+    with insecure_fixed_seed(5):
+        a = release_projection_array(X, k=2, epsilon=1.0, lower=-1.0, upper=3.0)
+    X[1, 2] = 1.0  # the centre of [-1, 3]
+    with insecure_fixed_seed(5):
+        b = release_projection_array(X, k=2, epsilon=1.0, lower=-1.0, upper=3.0)
+    np.testing.assert_array_equal(a.to_numpy(), b.to_numpy())

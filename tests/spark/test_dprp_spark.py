@@ -185,8 +185,9 @@ def test_private_labels_and_dp_mean_fill(spark, tmp_path):
     pdf = pd.DataFrame({"x1": rng.random(n), "x2": rng.random(n), "lab": rng.choice(["u", "v", "w"], n)})
     pdf.loc[::5, "x2"] = None
     df = spark.createDataFrame(pdf)
-    with pytest.raises(InputError, match="column 'x2' has null values.*--fill-dp-mean"):
-        release_dprp(df, columns=["x1", "x2"], epsilon=1.0, delta=1e-5, lower=[0, 0], upper=[1, 1])
+    # without a fill the nulls take the centre of the declared box (never an error)
+    plain = release_dprp(df, columns=["x1", "x2"], epsilon=1.0, delta=1e-5, lower=[0, 0], upper=[1, 1])
+    assert plain.df.count() == n and plain.diagnostics()["missing_values_replaced"] == 120
     rel = release_dprp(df, columns=["x1", "x2"], label="lab", labels="private", classes=["u", "v", "w"],
                        epsilon=1.0, delta=1e-5, lower=[0, 0], upper=[1, 1], fill="dp-mean")
     out = rel.df.toPandas()
@@ -229,10 +230,18 @@ def test_bad_parameters(spark, table, kw, msg):
         release_dprp(df, **args)
 
 
-def test_nan_is_named(spark):
-    df = spark.createDataFrame([(0.1, 0.2), (float("nan"), 0.3)], "a double, b double")
-    with pytest.raises(InputError, match="column 'a' has NaN"):
-        release_dprp(df, columns=["a", "b"], epsilon=1.0, delta=1e-5, lower=[0, 0], upper=[1, 1])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), None])
+def test_non_finite_values_take_the_centre_of_the_box(spark, bad):
+    from sparkpriv.privacy.random import insecure_fixed_seed
+
+    kw = dict(columns=["a", "b"], epsilon=1.0, delta=1e-5, lower=[0, 0], upper=[1, 2])
+    df = spark.createDataFrame([(0.1, 0.2), (bad, 0.3)], "a double, b double").coalesce(1)
+    ref = spark.createDataFrame([(0.1, 0.2), (0.5, 0.3)], "a double, b double").coalesce(1)
+    with insecure_fixed_seed(11):
+        a = release_dprp(df, **kw).df.toPandas()
+    with insecure_fixed_seed(11):
+        b = release_dprp(ref, **kw).df.toPandas()
+    pd.testing.assert_frame_equal(a, b)
 
 
 def test_cli_release_dprp_in_process(spark, table, tmp_path, capsys, monkeypatch):

@@ -226,8 +226,15 @@ def test_errors(spark, table, kw, err, msg):
         release_kmeans(df, **args)
 
 
-def test_nan_input_is_named(spark):
-    df = spark.createDataFrame([(1.0, 1.0)] * 20 + [(float("nan"), 2.0)], "a double, b double")
-    with pytest.raises(InputError, match="column 'a' has NaN"):
-        release_kmeans(df, columns=["a", "b"], k=2, epsilon=1.0, delta=1e-5, iterations=1,
-                           variant="linear", row_bound=3.0)
+def test_nan_input_is_replaced_and_counted(spark):
+    from sparkpriv.privacy.random import insecure_fixed_seed
+
+    kw = dict(columns=["a", "b"], k=2, epsilon=1.0, delta=1e-5, iterations=1, variant="linear", row_bound=3.0)
+    df = spark.createDataFrame([(1.0, 1.0)] * 20 + [(float("nan"), 2.0)], "a double, b double").coalesce(1)
+    ref = spark.createDataFrame([(1.0, 1.0)] * 20 + [(0.0, 2.0)], "a double, b double").coalesce(1)
+    with insecure_fixed_seed(9):
+        a = release_kmeans(df, **kw)
+    with insecure_fixed_seed(9):
+        b = release_kmeans(ref, **kw)
+    np.testing.assert_array_equal(a.model.centers, b.model.centers)
+    assert a.diagnostics().get("missing_values_replaced") == 1  # counted once, in the first pass

@@ -242,12 +242,15 @@ def test_a_retried_task_writes_the_same_rows(spark, tmp_path, test_seed):
 def test_failed_direct_release_leaves_nothing(spark, tmp_path, test_seed):
     path = _pyarrow_dataset(str(tmp_path / "t"), (900, 300), 100)
     bad = _frame(np.random.default_rng(3), 50, 5000)
-    bad.loc[17, "b"] = None  # one null in one file: a task fails midway, after others wrote their files
     pq.write_table(pa.Table.from_pandas(bad, preserve_index=False), f"{path}/part-9.parquet", row_group_size=10)
+    # one file's data pages corrupted (its footer intact): a task fails midway, after others wrote their files
+    with open(f"{path}/part-9.parquet", "r+b") as f:
+        f.seek(4)
+        f.write(b"\xff" * 600)
     dest = tmp_path / "out"
     with spark_conf(spark, spark__sql__files__maxPartitionBytes=6000, spark__sql__files__openCostInBytes=1):
         rel = _projection(read_table(spark, path, reader="arrow"))
-        with pytest.raises(InputError, match="column 'b' has null values"):
+        with pytest.raises(Exception):
             rel.write(str(dest))
     assert not dest.exists()
     assert [p for p in os.listdir(tmp_path) if p.startswith(".out")] == []  # no staging directory left

@@ -3,8 +3,8 @@
 CI runs this directory on both (``.ci/run``, ``.ci/pyspark35.sh``). The test
 here is about a difference between them that sparkpriv must absorb: in
 PySpark 3.5 (Spark without SPARK-54217), when a job fails while other tasks of it still run
-(which a release's input error does: one partition has the null, the others
-are being projected and written), the Python worker of a killed task can go
+(which a release's input error does: one partition has an undeclared label, the
+others are being read), the Python worker of a killed task can go
 back to the pool of reusable workers and be destroyed
 ``spark.python.task.killTimeout`` later by the killed task's monitor. The
 next job's task that picked it up fails with ``java.net.SocketException:
@@ -28,21 +28,22 @@ import pytest
 
 _SCRIPT = r"""
 import sys
-from sparkpriv import get_spark, release_projection
+from sparkpriv import get_spark, release_dprp
 from sparkpriv.errors import InputError
 
 out = sys.argv[1]
 spark = get_spark(master="local[2]")
 spark.sparkContext.setLogLevel("FATAL")
-df = spark.createDataFrame([(1.0, 2.0), (None, 3.0)], "a double, b double")
+df = spark.createDataFrame([(1.0, 2.0, 0), (0.5, 3.0, 7)], "a double, b double, y int").repartition(2)
+kw = dict(columns=["a", "b"], label="y", labels="private", epsilon=1.0, delta=1e-5, lower=0.0, upper=3.0)
 try:
-    release_projection(df, columns=["a", "b"], k=1, epsilon=1.0, row_bound=1.0).write(out + "/first")
+    release_dprp(df, classes=[0, 1], **kw).write(out + "/first")
 except InputError as exc:
     print("first release refused:", exc)
 else:
-    sys.exit("the null was not refused")
-# the user declares a fill and runs the release again, in the same session
-release_projection(df, columns=["a", "b"], k=1, epsilon=1.0, row_bound=1.0, fill=0.0).write(out + "/second")
+    sys.exit("the undeclared class was not refused")
+# the user declares every class and runs the release again, in the same session
+release_dprp(df, classes=[0, 1, 7], **kw).write(out + "/second")
 print("second release written")
 spark.stop()
 """
@@ -55,7 +56,7 @@ def test_release_after_a_failed_release_in_the_same_local_session(tmp_path):
     r = subprocess.run([sys.executable, "-c", _SCRIPT, str(tmp_path)], env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    assert "first release refused: column 'a' has null values" in r.stdout
+    assert "first release refused: the label column 'y' holds a value that is not a declared class" in r.stdout
     assert "second release written" in r.stdout
     assert (tmp_path / "second" / "_SUCCESS").is_file()
     assert not (tmp_path / "first").exists()

@@ -52,6 +52,9 @@ class CountsPlan:
             "delta": self.delta,
             "uncertainty": {"std": self.std, "half_width": self.half_width, "confidence": p.confidence,
                             "coverage_exact": self.coverage,
+                            "covers": "the count of the BOUNDED contributions (each person at most max_items "
+                                      "keys, and max_events_per_item events per key), not the raw count: "
+                                      "people with more keys lost the rest before counting",
                             "note": "the same for every key; the interval is value -+ half_width "
                                     "(intersected with [0, inf) under clamp)"},
             "post_processing": {"clamp_at_zero": p.clamp, "round": p.round},

@@ -95,7 +95,8 @@ from sparkpriv.mechanisms.dpgm._params import (MODELS, FORMAT_VERSION, READ_VERS
                                                LR_MAX_FACTOR, DPGMParams, length_strata, max_length)
 from sparkpriv.mechanisms.dpgm._lengths import (length_edges, LengthPlan, length_plan, WITHIN_BIN, SLOPE_MAX,
                                                 bin_slopes, expected_length, synthetic_lengths, draw_lengths,
-                                                cluster_sizes, last_round_centres, chain_lengths)
+                                                cluster_sizes, last_round_centres, chain_lengths, cluster_size_std,
+                                                reliable_clusters)
 from sparkpriv.mechanisms.dpgm._marginals import (MarginalPlan, marginal_plan, column_sums, sample_records,
                                                   synthetic_sums, mixture_marginals, model_error, error_bands,
                                                   banded_model_error, marginal_shift,
@@ -114,7 +115,7 @@ from sparkpriv.mechanisms.dpgm._mechanism import (dense_rows, assign_sparse, _re
                                                   DPGM, DPGM_MECHANISM)
 
 __all__ = ["MODELS", "FORMAT_VERSION", "MODEL_FILE", "DPGMParams", "DPGMPlan", "DPGMModel", "calibrate_dpgm",
-           "cluster_sizes", "requested_event", "plan_for_rows", "plan_dpgm", "fit_dpgm_array", "assign_clusters",
+           "cluster_sizes", "cluster_size_std", "reliable_clusters", "requested_event", "plan_for_rows", "plan_dpgm", "fit_dpgm_array", "assign_clusters",
            "train_clusters", "canonical_order", "assign_sparse", "synthesize", "synthesize_part", "synthesize_table",
            "synthetic_type", "synthetic_arrays", "SYNTHETIC_TYPES", "query_spread", "QuerySpread", "answer_dense",
            "DPGM", "DPGM_MECHANISM"]

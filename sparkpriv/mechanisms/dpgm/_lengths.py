@@ -236,6 +236,30 @@ def cluster_sizes(kmeans_counts, noisy_lengths: np.ndarray | None, kmeans_std: f
     return np.maximum((K / vk + H / vh) / (1.0 / vk + 1.0 / vh), 0.0)
 
 
+def cluster_size_std(kmeans_std: float, bins: int = 0, lengths_std: float = 0.0) -> float:
+    """The noise std of :func:`cluster_sizes` (before the clamp): ``kmeans_std`` alone, or the
+    inverse-variance mean's ``sqrt(1 / (1 / v_K + 1 / v_H))`` with the length histograms."""
+    vk, vh = float(kmeans_std) ** 2, int(bins) * float(lengths_std) ** 2
+    if vk == 0.0 or vh == 0.0:
+        return math.sqrt(vk if vh == 0.0 else vh)
+    return math.sqrt(1.0 / (1.0 / vk + 1.0 / vh))
+
+
+def reliable_clusters(sizes, size_std: float, n: int, reliability_stds: float, min_share: float) -> np.ndarray:
+    """``(k,)`` bool: cluster ``j`` is reliable when its noisy size is at least ``reliability_stds``
+    noise stds AND at least ``min_share`` of the ``n`` people (docs/dpgm.md, "Unreliable clusters").
+
+    A public rule on released sizes and public parameters (post-processing). Below it a cluster's
+    size is indistinguishable from noise, or its model trains on so few records (an expected batch
+    of ``q n_j``) that DP-SGD leaves noise: "a mixture of 10 models" whose mass sits in one cluster is
+    one model, and the flags say so. Synthesis skips unreliable clusters (their weight goes to the
+    others in proportion); when none is reliable, every cluster is used.
+    """
+    s = np.asarray(sizes, dtype=np.float64)
+    ok = (s >= float(reliability_stds) * float(size_std)) & (s >= float(min_share) * float(n))
+    return ok
+
+
 def last_round_centres(iteration_stats):
     """``(stats, seen)``: ``iteration_stats`` that keeps, in ``seen["centres"]``, the centres of its
     last call, i.e. the centres the k-means' last round assigned with. Its clusters (the people

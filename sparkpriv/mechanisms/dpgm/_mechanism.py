@@ -17,7 +17,8 @@ from sparkpriv.mechanisms.kmeans import fit_from_stats, initial_centres, make_fe
 from sparkpriv.privacy.accounting import RunningEpsilon, compose, epsilon_of
 from sparkpriv.privacy.random import new_secret_seed, stream
 from sparkpriv.mechanisms.dpgm._params import DPGMParams, FORMAT_VERSION, MODEL_FILE, length_strata
-from sparkpriv.mechanisms.dpgm._lengths import (LengthPlan, chain_lengths, cluster_sizes, last_round_centres,
+from sparkpriv.mechanisms.dpgm._lengths import (LengthPlan, chain_lengths, cluster_size_std, cluster_sizes,
+                                                reliable_clusters, last_round_centres,
                                                 length_plan)
 from sparkpriv.mechanisms.dpgm._plan import (DPGMPlan, _Relations, _bounds, _make_model, accounting_note,
                                              calibrate_dpgm, plan_for_rows, requested_event)
@@ -374,18 +375,27 @@ class DPGM(_proto.Mechanism):
         thetas = np.asarray(thetas, float)
         # quantile clipping: each cluster's final clip rides after its theta
         public_record = model_public(dplan, sizes, thetas[:, gen_dim] if dplan.quantile else None, masses, kmodel)
+        size_std = cluster_size_std(kmodel.count_std, dplan.lengths.bins if dplan.lengths else 0,
+                                    dplan.lengths.noise.std if dplan.lengths else 0.0)
+        reliable = reliable_clusters(sizes, size_std, n, params.reliability_stds, params.min_cluster_share)
+        public_record["clusters"] = reliability_public(reliable, size_std, params)
+        if not reliable.all():
+            progress.warn("dpgm: %d of %d cluster(s) unreliable (noisy size below %g noise stds or %g of the "
+                          "people): %s; synthesis skips them", int((~reliable).sum()), k, params.reliability_stds,
+                          params.min_cluster_share, [int(j) for j in np.flatnonzero(~reliable)])
         sums = thetas[:, gen_dim + int(dplan.quantile):] if marg else None
         thetas = np.ascontiguousarray(thetas[:, :gen_dim])
         shift = None
         if marg:  # the mixture's marginals moved to the noisy per-item counts (post-processing)
             progress.log("dpgm: visible biases shifted towards the per-item counts")
-            thetas, shift, public_record["marginal_calibration"] = calibrate_marginals(dplan, thetas, sums, sizes,
+            mix = np.where(reliable, sizes, 0.0) if reliable.any() else sizes  # synthesis' mixture weights
+            thetas, shift, public_record["marginal_calibration"] = calibrate_marginals(dplan, thetas, sums, mix,
                                                                                        item_counts)
         model = _model(params, d, thetas, sizes, centers, public_record, dplan, lengths, st.column_types or None,
                        st.events, item_counts=item_counts, marginal_shift=shift)
-        rows = [(j, float(sizes[j]), [float(v) for v in centers[j]]) for j in range(k)]
+        rows = [(j, float(sizes[j]), bool(reliable[j]), [float(v) for v in centers[j]]) for j in range(k)]
         table = engine.table(rows, [("cluster", "int", False), ("size", "double", False),
-                                    ("center", "array<double>", False)])
+                                    ("reliable", "bool", False), ("center", "array<double>", False)])
         diagnostics = {}
         if counters is not None:
             diagnostics = {"rows": counters[0].value, "rows_box_clipped": counters[1].value,
@@ -395,10 +405,22 @@ class DPGM(_proto.Mechanism):
             public={"model": {"file": MODEL_FILE, "format_version": FORMAT_VERSION, "n": n,
                               "steps": dplan.steps, "step_noise": dplan.step_noise.to_public_dict(),
                               "cluster_sizes": [float(v) for v in sizes],
+                              "clusters": public_record["clusters"],
                               "column_types": list(model.types),
                               "events": None if st.events is None else st.events.to_public_dict()}},
             files={MODEL_FILE: model.to_bytes()},
             extras={"history": history, "diagnostics": diagnostics})
+
+
+def reliability_public(reliable: np.ndarray, size_std: float, params) -> dict:
+    """The model's (and the receipt's) record of which clusters are reliable, and the public rule."""
+    return {"reliable": [int(j) for j in np.flatnonzero(reliable)],
+            "unreliable": [int(j) for j in np.flatnonzero(~reliable)],
+            "usable": int(reliable.sum()) if reliable.any() else int(reliable.size),
+            "size_std": float(size_std),
+            "rule": f"reliable: noisy size >= {params.reliability_stds:g} x size_std and >= "
+                    f"{params.min_cluster_share:g} x n; synthesis skips the others (all used when none is "
+                    "reliable)"}
 
 
 DPGM_MECHANISM = _proto.register(DPGM())

@@ -111,6 +111,14 @@ class DPGMParams(_proto.Params):
                                          constraints=[Interval("real", 0, 1, "right")])
     epochs: float = _proto.option(20.0, help="passes over the data: steps T = ceil(epochs / q)",
                                   constraints=[_POS])
+    reliability_stds: float = _proto.option(
+        3.0, help="a cluster whose noisy size is below this many standard deviations of its noise, or below "
+        "min_cluster_share of the people, is unreliable: flagged, and synthesis skips it",
+        constraints=[Interval("real", 0, 1e6, "both")])
+    min_cluster_share: float = _proto.option(
+        0.01, help="clusters with fewer than this share of the people are unreliable (their model trains on "
+        "too few records to be more than noise): flagged, and synthesis skips them",
+        constraints=[Interval("real", 0, 0.5, "both")])
     min_batch: int | None = _proto.option(
         None, help="per-cluster sampling rates: a cluster whose expected batch q n_j (n_j its noisy size) is "
         "below this makes m_j = ceil(min_batch / (q n_j)) of the T steps at once (at most T): rate m_j q, "

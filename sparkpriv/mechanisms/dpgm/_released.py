@@ -61,6 +61,25 @@ class DPGMModel:
     def k(self) -> int:
         return self.thetas.shape[0]
 
+    @property
+    def reliable(self) -> np.ndarray:
+        """``(k,)`` bool: the clusters synthesis draws from (docs/dpgm.md, "Unreliable clusters"); every
+        cluster for a model written before the flags, or when none is reliable."""
+        rec = (self.plan_public or {}).get("clusters")
+        if not rec or not rec.get("reliable"):
+            return np.ones(self.k, dtype=bool)
+        out = np.zeros(self.k, dtype=bool)
+        out[np.asarray(rec["reliable"], dtype=np.int64)] = True
+        return out
+
+    def mixture_weights(self) -> np.ndarray:
+        """The probability of each cluster in synthesis: the noisy sizes of the reliable clusters,
+        normalised (uniform over them when their sizes are all 0)."""
+        w = np.where(self.reliable, np.maximum(np.asarray(self.sizes, float), 0.0), 0.0)
+        if not np.any(w > 0):
+            w = self.reliable.astype(float)
+        return w / w.sum()
+
     def sample_cluster(self, gen, j: int, n: int, rng: np.random.Generator) -> np.ndarray:
         """``n`` records of cluster ``j``'s model; with the length histograms, each record's length
         drawn from cluster ``j``'s (:func:`synthetic_lengths`; a model with length strata falls back
@@ -172,10 +191,7 @@ def synthesize(model: DPGMModel, n: int, seed: int) -> np.ndarray:
     """``n`` synthetic records (n, d): cluster ``j`` with probability noisy ``n_j / sum``, then
     its model's sampler; reproducible from ``seed`` (post-processing: no budget)."""
     check_param("n", n, [Interval("integer", 0, None, "left")], "synthesize")
-    w = np.asarray(model.sizes, float)
-    if not np.any(w > 0):
-        w = np.ones_like(w)
-    counts = stream(seed, SYNTH_STAGE, model.k).multinomial(int(n), w / w.sum())
+    counts = stream(seed, SYNTH_STAGE, model.k).multinomial(int(n), model.mixture_weights())
     gen = model.generator()
     parts = [model.sample_cluster(gen, j, int(c), stream(seed, SYNTH_STAGE, j))
              for j, c in enumerate(counts) if c > 0]
@@ -202,10 +218,7 @@ def synthesize_part(model: DPGMModel, n: int, seed: int, *key: int) -> np.ndarra
     Post-processing of the released model: no budget."""
     check_param("n", n, [Interval("integer", 0, None, "left")], "synthesize")
     key = tuple(int(v) for v in key)
-    w = np.asarray(model.sizes, float)
-    if not np.any(w > 0):
-        w = np.ones_like(w)
-    counts = stream(seed, SYNTH_STAGE, *key, model.k).multinomial(int(n), w / w.sum())
+    counts = stream(seed, SYNTH_STAGE, *key, model.k).multinomial(int(n), model.mixture_weights())
     gen = model.generator()
     parts = [model.sample_cluster(gen, j, int(c), stream(seed, SYNTH_STAGE, *key, j))
              for j, c in enumerate(counts) if c > 0]

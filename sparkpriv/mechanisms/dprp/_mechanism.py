@@ -149,7 +149,8 @@ class DPRP(_p.Mechanism):
         labels = None
         if params.label is not None and params.classes is not None:
             labels = (params.label, tuple(params.classes))
-        return {"columns": params.columns, "fill": params.fill, "labels": labels,
+        fill = params.fill if params.fill is not None else _p.missing_value_fill(params)
+        return {"columns": params.columns, "fill": fill, "labels": labels,
                 "missing": params.fill is not None, "keep": tuple(params.keep_columns)}
 
     def plan(self, params: DPRPParams, facts: _p.InputFacts, caller: str) -> _p.Plan:

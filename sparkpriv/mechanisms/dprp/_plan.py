@@ -333,7 +333,10 @@ def validate_params(*, d: int, epsilon, delta, lower, upper, k1, k2, row_bound, 
     zmax = math.sqrt(d + (float(label_scale) ** 2 if n_lab else 0.0))
     if row_bound is None:
         row_bound = zmax
-    check_param("row_bound", row_bound, [Interval("real", 0, None, "neither")], caller)
+    check_param("row_bound", row_bound, [Interval("real", 1e-3, None, "both")], caller)
+    # no prepared row is longer than zmax: a larger declared bound is the same bound (and a bound
+    # of 1e15 on the [0, 1] scale would leave the Gram noise no grid to be drawn on)
+    row_bound = min(float(row_bound), zmax)
     split = _check_split(budget_split, caller)
     if isinstance(fill, str):
         if fill != "dp-mean":

@@ -27,6 +27,7 @@ from sparkpriv.privacy.quantile import (
     candidate_bounds,
     choose_bound,
     histogram_noise,
+    wide_histogram_noise,
     norm_bucket_counts,
 )
 from sparkpriv.privacy.random import new_secret_seed, stream
@@ -315,16 +316,8 @@ def _norm_histogram_fn(box: Bounds, norm: str, candidates: np.ndarray):
 
 
 def _wide_grid(hist_noise):
-    """The same Laplace noise (same event) on a grid holding counts up to 2^30 noise scales.
-
-    The default grid holds only 2^22 scales: with a large epsilon a bucket of a
-    few thousand rows would overflow it, and the release would fail because of
-    the data. The coarser grid costs a factor ``1 + dim g / sensitivity`` (about
-    ``1 + dim 2^-30``) in noise.
-    """
-    return _noise.calibrate_laplace_noise(
-        sensitivity=hist_noise.sensitivity, epsilon=hist_noise.epsilon, dim=hist_noise.dim,
-        max_abs=2.0**30 * hist_noise.sensitivity / hist_noise.epsilon)
+    """:func:`sparkpriv.privacy.quantile.wide_histogram_noise` (the same event, a grid of 2^30 scales)."""
+    return wide_histogram_noise(hist_noise)
 
 
 def _dense_row_map(P, bounds: Bounds, noise, seed: int, value_bound=None, counters=None):

@@ -1,0 +1,230 @@
+"""The synthetic person x item table release (:class:`Synthetic`), on both engines (docs/math.md
+section 10; docs/utility.md).
+
+Released, each once, on the driver:
+
+1. the histogram of the number of distinct items per person over ``0 .. length_limit`` (the last
+   bin: that many or more), with Laplace noise: one person moves between two bins under
+   replace-one (L1 sensitivity 2; 1 under add-remove). Pure ``length_share * epsilon``. With
+   ``max_items="auto"`` it is the histogram that chose ``L``
+   (:mod:`sparkpriv.mechanisms.auto_bound`), released once and used for both;
+2. the per-item counts of the records bounded at ``L`` items per person, with discrete Gaussian
+   noise: a replaced person moves the count vector by ``x' - x`` with ``x, x'`` in ``{0, 1}^d``
+   and at most ``L`` ones, so ``||x' - x||_2 <= sqrt(2 L)`` (``x . x' >= 0``); ``sqrt(L)`` under
+   add-remove. Calibrated to the rest of ``(epsilon, delta)``.
+
+The model (:class:`~sparkpriv.mechanisms.synthetic.SyntheticModel`) is post-processing of the two:
+the pooled length distribution, the shrunk counts, ``n`` the noisy histogram's total. Its synthetic
+tables are generated from it (``model.sample``, ``sparkpriv synthesize``), as many as wanted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from sparkpriv._validation import Interval, Options
+from sparkpriv.errors import InputError, ParameterError
+from sparkpriv.mechanisms import protocol as _p
+from sparkpriv.mechanisms.synthetic._model import MODEL_FILE, FORMAT_VERSION, SyntheticModel
+from sparkpriv.mechanisms.synthetic._post import TAIL_STDS, expand_bins, pooled_lengths, shrunk_counts
+from sparkpriv.privacy import noise as _noise
+from sparkpriv.privacy.accounting import compose, epsilon_of
+from sparkpriv.privacy.random import new_secret_seed, stream
+
+__all__ = ["SyntheticParams", "Synthetic", "SYNTHETIC", "plan_synthetic", "item_sums_fn"]
+
+MAX_COUNT = 2**33  # a public clamp of every exact count (never reached by real data)
+COUNTS_STAGE, LENGTHS_STAGE = 1, 2
+_POS = Interval("real", 0, None, "neither")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyntheticParams(_p.Params):
+    """Public parameters of the synthetic table release (bounded event records)."""
+
+    epsilon: float = _p.option(help="epsilon of the release (the accounted epsilon never exceeds it)",
+                               constraints=[_POS])
+    delta: float = _p.option(help="delta of the release, in (0, 1) (the per-item counts' Gaussian noise); at "
+                             "most 1/n is advised", constraints=[Interval("real", 0, 1, "neither")])
+    length_share: float = _p.option(0.15, help="share of epsilon spent on the histogram of items per person "
+                                    "(with --max-items auto: the share of the histogram that also chooses L)",
+                                    constraints=[Interval("real", 0, 0.9, "neither")])
+    length_limit: int = _p.option(256, help="the histogram of items per person covers 0 .. this many (the "
+                                  "last bin: this many or more); with --max-items auto: --max-items-limit",
+                                  constraints=[Interval("integer", 1, 1 << 16, "both")])
+    shrink: str = _p.option("eb", help="post-processing of the noisy per-item counts: eb (each count's posterior "
+                            "mean under a prior fitted to all of them) or clamp (negative counts to 0)",
+                            constraints=[Options(("eb", "clamp"))])
+    neighbors: str = _p.option("replace-one", help="neighbour relation: replace-one (n public) or add-remove",
+                               kind="neighbors")
+
+
+def item_sums_fn(d: int):
+    """Block of binary records -> the number of records holding each item, then the number of
+    records ``(d + 1,)`` (the last: public under replace-one, never released under add-remove)."""
+
+    def item_sums(block):
+        out = np.bincount(np.asarray(block.indices, np.int64), minlength=d + 1).astype(np.float64)
+        out[d] = block.n
+        return out
+
+    return item_sums
+
+
+@dataclass
+class SyntheticPlan:
+    """The public calibration: the counts' Gaussian and (when this release measures it) the
+    length histogram's Laplace, their sensitivities and the bound ``L``."""
+
+    d: int
+    L: int
+    limit: int
+    neighbors: str
+    counts_noise: _noise.GaussianNoise
+    length_noise: object | None  # LaplaceNoise; None: the auto bound's histogram is used
+    length_epsilon: float
+
+    @property
+    def counts_sensitivity(self) -> float:
+        return math.sqrt((2.0 if self.neighbors == "replace-one" else 1.0) * self.L)
+
+    def dp_event(self):
+        if self.length_noise is None:
+            return self.counts_noise.dp_event()
+        return compose([self.length_noise.dp_event(), self.counts_noise.dp_event()])
+
+    def to_public_dict(self) -> dict:
+        out = {"items": self.d, "max_items": self.L, "length_limit": self.limit, "neighbors": self.neighbors,
+               "counts": {"sensitivity_l2": self.counts_sensitivity, "noise": self.counts_noise.to_public_dict(),
+                          "std": float(self.counts_noise.std),
+                          "note": "number of people holding each item, each person's at most max_items items"},
+               "lengths": ({"source": "the auto contribution bound's histogram (contribution_bound_estimation)"}
+                           if self.length_noise is None else
+                           {"sensitivity_l1": 2.0 if self.neighbors == "replace-one" else 1.0,
+                            "epsilon": self.length_epsilon, "noise": self.length_noise.to_public_dict(),
+                            "std": float(self.length_noise.std)})}
+        return out
+
+
+def plan_synthetic(params: SyntheticParams, d: int, L: int, *, lengths_given: bool, caller: str) -> SyntheticPlan:
+    """Calibrate the release's noise from public parameters (reads no data, draws nothing)."""
+    from sparkpriv.mechanisms.auto_bound import histogram_noise_for
+    from sparkpriv.privacy.calibration import split_epsilon
+
+    rel = params.neighbors if isinstance(params.neighbors, str) else params.neighbors.name
+    if lengths_given:  # max_items='auto': the release path measured the histogram (and charges it)
+        eps_len, eps_counts, lnoise = 0.0, float(params.epsilon), None
+    else:
+        eps_len, eps_counts = split_epsilon(params.epsilon, params.length_share)
+        lnoise = histogram_noise_for(epsilon=eps_len, neighbors=rel, limit=min(params.length_limit, d))
+    factor = 2.0 if rel == "replace-one" else 1.0
+    cnoise = _noise.calibrate_gaussian_noise(sensitivity=math.sqrt(factor * L), epsilon=eps_counts,
+                                             delta=float(params.delta), dim=int(min(d, factor * L)),
+                                             max_abs=float(MAX_COUNT))
+    return SyntheticPlan(int(d), int(L), int(min(params.length_limit, d)), rel, cnoise, lnoise, float(eps_len))
+
+
+@dataclass
+class _State:
+    plan: SyntheticPlan
+    events: object  # EventColumns or None
+
+
+class Synthetic(_p.Mechanism):
+    """A DP synthetic person x item table: released lengths and item counts, a generative model."""
+
+    name = "synthetic"
+    title = "DP synthetic person x item table"
+    summary = ("a DP synthetic table of an event table (each person's set of items): the histogram of items "
+               "per person and the per-item counts, released once; synthetic people drawn from them")
+    Params = SyntheticParams
+    neighbors = (_p.REPLACE_ONE, _p.ADD_REMOVE)
+    refused_neighbors = {"element": "it protects whole people, not single attributes"}
+    inputs = ("records",)
+    engines = ("local", "spark")
+    refuses_empty_input = False  # under add-remove an empty table is not public: released like any other
+
+    def auto_share(self, params: SyntheticParams) -> float:
+        """With ``max_items='auto'`` the histogram that chooses ``L`` is also the length histogram: it
+        gets this release's ``length_share`` (sparkpriv.release._plan_auto)."""
+        return float(params.length_share)
+
+    def plan(self, params: SyntheticParams, facts: _p.InputFacts, caller: str) -> _p.Plan:
+        c = float(facts.value_cap)
+        if c != 1.0:
+            raise ParameterError(f"{caller} takes binary records (weights='binary'): a person's set of items.")
+        L = int(round((float(facts.l2_bound) / c) ** 2))
+        given = bool(getattr(facts, "length_histogram", False))
+        rel = _p.resolve_neighbors(params.neighbors, self, caller)
+        plan = plan_synthetic(params, facts.d, L, lengths_given=given, caller=caller)
+        event = plan.dp_event()
+        public = plan.to_public_dict()
+        public["model"] = {"file": MODEL_FILE, "format_version": FORMAT_VERSION,
+                           "post_processing": {"lengths": f"the noisy histogram cut where its tail holds less than "
+                                                          f"{TAIL_STDS:g} noise stds, non-increasing beyond "
+                                                          "its mode (isotonic), clamped at 0",
+                                               "counts": params.shrink}}
+        return _p.Plan(events=event, epsilon=float(epsilon_of(event, float(params.delta))), delta=float(params.delta),
+                       public=public, neighbors=rel, state=_State(plan, facts.events),
+                       secrets=new_secret_seed("synthetic-noise"))
+
+    def run(self, engine, source, plan: _p.Plan, progress) -> _p.Outcome:
+        from sparkpriv.mechanisms.auto_bound import items_histogram_fn, length_edges
+
+        st: _State = plan.state
+        sp = st.plan
+        seed = plan.secrets
+        given = getattr(source, "length_histogram", None)
+        if sp.length_noise is None:
+            if given is None:  # pragma: no cover - the release path sets it with the auto bound
+                raise RuntimeError("the auto contribution bound's histogram is missing")
+            noisy_len, len_std, limit = np.asarray(given[0], np.float64), float(given[1]), int(given[2])
+        else:  # one pass with the records bounded at the limit: each person's number of items
+            L, limit = sp.L, sp.limit
+            source.set_max_items(limit)
+            try:
+                exact = engine.aggregate(source, items_histogram_fn(limit), int(length_edges(limit).size),
+                                         count=False)
+            finally:
+                source.set_max_items(L)
+            clamp = sp.length_noise.max_abs_value
+            noisy_len = _noise.add_noise(np.clip(np.asarray(exact, np.float64), -clamp, clamp), sp.length_noise,
+                                         stream(seed, LENGTHS_STAGE))
+            len_std = float(sp.length_noise.std)
+            progress.log("synthetic: histogram of items per person over 0..%d (noise std %.3g)", limit, len_std)
+        sums = engine.aggregate(source, item_sums_fn(sp.d), sp.d + 1, count=True)
+        people = int(round(float(sums[-1])))  # exact: public under replace-one only (below)
+        noisy = _noise.add_noise(np.clip(np.asarray(sums[:-1], np.float64), 0.0, MAX_COUNT), sp.counts_noise,
+                                 stream(seed, COUNTS_STAGE))
+        progress.log("synthetic: per-item counts of %d items, at most %d per person (noise std %.3g)", sp.d, sp.L,
+                     float(sp.counts_noise.std))
+        lengths = expand_bins(pooled_lengths(noisy_len, len_std), length_edges(limit), limit)
+        # n: public under replace-one; under add-remove the noisy histogram's total (DP)
+        n = people if sp.neighbors == "replace-one" else int(max(1, round(float(np.asarray(noisy_len).sum()))))
+        counts = shrunk_counts(noisy, float(sp.counts_noise.std)) if st_shrink(plan) == "eb" else np.maximum(noisy, 0.0)
+        model = SyntheticModel(sp.d, n, lengths, counts, noisy,
+                               public={"n_people": n, "max_items": sp.L, "length_limit": limit},
+                               events=st.events)
+        item = np.arange(sp.d, dtype=np.int64)
+        table = engine.columns_table([("item_index", "long", item), ("noisy_count", "double", noisy),
+                                      ("count", "double", counts)])
+        public = {"model": dict(plan.public["model"], n_people=n,
+                                length_distribution_mean=float((lengths / max(lengths.sum(), 1e-300)
+                                                                * np.arange(lengths.size)).sum())),
+                  "uncertainty": {"noisy_count_std": float(sp.counts_noise.std),
+                                  "interval": "noisy_count +- 1.96 std covers each item's count of the BOUNDED "
+                                              "records (at most max_items items per person) with probability "
+                                              "0.95; count is post-processing (shrunk), not an interval centre"}}
+        if st.events is not None:
+            public["model"]["events"] = st.events.to_public_dict()
+        return _p.Outcome(table=table, model=model, public=public, files={MODEL_FILE: model.to_bytes()})
+
+
+def st_shrink(plan: _p.Plan) -> str:
+    return plan.public["model"]["post_processing"]["counts"]
+
+
+SYNTHETIC = _p.register(Synthetic())

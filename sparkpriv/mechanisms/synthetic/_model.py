@@ -1,0 +1,139 @@
+"""The released synthesizer model and its sampler (post-processing; docs/math.md section 10).
+
+The model is two public vectors: ``lengths[m]``, the share of people with ``m`` distinct items
+(``m = 0 .. limit``; the last bin: ``limit`` or more), and ``counts[i]``, the (shrunk) number of
+people holding item ``i``; with ``n`` the number of people. A synthetic person draws a number
+``m`` from ``lengths``, then ``m`` items independently from the item profile
+``counts / sum(counts)``, keeping the distinct ones. So the answer of a union query (people with
+at least one item of ``S``) has the closed form
+
+    n sum_m lengths[m] (1 - (1 - W(S))^m),    W(S) = sum_{i in S} profile[i],
+
+(:meth:`SyntheticModel.union_answers`): long records reach more items, and the record lengths
+are the real ones (released up to ``limit``), not the capped ones the counts were measured on
+(the cap keeps a uniformly random subset of a person's items, so the profile's shares are
+unbiased for everyone's items; only its noise grows with the cap).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sparkpriv.errors import ParameterError
+from sparkpriv.privacy.random import stream
+
+__all__ = ["SyntheticModel", "MODEL_FILE", "FORMAT_VERSION", "SYNTH_STAGE"]
+
+MODEL_FILE = "_synthetic_model.npz"
+FORMAT_VERSION = 1
+SYNTH_STAGE = 0x5E  # keyed stream stage of synthesis (a public constant)
+
+
+@dataclass
+class SyntheticModel:
+    """The released model (module docstring). ``events``: the public
+    :class:`~sparkpriv.mechanisms.event_columns.EventColumns` of the source event table, or None."""
+
+    d: int
+    n: int
+    lengths: np.ndarray
+    counts: np.ndarray
+    noisy_counts: np.ndarray
+    public: dict = field(default_factory=dict)
+    events: object = None
+
+    def __post_init__(self):
+        self.lengths = np.asarray(self.lengths, dtype=np.float64)
+        self.counts = np.asarray(self.counts, dtype=np.float64)
+        self.noisy_counts = np.asarray(self.noisy_counts, dtype=np.float64)
+        if self.counts.shape != (self.d,) or self.noisy_counts.shape != (self.d,):
+            raise ParameterError(f"A synthetic model of {self.d} items needs {self.d} counts.")
+        if self.lengths.ndim != 1 or np.any(self.lengths < 0) or not np.all(np.isfinite(self.lengths)):
+            raise ParameterError("A synthetic model's length distribution must be nonnegative and finite.")
+        s = self.lengths.sum()
+        self.lengths = self.lengths / s if s > 0 else np.eye(1, self.lengths.size, 0).ravel()
+
+    @property
+    def profile(self) -> np.ndarray:
+        """The share of each item among the items people hold (``counts`` normalised)."""
+        s = self.counts.sum()
+        return self.counts / s if s > 0 else np.full(self.d, 1.0 / max(self.d, 1))
+
+    @property
+    def limit(self) -> int:
+        return int(self.lengths.size - 1)
+
+    def union_answers(self, queries, n: int | None = None) -> np.ndarray:
+        """The model's expected number of people with at least one item of each query (``queries``: a
+        ``(q, d)`` 0/1 sparse or dense matrix), for ``n`` people (default the released ``n``)."""
+        n = self.n if n is None else int(n)
+        W = np.clip(np.asarray(queries @ self.profile, dtype=np.float64).ravel(), 0.0, 1.0)
+        m = np.arange(self.lengths.size)
+        out = np.empty(W.size)
+        for s in range(0, W.size, 4096):  # (q, limit + 1) at a time
+            miss = (1.0 - W[s:s + 4096, None]) ** m[None, :]
+            out[s:s + 4096] = ((1.0 - miss) * self.lengths[None, :]).sum(axis=1)
+        return n * out
+
+    def pair_answers(self, pairs: np.ndarray, n: int | None = None) -> np.ndarray:
+        """Expected number of people with both items of each pair ``(a, b)`` (``(P, 2)``)."""
+        n = self.n if n is None else int(n)
+        p = self.profile
+        pa, pb = p[pairs[:, 0]][:, None], p[pairs[:, 1]][:, None]
+        m = np.arange(self.lengths.size)[None, :]
+        both = 1.0 - (1.0 - pa) ** m - (1.0 - pb) ** m + np.clip(1.0 - pa - pb, 0.0, 1.0) ** m
+        return n * (both * self.lengths[None, :]).sum(axis=1)
+
+    def sample_sparse(self, n: int, seed: int, *key: int) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` synthetic people as ``(offsets (n + 1,), item indices)``, each row's items distinct
+        and sorted, from the keyed streams ``stream(seed, SYNTH_STAGE, *key, ...)`` (a retried task
+        redraws the same rows). Post-processing of the model: no budget."""
+        n = int(n)
+        rng_len = stream(seed, SYNTH_STAGE, *key, 0)
+        rng_items = stream(seed, SYNTH_STAGE, *key, 1)
+        cl = np.cumsum(self.lengths)
+        m = np.minimum(np.searchsorted(cl, rng_len.random(n) * cl[-1], side="right"), self.limit)
+        total = int(m.sum())
+        cp = np.cumsum(self.profile)
+        items = np.minimum(np.searchsorted(cp, rng_items.random(total) * cp[-1], side="right"), self.d - 1)
+        rows = np.repeat(np.arange(n, dtype=np.int64), m)
+        code = np.unique(rows * self.d + items)  # distinct items per person, sorted by (person, item)
+        r, i = np.divmod(code, self.d)
+        off = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(r, minlength=n), out=off[1:])
+        return off, i.astype(np.int64)
+
+    def sample(self, n: int, seed: int):
+        """``n`` synthetic people as a ``scipy.sparse`` 0/1 CSR matrix ``(n, d)``."""
+        from scipy import sparse
+
+        off, idx = self.sample_sparse(n, seed)
+        return sparse.csr_matrix((np.ones(idx.size), idx, off), shape=(int(n), self.d))
+
+    # ------------------------------------------------------------------------- file
+
+    def to_bytes(self) -> bytes:
+        header = {"format_version": FORMAT_VERSION, "d": self.d, "n": self.n, "public": self.public,
+                  "events": None if self.events is None else self.events.to_header()}
+        buf = io.BytesIO()
+        np.savez(buf, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), lengths=self.lengths,
+                 counts=self.counts, noisy_counts=self.noisy_counts)
+        return buf.getvalue()
+
+    @classmethod
+    def load(cls, path_or_file) -> "SyntheticModel":
+        from sparkpriv.mechanisms.event_columns import EventColumns
+
+        with np.load(path_or_file, allow_pickle=False) as z:
+            header = json.loads(bytes(z["header"]).decode())
+            if header.get("format_version") != FORMAT_VERSION:
+                raise ParameterError(f"A synthetic model file of format {header.get('format_version')!r}; this "
+                                     f"sparkpriv reads format {FORMAT_VERSION}.")
+            events = header.get("events")
+            return cls(int(header["d"]), int(header["n"]), z["lengths"], z["counts"], z["noisy_counts"],
+                       header.get("public", {}),
+                       EventColumns.from_header(events, int(header["d"])) if events else None)

@@ -1,0 +1,176 @@
+"""The synthetic person x item table release (sparkpriv.mechanisms.synthetic) on the local engine:
+post-processing against closed forms, the model's union answers against Monte Carlo, sensitivities
+by brute force, accounting against dp_accounting, the release end to end, refusals."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy import sparse
+
+from sparkpriv.api import release
+from sparkpriv.errors import ParameterError
+from sparkpriv.local.records import bound_items
+from sparkpriv.mechanisms.auto_bound import length_edges
+from sparkpriv.mechanisms.synthetic import (SyntheticModel, expand_bins, plan_synthetic, pooled_lengths,
+                                            shrunk_counts, SyntheticParams)
+from sparkpriv.privacy.accounting import epsilon_of
+from sparkpriv.privacy.random import insecure_fixed_seed
+
+
+def test_shrunk_counts_approach_the_bayes_posterior_mean():
+    """A two-point prior (0 w.p. 0.8, 100 w.p. 0.2), Gaussian noise of std 20: the empirical-Bayes means
+    fitted from the noisy counts alone are close to the oracle posterior mean, and beat clamping."""
+    rng = np.random.default_rng(0)
+    d, sigma = 20_000, 20.0
+    true = np.where(rng.random(d) < 0.2, 100.0, 0.0)
+    noisy = true + rng.normal(0, sigma, d)
+    eb = shrunk_counts(noisy, sigma)
+    l0 = 0.8 * np.exp(-0.5 * (noisy / sigma) ** 2)
+    l1 = 0.2 * np.exp(-0.5 * ((noisy - 100.0) / sigma) ** 2)
+    oracle = 100.0 * l1 / (l0 + l1)
+    assert np.mean((eb - oracle) ** 2) < 0.05 * np.mean((oracle - true) ** 2)
+    assert np.mean((eb - true) ** 2) < 0.5 * np.mean((np.maximum(noisy, 0) - true) ** 2)
+    assert np.all(eb >= 0) and shrunk_counts(np.array([5.0, -3.0]), 0.0).tolist() == [5.0, 0.0]
+
+
+def test_pooled_lengths_cut_the_noise_tail_and_are_non_increasing_beyond_the_mode():
+    rng = np.random.default_rng(1)
+    true = np.zeros(40)
+    true[:6] = [0, 300, 500, 400, 200, 50]
+    cut_ok = 0
+    for s in range(50):
+        noisy = true + rng.laplace(0, 5.0, true.size)
+        out = pooled_lengths(noisy, 5.0 * math.sqrt(2))
+        assert np.all(out >= 0)
+        m = int(np.argmax(out))
+        assert np.all(np.diff(out[m:]) <= 1e-9)  # non-increasing beyond the mode
+        cut_ok += out[12:].sum() == 0  # nothing but noise beyond length 5
+    assert cut_ok >= 45
+
+
+def test_expand_bins_spreads_each_bin_evenly():
+    e = length_edges(20)
+    binned = np.arange(1.0, e.size + 1.0)
+    out = expand_bins(binned, e, 20)
+    assert out.sum() == pytest.approx(binned.sum()) and out.size == 21
+    for j, lo in enumerate(e):
+        hi = e[j + 1] if j + 1 < e.size else 21
+        np.testing.assert_allclose(out[lo:hi], binned[j] / (hi - lo))
+
+
+def _model(d=30, n=2000, seed=0):
+    rng = np.random.default_rng(seed)
+    lengths = np.zeros(11)
+    lengths[1:] = rng.random(10)
+    counts = rng.gamma(0.7, 100.0, d)
+    return SyntheticModel(d, n, lengths, counts, counts)
+
+
+def test_union_and_pair_answers_match_monte_carlo():
+    m = _model()
+    rng = np.random.default_rng(3)
+    Q = sparse.csr_matrix((rng.random((40, m.d)) < 0.15).astype(float))
+    pairs = np.array([(0, 1), (2, 7), (5, 29)])
+    reps = [m.sample(m.n, seed=s) for s in range(60)]
+    mc = np.mean([np.asarray(((Y @ Q.T) > 0).sum(axis=0)).ravel() for Y in reps], axis=0)
+    np.testing.assert_allclose(mc, m.union_answers(Q), rtol=0.03, atol=3.0)
+    mcp = np.mean([np.asarray(Y[:, pairs[:, 0]].multiply(Y[:, pairs[:, 1]]).sum(axis=0)).ravel() for Y in reps],
+                  axis=0)
+    np.testing.assert_allclose(mcp, m.pair_answers(pairs), rtol=0.06, atol=2.0)
+
+
+def test_samples_are_reproducible_by_key_and_hold_distinct_sorted_items():
+    m = _model()
+    a = m.sample_sparse(500, 7, 0, 1)
+    b = m.sample_sparse(500, 7, 0, 1)
+    c = m.sample_sparse(500, 7, 0, 2)
+    assert np.array_equal(a[1], b[1]) and not np.array_equal(a[1], c[1])
+    off, idx = a
+    for r in range(500):
+        row = idx[off[r]:off[r + 1]]
+        assert np.all(np.diff(row) > 0) and row.size <= m.limit
+
+
+def test_sensitivities_by_brute_force():
+    """Every pair of binary records of at most L items over d items: the count vector moves by at most
+    sqrt(2 L) in L2 (replace-one; sqrt(L) add-remove) and the length histogram by 2 in L1 (1)."""
+    d, L = 6, 3
+    recs = [np.array(r, float) for r in itertools.product((0, 1), repeat=d) if sum(r) <= L]
+    worst = max(np.linalg.norm(a - b) for a in recs for b in recs)
+    plan = plan_synthetic(SyntheticParams(epsilon=1.0, delta=1e-6), d, L, lengths_given=False, caller="t")
+    assert worst == pytest.approx(plan.counts_sensitivity) == pytest.approx(math.sqrt(2 * L))
+    add = max(np.linalg.norm(a) for a in recs)
+    plan_ar = plan_synthetic(SyntheticParams(epsilon=1.0, delta=1e-6, neighbors="add-remove"), d, L,
+                             lengths_given=False, caller="t")
+    assert add == pytest.approx(plan_ar.counts_sensitivity)
+    e = length_edges(plan.limit)
+    hist = [np.bincount([np.searchsorted(e, int(r.sum()), side="right") - 1], minlength=e.size) for r in recs]
+    assert max(np.abs(a - b).sum() for a in hist for b in hist) == 2 == plan.length_noise.sensitivity
+
+
+@pytest.mark.parametrize("eps,delta", [(0.5, 1e-6), (1.0, 1e-5), (4.0, 1e-7)])
+def test_accounting_against_dp_accounting(eps, delta):
+    import dp_accounting as dpa
+
+    plan = plan_synthetic(SyntheticParams(epsilon=eps, delta=delta), 500, 8, lengths_given=False, caller="t")
+    ev = plan.dp_event()
+    assert isinstance(ev, dpa.ComposedDpEvent) and len(ev.events) == 2
+    assert isinstance(ev.events[0], dpa.LaplaceDpEvent) and isinstance(ev.events[1], dpa.GaussianDpEvent)
+    acc = dpa.pld.PLDAccountant()
+    acc.compose(ev)
+    assert acc.get_epsilon(delta) <= eps * (1 + 1e-9)
+    assert epsilon_of(ev, delta) == pytest.approx(acc.get_epsilon(delta), rel=1e-6)
+    # the Laplace's epsilon is length_share of the whole (pure: 1 / its multiplier)
+    assert 1.0 / ev.events[0].noise_multiplier == pytest.approx(0.15 * eps, rel=1e-9)
+    # the Gaussian's sigma is at least its multiplier times the L2 sensitivity sqrt(2 L)
+    assert plan.counts_noise.std >= ev.events[1].noise_multiplier * math.sqrt(16) * (1 - 1e-9)
+
+
+def _structured(n=6000, d=50, seed=0):
+    rng = np.random.default_rng(seed)
+    m = rng.integers(1, 13, n)
+    p = rng.dirichlet(np.full(d, 0.5))
+    rows = [np.unique(rng.choice(d, k, p=p)) for k in m]
+    off = np.concatenate([[0], np.cumsum([r.size for r in rows])])
+    return sparse.csr_matrix((np.ones(off[-1]), np.concatenate(rows), off), shape=(n, d))
+
+
+def test_release_end_to_end_on_the_local_engine(tmp_path):
+    X = _structured()
+    rel = release("synthetic", bound_items(X, max_items="auto"), epsilon=4.0, delta=1e-6)
+    m = rel.model
+    assert m.n == X.shape[0]  # replace-one: n is public, released exactly
+    true_len = np.bincount(np.diff(X.indptr), minlength=m.limit + 1)[:m.limit + 1] / X.shape[0]
+    assert np.abs(np.cumsum(m.lengths) - np.cumsum(true_len)).max() < 0.05  # the length distribution
+    true_counts = np.asarray(X.sum(axis=0)).ravel()
+    assert np.corrcoef(true_counts, m.counts)[0, 1] > 0.98
+    assert rel.epsilon <= 4.0 and rel.epsilon == pytest.approx(epsilon_of(rel.event, 1e-6))
+    est = rel.public["contribution_bound_estimation"]
+    assert 6 <= est["chosen_max_items"] <= 13 and est["epsilon_share"] == 0.15
+    assert rel.df.column_names == ["item_index", "noisy_count", "count"] and rel.df.num_rows == 50
+    rel.write(str(tmp_path / "rel"))
+    again = SyntheticModel.load(tmp_path / "rel" / "_synthetic_model.npz")
+    np.testing.assert_array_equal(again.counts, m.counts)
+    np.testing.assert_array_equal(again.lengths, m.lengths)
+
+
+def test_a_declared_bound_measures_its_own_length_histogram():
+    X = _structured(n=3000)
+    with insecure_fixed_seed(5):
+        rel = release("synthetic", bound_items(X, max_items=4), epsilon=2.0, delta=1e-6)
+    ev = rel.event
+    assert len(ev.events) == 2 and rel.public["lengths"]["epsilon"] == pytest.approx(0.3)
+    assert rel.public["max_items"] == 4 and rel.model.limit == 50  # lengths up to the vocabulary, past L
+    assert (rel.model.lengths * np.arange(51)).sum() > 5  # the real lengths (about 6.3), not the capped ones
+
+
+@pytest.mark.parametrize("kw,msg", [({"delta": 0.0}, "'delta'"), ({"length_share": 0.95}, "'length_share'"),
+                                    ({"neighbors": "element"}, "neighbors"), ({"shrink": "median"}, "'shrink'")])
+def test_refusals_come_before_anything(kw, msg):
+    X = _structured(n=100)
+    with pytest.raises(ParameterError, match=msg):
+        release("synthetic", bound_items(X, max_items=3), **{"epsilon": 1.0, "delta": 1e-6, **kw})
