@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sparkpriv.api import release_regression
-from sparkpriv.errors import InputError, SparkPrivError
+from sparkpriv.errors import SparkPrivError
 from sparkpriv.mechanisms import regression as reg
 from sparkpriv.mechanisms.regression import RegressionParams
 from sparkpriv.privacy.random import insecure_fixed_seed
@@ -82,14 +82,11 @@ def test_spark_release_is_the_local_release(spark):
     np.testing.assert_allclose(got.model.coef, [0.5, -0.2, 0.0], atol=0.05)
 
 
-@pytest.mark.xfail(strict=True, raises=InputError,
-                   reason="the Spark engine's open (batch_matrix) refuses NaN before the mechanism sees it "
-                          "(issue 55: the engines' share of the rule); the mechanism replaces it")
 def test_a_nan_is_replaced_on_spark(spark):
     from pyspark.sql import functions as F
 
     df = _table(spark, 2).withColumn("f1", F.when(F.col("f0") > 0.99, F.lit(float("nan"))).otherwise(F.col("f1")))
-    assert release_regression(df, **KW).diagnostics()["values_replaced"] > 0
+    assert release_regression(df, **KW).diagnostics()["missing_values_replaced"] > 0
 
 
 def test_target_of_the_wrong_type_is_named(spark):

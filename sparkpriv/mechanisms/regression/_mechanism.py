@@ -250,8 +250,8 @@ def _run_ssp(engine, source, plan: _p.Plan, progress) -> _p.Outcome:
         public["n"] = int(stats_.n)  # public under replace-one; add-remove releases only the noisy n
     table = _statistics_table(engine, stats_, pr.target)
     diagnostics = {"values_clamped": clamped}
-    if counters is not None:
-        diagnostics.update({name: c.value for name, c in zip(COUNTERS, counters)})
+    if counters is not None:  # the engine's source counts the replaced values (missing_values_replaced)
+        diagnostics.update({name: c.value for name, c in zip(COUNTERS, counters) if name != "values_replaced"})
     return _p.Outcome(table=table, model=fit, public=public,
                       files={MODEL_FILE: json.dumps(model, indent=2, sort_keys=True).encode()},
                       extras={"statistics": stats_, "diagnostics": diagnostics})

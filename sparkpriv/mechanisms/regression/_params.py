@@ -34,13 +34,15 @@ SKETCH_NEIGHBORS = ("replace-one",)
 NEIGHBORS_OK = SKETCH_NEIGHBORS  # the sketch's (kept for the sketch's own entry points)
 DEFAULT_SPLIT = (1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0)  # AdaSSP: eigenvalue, Gram matrix, moments
 
-# Limits of the public values (docs/regression.md, "Limits"). Inside them every quantity the plan
-# and the driver compute (B^2 n for n <= 2^63, the noise grids, the accountant's PLD) is a finite
-# float; outside them a release is refused by name before anything is reserved.
-EPSILON_RANGE = (1e-3, 1e4)
-DELTA_RANGE = (1e-14, 0.5)
-BOUND_MAX = 1e50  # |bound| (row_bound, lower, upper, target bounds, fill): noise variances ~ bound^4 stay finite
-BOUND_MIN = 1e-50  # smallest row_bound and box width
+# Limits of the public values (docs/regression.md, "Limits"): those every mechanism is held to
+# (protocol.Params._check_magnitudes, checked first), plus the box widths and the target range, which
+# are differences of two bounds, and delta at most 0.5. Inside them every quantity the plan and the
+# driver compute (B^4 for the Gram sensitivity, B^2 n for n <= 2^63, the noise grids, the accountant's
+# PLD) is a finite float; outside them a release is refused by name before anything is reserved.
+EPSILON_RANGE = _p.EPSILON_RANGE
+DELTA_RANGE = (_p.MIN_DELTA, 0.5)
+BOUND_MAX = _p.MAX_PUBLIC_MAGNITUDE  # |bound| (row_bound, lower, upper, target bounds, fill)
+BOUND_MIN = _p.MIN_PUBLIC_SCALE  # smallest row_bound, box width and target range
 _POS = Interval("real", 0, None, "neither")
 _REAL = Interval("real", None, None, "neither")
 
@@ -59,7 +61,7 @@ class RegressionParams(_p.Params):
     target: str | None = _p.option(None, help="numeric (or boolean) target column, not one of the features",
                                    kind="str")
     epsilon: float = _p.option(help="the epsilon of the release", constraints=[_POS])
-    delta: float = _p.option(help="the delta of the release (Gaussian noise), in [1e-14, 0.5]",
+    delta: float = _p.option(help="the delta of the release (Gaussian noise), in [1e-12, 0.5]",
                              constraints=[Interval("real", 0, 1, "neither")])
     method: str = _p.option("ssp", help="ssp: noisy sufficient statistics X^T X, X^T y with AdaSSP's "
                             "adaptive ridge (one pass; the useful method); sketch: the sample-mixing sketch "
