@@ -214,8 +214,11 @@ class DPLogisticRegression(ClassifierMixin, _DPRegressionBase):
     ``fit(X, y)`` is one release of the ``regression`` mechanism with ``model="logistic"``: the same
     noisy sufficient statistics and AdaSSP ridge as :class:`DPLinearRegression`, on ``s = +1`` for
     ``y == positive`` and ``-1`` otherwise, and the logistic loss's degree-2 Chebyshev approximation
-    (PASS-GLM) solved on them: one pass over the data. ``y`` is numeric or boolean. The features need
-    declared bounds (``row_bound`` and/or ``lower``/``upper``); there is no default.
+    (PASS-GLM) solved on them; then ``logistic_steps`` (default 5) more passes, each a noisy gradient of
+    the logistic loss (Bohning steps; the last also a noisy Hessian, for a Newton step and the
+    intervals). ``logistic_steps=0``: the one-pass approximation alone (least squares' decision
+    boundary). ``y`` is numeric or boolean. The features need declared bounds (``row_bound`` and/or
+    ``lower``/``upper``); there is no default.
 
     Attributes
     ----------
@@ -232,14 +235,15 @@ class DPLogisticRegression(ClassifierMixin, _DPRegressionBase):
     _model = "logistic"
 
     def __init__(self, *, epsilon: float = 1.0, delta: float = 1e-6, row_bound=None, lower=None, upper=None,
-                 positive=None, fit_intercept: bool = True, budget_split=None, bootstrap=None, confidence: float = 0.95,
-                 fill=None, neighbors=None, ledger=None, table_id=None):
+                 positive=None, logistic_steps=None, fit_intercept: bool = True, budget_split=None, bootstrap=None,
+                 confidence: float = 0.95, fill=None, neighbors=None, ledger=None, table_id=None):
         self.epsilon = epsilon
         self.delta = delta
         self.row_bound = row_bound
         self.lower = lower
         self.upper = upper
         self.positive = positive
+        self.logistic_steps = logistic_steps
         self.fit_intercept = fit_intercept
         self.budget_split = budget_split
         self.bootstrap = bootstrap
@@ -252,7 +256,8 @@ class DPLogisticRegression(ClassifierMixin, _DPRegressionBase):
     def fit(self, X, y):
         """Release private statistics of ``[X, y]`` and fit the logistic model (spends epsilon, delta);
         returns self."""
-        self._keep(self._release(X, y, {"model": "logistic", "positive": self.positive}), X)
+        self._keep(self._release(X, y, {"model": "logistic", "positive": self.positive,
+                                        "logistic_steps": self.logistic_steps}), X)
         pos = 1.0 if self.positive is None else self.positive
         self.classes_ = np.array([0.0 if pos != 0 else 1.0, pos])
         return self

@@ -28,7 +28,8 @@ pooled image (clips 0.6 % of the training images). The sketch gets the box-centr
 constant 1 and the centred target (it fits no intercept), bounded in L2 by the box's corner.
 
 Each cell is the median over ``--trials`` releases (fresh noise; fixed test seeds: measurements, not
-private releases). Prints Markdown tables, and one JSON object as the last line.
+private releases). Prints every trial as it is measured, then Markdown tables of the medians, and one
+JSON object as the last line.
 """
 
 from __future__ import annotations
@@ -331,7 +332,8 @@ def utility(*, tasks=TASKS, epsilons=EPSILONS, trials: int = 5, mnist_trials: in
                         _log.warning("%s on %s at eps %g failed: %s", label, name, eps, exc)
                         s = float("nan")
                     records.append(_record(name, n, eps, label, t, s, t0))
-            print(f"{name} eps={eps}: done", flush=True)
+                    print(f"{name} eps={eps:g} {label} trial {t}: {s:.4g} ({records[-1]['seconds']:.1f} s)",
+                          flush=True)
         if json_path:
             with open(json_path, "w") as f:
                 json.dump(records, f)

@@ -56,6 +56,8 @@ for _rel in ("replace-one", "add-remove"):
     for _model in ("linear", "logistic"):
         AUDITED[("regression-ssp", GAU, _rel, _model)] = "test_regression_ssp::test_ssp_statistics"
     AUDITED[("regression-ssp-target-range", LAP, _rel, "histogram")] = "test_regression_ssp::test_ssp_target_histogram"
+    for _step in ("gradient", "hessian"):
+        AUDITED[("regression-ssp-logistic-pass", GAU, _rel, _step)] = "test_regression_ssp::test_ssp_logistic_passes"
 for _noise, _fn in ((LAP, "test_counts_laplace"), (GAU, "test_counts_gaussian")):
     for _rel in ("replace-one", "add-remove"):
         for _w in ("people", "events-capped"):
@@ -75,8 +77,8 @@ FUNCTIONS = {
     "release_kmeans_array": ("kmeans-linear", "kmeans-kernel"),
     "release_kmeans": ("kmeans-linear", "kmeans-kernel", "contribution-bound"),
     "release_regression_array": ("regression-sketch", "regression-additive"),
-    "release_regression": ("regression-ssp", "regression-ssp-target-range", "regression-sketch",
-                           "regression-additive"),
+    "release_regression": ("regression-ssp", "regression-ssp-target-range", "regression-ssp-logistic-pass",
+                           "regression-sketch", "regression-additive"),
     "release_counts": ("counts", "contribution-bound"),
     "release_synthetic": ("synthetic-counts", "contribution-bound"),
     "release_dpgm_array": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths", "dpgm-item-counts"),
@@ -86,7 +88,8 @@ CLI_MECHANISMS = {
     "projection": ("projection", "projection-events", "row-bound-quantile", "contribution-bound"),
     "dprp": ("dprp", "contribution-bound"),
     "kmeans": ("kmeans-linear", "kmeans-kernel", "contribution-bound"),
-    "regression": ("regression-ssp", "regression-ssp-target-range", "regression-sketch", "regression-additive"),
+    "regression": ("regression-ssp", "regression-ssp-target-range", "regression-ssp-logistic-pass", "regression-sketch",
+                   "regression-additive"),
     "counts": ("counts", "contribution-bound"),
     "synthetic": ("synthetic-counts", "contribution-bound"),
     "dpgm": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths", "dpgm-item-counts", "contribution-bound"),
@@ -243,6 +246,10 @@ def offered_regression() -> set:
         if _accepts(lambda: release_regression(M, **cols, lower=-1.0, upper=1.0, target_quantile=0.9, epsilon=1.0,
                                                delta=1e-6, neighbors=rel)):
             out.add(("regression-ssp-target-range", LAP, rel, "histogram"))
+        if _accepts(lambda: release_regression(M, **cols, model="logistic", logistic_steps=1, lower=-1.0, upper=1.0,
+                                               epsilon=1.0, delta=1e-6, neighbors=rel)):
+            out |= {("regression-ssp-logistic-pass", GAU, rel, "gradient"),
+                    ("regression-ssp-logistic-pass", GAU, rel, "hessian")}
     return out
 
 

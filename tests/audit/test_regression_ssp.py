@@ -13,7 +13,13 @@ enumerates the others):
 * moments (one feature): ``(x, y) = (R, B_Y)`` against ``(R, -B_Y)`` (replace-one: ``2 R B_Y``) or
   removed (add-remove: ``sqrt(1.5) R B_Y``, exact), for the linear and the logistic target;
 * the target range's histogram (``target_quantile``): one target moved between two bins
-  (replace-one, L1 2) or removed (add-remove, L1 1).
+  (replace-one, L1 2) or removed (add-remove, L1 1);
+* the logistic passes (``logistic_steps``, docs/math.md section 6.2): the gradient at a steep public
+  ``theta`` (two features), ``R v`` with ``s = +1`` against ``R w`` with ``s = -1``, ``v, w`` at
+  +-0.02 rad from the axis ``theta`` is orthogonal to (replace-one: ``2 R cos 0.02 ~ 0.9998 (2 R)``),
+  or ``R e_1`` removed at ``theta = -50 e_1`` (add-remove: ``R``); the Hessian at ``theta = 0``
+  (``w = 1/4``), ``R e_1`` against ``R e_2`` (replace-one: ``sqrt(2) R^2 / 4``, exact) or removed
+  (add-remove: ``R^2 / 4``, exact).
 
 The exact values come from the mechanism's own per-block function and :func:`exact_steps`; the
 released values are made as :func:`finalize_ssp` makes them (checked draw for draw), then the
@@ -151,3 +157,63 @@ def test_ssp_accounted_epsilon_within_request(neighbors):
 
     plan = _plan(2, neighbors)
     assert epsilon_of(plan.dp_event(), DELTA) <= EPS
+
+
+def _logistic_pass_tables(step: str, neighbors: str):
+    """``(D, D', theta)`` of a logistic pass: rows ``(x1, x2, class)``."""
+    rest = np.array([[0.1, -0.2, 1.0], [-0.3, 0.1, 0.0], [0.2, 0.2, 1.0]])
+    if step == "gradient":
+        if neighbors == "add-remove":
+            a, b, theta = np.array([[R, 0.0, 1.0]]), None, np.array([-50.0, 0.0])
+        else:
+            c, s_ = np.cos(0.02), np.sin(0.02)
+            a, b, theta = np.array([[R * c, R * s_, 1.0]]), np.array([[R * c, -R * s_, 0.0]]), np.array([0.0, -5000.0])
+    else:
+        a, b, theta = np.array([[R, 0.0, 1.0]]), np.array([[0.0, R, 1.0]]), np.zeros(2)
+    D = np.vstack([rest, a])
+    Dp = rest if neighbors == "add-remove" else np.vstack([rest, b])
+    return D, Dp, theta
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["mechanism", "control"])
+@pytest.mark.parametrize("neighbors", ["replace-one", "add-remove"])
+@pytest.mark.parametrize("step", ["gradient", "hessian"])
+def test_ssp_logistic_passes(step, neighbors, control, monkeypatch):
+    if control:
+        weaken_noise(monkeypatch)
+    plan = _plan(2, neighbors, "logistic")
+    assert plan.steps == 5
+    dom = plan.domain
+    ng, nh = plan.step_noises()
+    noise = ng if step == "gradient" else nh
+    D, Dp, theta = _logistic_pass_tables(step, neighbors)
+    fn = reg.logistic_pass_fn(dom, theta, True)
+    dz = dom.dz
+    iu = np.triu_indices(dz)
+
+    def values(T):
+        v = fn(T)
+        return v[:dz] if step == "gradient" else v[dz:].reshape(dz, dz)[iu]
+
+    v_d, v_dp = values(D), values(Dp)
+    claimed = (reg.gradient_sensitivity if step == "gradient" else reg.hessian_sensitivity)(dom, neighbors)
+    assert noise.sensitivity == pytest.approx(claimed, rel=1e-12)
+    gap = float(np.linalg.norm(v_d - v_dp))
+    floor = 0.999 if (step == "gradient" and neighbors == "replace-one") else 1.0
+    assert claimed * floor * (1 - 1e-9) <= gap <= claimed * (1 + 1e-12)
+    # the release's values are these, noised draw for draw as finalize_logistic_pass noises them
+    g, H, _ = reg.finalize_logistic_pass(fn(D), plan, dom, 5, 4, True)
+    got = g if step == "gradient" else H[iu]
+    ref = (nz.add_noise(v_d, noise, stream(5, reg._ssp.GRADIENT_STAGE, 4)) if step == "gradient" else
+           nz.add_noise_symmetric(fn(D)[dz:].reshape(dz, dz), noise, stream(5, reg._ssp.HESSIAN_STAGE))[iu])
+    np.testing.assert_array_equal(got, ref)
+    gr = noise.grid
+    u = np.rint(v_d / gr).astype(np.int64)
+    up = np.rint(v_dp / gr).astype(np.int64)
+    I_d = grid_integers(nz.add_noise(trials_of(v_d, N_GAUSS), noise, stream(65, 1)), gr)
+    I_dp = grid_integers(nz.add_noise(trials_of(v_dp, N_GAUSS), noise, stream(66, 1)), gr)
+    event = plan.events()[3 if step == "gradient" else -1]
+    eps_claim, mu_claim = gaussian_step_claim(event, DELTA)
+    res = gaussian_game(f"regression ssp logistic {step} pass, {neighbors}", I_d, I_dp, u, up, noise.sigma,
+                        eps_claim, DELTA, mu_claim, control=control)
+    check(res)

@@ -243,7 +243,7 @@ def test_accounting_against_dp_accounting(kw):
     assert math.sqrt(mu2) <= gdp_mu_for(eps_g, p.delta) * (1 + 1e-12)
     # the shares as declared (mu_i^2 proportional to them)
     w = np.array([1.0 / e.noise_multiplier**2 for e in gauss])
-    np.testing.assert_allclose(w / w.sum(), np.asarray(p.budget_split) / sum(p.budget_split), rtol=1e-9)
+    np.testing.assert_allclose(w / w.sum(), np.asarray(p.split) / sum(p.split), rtol=1e-9)
     if p.target_quantile:
         lap = [e for e in events if isinstance(e, ev.LaplaceDpEvent)]
         assert len(lap) == 1 and 1.0 / lap[0].noise_multiplier <= p.epsilon * p.target_epsilon_share
@@ -311,12 +311,13 @@ def test_large_budget_gives_least_squares_and_logistic_direction():
     np.testing.assert_allclose(rel.model.coef, ls[:3], atol=2e-3)
     assert rel.model.intercept == pytest.approx(ls[3], abs=2e-3)
     assert np.all(rel.model.ci_low <= ls[:3]) and np.all(ls[:3] <= rel.model.ci_high)
-    # logistic: labels from a logistic model; the direction of the coefficients, and kappa
+    # logistic, the one-pass approximation (logistic_steps=0): labels from a logistic model; the
+    # direction of the coefficients, and kappa (the refined model: tests/mechanisms/test_regression_logistic.py)
     rng = np.random.default_rng(5)
     w = np.array([2.0, -1.0, 0.5])
     lab = (rng.random(len(X)) < 1 / (1 + np.exp(-(X @ w)))).astype(float)
     rel = release_regression(_table(X, lab), columns=COLS, target="y", lower=-1.0, upper=1.0, model="logistic",
-                             epsilon=1e4, delta=1e-6)
+                             epsilon=1e4, delta=1e-6, logistic_steps=0)
     c = rel.model.coef
     assert c @ w / (np.linalg.norm(c) * np.linalg.norm(w)) > 0.99
     assert reg.logistic_kappa(1e-3) == pytest.approx(2.0, rel=1e-5)  # Taylor's limit: -(-1/2) / (2 / 8)

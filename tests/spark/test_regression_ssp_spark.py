@@ -127,3 +127,42 @@ def test_cli_release_writes_statistics_receipt_and_model(spark, tmp_path, monkey
     table = spark.read.parquet(str(out)).toPandas()
     assert table["statistic"].tolist() == FEATURES + ["_intercept", "y"]
     np.testing.assert_allclose(table[FEATURES].to_numpy()[:3], st.gram[:3, :3])
+
+
+@pytest.mark.parametrize("parts", [1, 4])
+def test_logistic_pass_equals_numpy_for_any_partitioning(spark, parts):
+    from pyspark.sql import functions as F
+    from scipy.special import expit
+
+    from sparkpriv.spark.engine import SparkEngine
+
+    p = RegressionParams(**dict(KW, model="logistic", target_lower=None, target_upper=None))
+    p.validate("test")
+    dom = reg.ssp_domain(p, 3, "test")
+    theta = np.array([0.8, -0.4, 0.3, 0.1])
+    df = _table(spark, parts).withColumn("y", (F.col("y") > 0).cast("double"))
+    src = SparkEngine().open(df, columns=FEATURES + ["y"], fill=None, caller="t", missing=True)
+    got = SparkEngine().aggregate(src, reg.logistic_pass_fn(dom, theta, True), reg.logistic_pass_size(dom, True))
+    A, b = _arrays()
+    Z = np.column_stack([np.clip(A, -1, 1), np.ones(N)])
+    s = np.where(b > 0, 1.0, -1.0)
+    m = Z @ theta
+    w = expit(m) * (1 - expit(m))
+    ref = np.concatenate([Z.T @ (-s * expit(-s * m)), ((Z * w[:, None]).T @ Z).ravel()])
+    np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-9)
+
+
+def test_logistic_release_on_spark_is_the_local_release(spark):
+    """Same secrets: the same statistics, passes and model on both engines (to float order)."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    kw = dict(KW, model="logistic", target_lower=None, target_upper=None, logistic_steps=3)
+    A, b = _arrays()
+    with insecure_fixed_seed(8):
+        ref = release_regression(pa.table({"f0": A[:, 0], "f1": A[:, 1], "f2": A[:, 2], "y": (b > 0) * 1.0}), **kw)
+    with insecure_fixed_seed(8):
+        got = release_regression(_table(spark, 3).withColumn("y", (F.col("y") > 0).cast("double")), **kw)
+    np.testing.assert_allclose(got.model.coef, ref.model.coef, rtol=1e-6)
+    np.testing.assert_allclose(got.model.ci_low, ref.model.ci_low, rtol=1e-6)
+    assert len(json.loads(got.files[reg.MODEL_FILE])["logistic_steps"]["gradients"]) == 3

@@ -6,7 +6,8 @@ Two methods, one mechanism (``regression``), one parameters class (:class:`Regre
   (Wang 2018), for a ``linear`` or ``logistic`` model: ``X^T X``, ``X^T y``, ``y^T y`` and ``n`` of the
   clipped rows in one aggregation pass, Gaussian noise added once on the driver, the ridge from a
   noisy smallest eigenvalue, intervals from a parametric bootstrap (modules ``_ssp``, ``_ssp_fit``;
-  docs/math.md section 6.1);
+  docs/math.md section 6.1); the logistic model then refined by ``logistic_steps`` noisy gradient
+  passes (module ``_logistic``; docs/math.md section 6.2);
 * ``method="sketch"``: the sample-mixing sketch ``S M + W`` of Showkatbakhsh et al. and its additive
   baseline ``M + W`` (below).
 
@@ -108,6 +109,8 @@ their names, so ``from sparkpriv.mechanisms import regression`` is the one way i
 - ``_ssp``: AdaSSP's domain, sensitivities, plan and per-block statistics (:func:`plan_ssp`);
 - ``_ssp_fit``: the driver's noise on the statistics, the fits and their bootstrap intervals
   (:func:`fit_from_statistics`);
+- ``_logistic``: the logistic model's noisy gradient passes, their iteration and intervals, and the
+  refit of any SSP release from its model file (:func:`refit_model_file`; docs/math.md section 6.2);
 - ``_mechanism``: the mechanism of the release protocol (:class:`Regression`), on any engine.
 """
 
@@ -132,10 +135,15 @@ from sparkpriv.mechanisms.regression._ssp import (RHO, COUNTERS, SSPDomain, SSPP
                                                   eigen_sensitivity, gram_sensitivity, moment_weights,
                                                   moment_sensitivity, plan_ssp, prepare_block, stats_size,
                                                   block_statistics, statistics_fn, signed_edges,
-                                                  target_histogram_fn, choose_target_range, occupancy_threshold)
+                                                  target_histogram_fn, choose_target_range, occupancy_threshold,
+                                                  gradient_sensitivity, hessian_sensitivity, logistic_pass_fn,
+                                                  logistic_pass_size)
 from sparkpriv.mechanisms.regression._ssp_fit import (LOGISTIC_RADIUS, SSPStatistics, SSPFit, chebyshev_logistic,
                                                       logistic_kappa, exact_steps, finalize_ssp, adassp_ridge, ridge_solve,
                                                       fit_from_statistics)
+from sparkpriv.mechanisms.regression._logistic import (LogisticSteps, finalize_logistic_pass, initial_theta,
+                                                       bohning_step, newton_step, newton_ridge, logistic_path,
+                                                       fit_logistic_steps, fit_from_released, refit_model_file)
 from sparkpriv.mechanisms.regression._mechanism import (sketch_slots, indexed_sketch_fn, _RegressionState,
                                                         Regression, _additive_row_map, _gram_fn, _meat_fn,
                                                         _run_additive, _run_ssp, MODEL_FILE, REGRESSION)
@@ -185,4 +193,11 @@ __all__ = [
     "fit_from_statistics",
     "adassp_ridge",
     "logistic_kappa",
+    "gradient_sensitivity",
+    "hessian_sensitivity",
+    "logistic_pass_fn",
+    "LogisticSteps",
+    "logistic_path",
+    "fit_from_released",
+    "refit_model_file",
 ]

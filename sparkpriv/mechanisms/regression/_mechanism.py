@@ -20,9 +20,11 @@ from sparkpriv.privacy.random import new_secret_seed, stream
 from sparkpriv.mechanisms.regression._params import RegressionParams
 from sparkpriv.mechanisms.regression._sketch import ADDITIVE_STAGE, _block, block_rows, partial_size, sketch_rows_for
 from sparkpriv.mechanisms.regression._ssp import (COUNTERS, TARGET_STAGE, SSPPlan, choose_target_range,
-                                                  occupancy_threshold, plan_ssp,
-                                                  stats_size, statistics_fn, target_histogram_fn)
-from sparkpriv.mechanisms.regression._ssp_fit import finalize_ssp, fit_from_statistics
+                                                  logistic_pass_fn, logistic_pass_size, occupancy_threshold,
+                                                  plan_ssp, stats_size, statistics_fn, target_histogram_fn)
+from sparkpriv.mechanisms.regression._ssp_fit import finalize_ssp
+from sparkpriv.mechanisms.regression._logistic import (LogisticSteps, bohning_step, finalize_logistic_pass,
+                                                       fit_from_released, initial_theta)
 from sparkpriv.mechanisms.regression._plan import RegressionPlan
 from sparkpriv.mechanisms.regression._fit import (finalize_sketch, fit_from_gram_and_meat, fit_from_moments,
                                                   sandwich_moments)
@@ -229,16 +231,24 @@ def _run_ssp(engine, source, plan: _p.Plan, progress) -> _p.Outcome:
                  " and an intercept" if dom.intercept else "")
     total = engine.aggregate(source, statistics_fn(dom, counters), stats_size(dom))
     stats_, clamped = finalize_ssp(total, splan, dom, seed, tuple(names))
-    fit = fit_from_statistics(stats_, confidence=splan.confidence, bootstrap=splan.bootstrap)
+    steps = None
+    if splan.steps:
+        steps, more = _logistic_passes(engine, source, splan, dom, stats_, seed, progress)
+        clamped += more
+    fit = fit_from_released(stats_, steps, confidence=splan.confidence, bootstrap=splan.bootstrap)
     model = fit.to_public_dict(pr.columns)
     model.update({"method": "ssp", "features": list(pr.columns), "target": pr.target,
                   "statistics": stats_.to_public_dict()})
+    if steps is not None:
+        model["logistic_steps"] = steps.to_public_dict()
     if dom.model == "logistic":
         model["positive"] = dom.positive
-    noises = splan.noises(dom)
+    noises = splan.noises(dom) + splan.step_noises(dom)
     public.update({
         "model": model,
-        "noise": {k: nz.to_public_dict() for k, nz in zip(("smallest_eigenvalue", "gram", "moments"), noises)},
+        "noise": {k: nz.to_public_dict() for k, nz in zip(("smallest_eigenvalue", "gram", "moments",
+                                                           "logistic_gradient_per_pass", "logistic_hessian"),
+                                                          noises)},
         "uncertainty": {"coefficient_stderr": model["stderr"], "confidence_intervals": model["confidence_intervals"],
                         "intercept_stderr": model["intercept_stderr"],
                         "intercept_confidence_interval": model["intercept_confidence_interval"],
@@ -255,6 +265,27 @@ def _run_ssp(engine, source, plan: _p.Plan, progress) -> _p.Outcome:
     return _p.Outcome(table=table, model=fit, public=public,
                       files={MODEL_FILE: json.dumps(model, indent=2, sort_keys=True).encode()},
                       extras={"statistics": stats_, "diagnostics": diagnostics})
+
+
+def _logistic_passes(engine, source, splan: SSPPlan, dom, st, seed: int, progress):
+    """The ``K`` noisy gradient passes of the logistic model (docs/math.md section 6.2): each at the public
+    coefficients the released values so far give; the last also releases the Hessian."""
+    theta, lam = initial_theta(st)
+    grads, hess, clamped = [], None, 0
+    for j in range(splan.steps):
+        last = j == splan.steps - 1
+        progress.log("regression (ssp, logistic): noisy gradient pass %d of %d%s", j + 1, splan.steps,
+                     " and the Hessian" if last else "")
+        total = engine.aggregate(source, logistic_pass_fn(dom, theta, last), logistic_pass_size(dom, last))
+        g, H, c = finalize_logistic_pass(total, splan, dom, seed, j, last)
+        grads.append(g)
+        clamped += c
+        if last:
+            hess = H
+        else:
+            theta = bohning_step(st, lam, theta, g)
+    ng, nh = splan.step_noises(dom)
+    return LogisticSteps(np.array(grads), hess, float(ng.variance), float(nh.variance)), clamped
 
 
 def _statistics_table(engine, st, target: str):

@@ -33,6 +33,11 @@ SSP_NEIGHBORS = ("replace-one", "add-remove")
 SKETCH_NEIGHBORS = ("replace-one",)
 NEIGHBORS_OK = SKETCH_NEIGHBORS  # the sketch's (kept for the sketch's own entry points)
 DEFAULT_SPLIT = (1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0)  # AdaSSP: eigenvalue, Gram matrix, moments
+# the logistic model refined by noisy gradient passes: eigenvalue, Gram matrix, moments, the gradients
+# (all passes together), the Hessian of the last pass (docs/math.md section 6.2)
+DEFAULT_LOGISTIC_SPLIT = (0.1, 0.3, 0.1, 0.3, 0.2)
+DEFAULT_LOGISTIC_STEPS = 5
+MAX_LOGISTIC_STEPS = 50
 
 # Limits of the public values (docs/regression.md, "Limits"): those every mechanism is held to
 # (protocol.Params._check_magnitudes, checked first), plus the box widths and the target range, which
@@ -50,7 +55,8 @@ _REAL = Interval("real", None, None, "neither")
 _SKETCH_ONLY = {"scheme": "sketch", "sketch_rows": None, "sketch_rule": "log", "ridge": 0.0, "debias": True}
 _SSP_ONLY = {"model": "linear", "lower": None, "upper": None, "target_lower": None, "target_upper": None,
              "target_quantile": None, "target_epsilon_share": 0.1, "target_search": DEFAULT_EXPONENTS,
-             "positive": None, "fit_intercept": True, "budget_split": DEFAULT_SPLIT, "bootstrap": 1000}
+             "positive": None, "fit_intercept": True, "budget_split": None, "bootstrap": 1000,
+             "logistic_steps": DEFAULT_LOGISTIC_STEPS}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,9 +105,16 @@ class RegressionParams(_p.Params):
     fit_intercept: bool = _p.option(True, help="ssp: fit an intercept (a constant feature; the declared "
                                     "boxes are centred first when that shrinks the bound)",
                                     constraints=[bool], kind="bool")
-    budget_split: tuple = _p.option(DEFAULT_SPLIT, help="ssp: shares of the Gaussian budget (mu^2) for the "
-                                    "smallest eigenvalue, the Gram matrix X^T X and the moments "
-                                    "(X^T y, y^T y, n)", kind="floats", doc_default="1/3, 1/3, 1/3")
+    logistic_steps: int = _p.option(DEFAULT_LOGISTIC_STEPS, help="ssp, logistic: passes over the data that "
+                                    "refine the one-pass quadratic approximation with noisy gradients (Bohning "
+                                    "steps; the last also releases the Hessian for a Newton step and the "
+                                    "intervals); 0: the one-pass approximation alone",
+                                    constraints=[Interval("integer", 0, MAX_LOGISTIC_STEPS, "both")])
+    budget_split: tuple | None = _p.option(None, help="ssp: shares of the Gaussian budget (mu^2) for the "
+                                           "smallest eigenvalue, the Gram matrix X^T X and the moments "
+                                           "(X^T y, y^T y, n); logistic with logistic_steps > 0: five shares, "
+                                           "then the gradients (all passes) and the Hessian", kind="floats",
+                                           doc_default="1/3, 1/3, 1/3; logistic: 0.1, 0.3, 0.1, 0.3, 0.2")
     bootstrap: int = _p.option(1000, help="ssp: parametric bootstrap samples of the confidence intervals "
                                "(post-processing of the released statistics)",
                                constraints=[Interval("integer", 100, 100_000, "both")])
@@ -137,6 +150,18 @@ class RegressionParams(_p.Params):
     @property
     def positive_value(self) -> float:
         return 1.0 if self.positive is None else float(self.positive)
+
+    @property
+    def steps(self) -> int:
+        """Noisy gradient passes after the statistics (logistic only)."""
+        return int(self.logistic_steps) if self.model == "logistic" else 0
+
+    @property
+    def split(self) -> tuple:
+        """The shares of the Gaussian budget: ``budget_split``, or the default for the model."""
+        if self.budget_split is not None:
+            return tuple(float(w) for w in self.budget_split)
+        return DEFAULT_LOGISTIC_SPLIT if self.steps else DEFAULT_SPLIT
 
     def validate(self, caller: str = "release_regression") -> None:
         """Refuse bad parameters (they alone decide: no data is read)."""
@@ -211,13 +236,16 @@ class RegressionParams(_p.Params):
                             f"Each upper bound of {caller} must exceed its lower bound by at least "
                             f"{BOUND_MIN:g}; feature index {j} has lower={a!r}, upper={b!r}.")
         self._check_target(caller)
-        split = tuple(self.budget_split)
-        if len(split) != 3 or not all(isinstance(w, (int, float)) and math.isfinite(w) and w > 0 for w in split) \
+        split = tuple(self.budget_split) if self.budget_split is not None else self.split
+        want, what = ((5, "five positive shares (smallest eigenvalue, Gram matrix, moments, gradients, "
+                          "Hessian; model='logistic' with logistic_steps > 0)") if self.steps else
+                      (3, "three positive shares (smallest eigenvalue, Gram matrix, moments)"))
+        if len(split) != want or not all(isinstance(w, (int, float)) and math.isfinite(w) and w > 0 for w in split) \
                 or sum(split) > 1.0 + 1e-12:
             raise ParameterError(
-                f"The 'budget_split' parameter of {caller} must be three positive shares (smallest "
-                f"eigenvalue, Gram matrix, moments) summing to at most 1. Got {self.budget_split!r} instead.")
-        if min(split) < 1e-3:
+                f"The 'budget_split' parameter of {caller} must be {what} summing to at most 1. Got "
+                f"{self.budget_split!r} instead.")
+        if min(split) < 1e-3 or (self.steps and split[3] / self.steps < 1e-3):
             raise ParameterError(f"The 'budget_split' parameter of {caller} gives a step less than 1e-3 of "
                                  f"the budget. Got {self.budget_split!r}; raise the smallest share.")
 
@@ -232,6 +260,8 @@ class RegressionParams(_p.Params):
             return
         if self.positive is not None:
             raise ParameterError(f"The 'positive' parameter of {caller} applies to model='logistic' only.")
+        if self.logistic_steps != DEFAULT_LOGISTIC_STEPS:
+            raise ParameterError(f"The 'logistic_steps' parameter of {caller} applies to model='logistic' only.")
         if self.target_quantile is not None:
             if declared:
                 raise ParameterError(

@@ -77,6 +77,7 @@ from sparkpriv.privacy.calibration import gdp_mu_for, split_epsilon, split_mu
 
 RHO = 0.05  # AdaSSP's failure probability of the eigenvalue's lower bound
 EIGEN_STAGE, GRAM_STAGE, MOMENT_STAGE, TARGET_STAGE = 31, 32, 33, 34  # public labels of the driver streams
+GRADIENT_STAGE, HESSIAN_STAGE = 35, 36  # the logistic passes: (GRADIENT_STAGE, step), (HESSIAN_STAGE,)
 GRID_SCALES = 2.0**30  # the noise grids hold values up to this many noise scales (clamped beyond)
 COUNTERS = ("rows", "values_replaced", "rows_with_replaced_values", "rows_box_clipped", "rows_norm_clipped",
             "rows_target_clipped")
@@ -239,6 +240,25 @@ def moment_sensitivity(dom: SSPDomain, neighbors: str, by: float | None = None) 
     return math.sqrt(factor * dom.bx_sq) * by
 
 
+def gradient_sensitivity(dom: SSPDomain, neighbors: str) -> float:
+    """L2 sensitivity of the logistic gradient ``sum_i -s_i sigma(-s_i theta . x~_i) x~_i`` at any public
+    ``theta``: each row's term has norm below ``||x~|| <= B_X`` (``|sigma| < 1``; a missing class, ``s = 0``,
+    adds 0), so ``B_X`` (add-remove) or ``2 B_X`` (replace-one; a supremum, approached as ``|theta|``
+    grows). docs/math.md section 6.2."""
+    return math.sqrt(dom.bx_sq) * (1.0 if neighbors == "add-remove" else 2.0)
+
+
+def hessian_sensitivity(dom: SSPDomain, neighbors: str) -> float:
+    """L2 sensitivity of ``triu(sum_i w_i x~_i x~_i^T)``, ``w_i = p_i (1 - p_i) in (0, 1/4]``: as the Gram
+    matrix's with the weights (add-remove: ``sqrt((B_X^4 + R_u^4 + [intercept]) / 2) / 4``; replace-one:
+    ``sqrt(B_X^4 + R_u^4 + [intercept]) / 4``, where the intercept's diagonal ``w - w'`` no longer cancels).
+    docs/math.md section 6.2."""
+    b2, r2 = dom.bx_sq, dom.radius_sq
+    extra = (1.0 / b2) / b2 if dom.intercept else 0.0
+    inner = 1.0 + (r2 / b2) ** 2 + extra
+    return 0.25 * b2 * math.sqrt(inner / 2.0 if neighbors == "add-remove" else inner)
+
+
 # ----------------------------------------------------------------------------- the plan
 
 
@@ -256,6 +276,8 @@ class SSPPlan:
     candidates: np.ndarray | None = field(default=None, repr=False)
     confidence: float = 0.95
     bootstrap: int = 1000
+    steps: int = 0  # logistic: noisy gradient passes; multipliers then hold K gradients and the Hessian
+    split: tuple = ()
 
     def events(self) -> list:
         ev = [_ev.GaussianDpEvent(z) for z in self.multipliers]
@@ -273,7 +295,19 @@ class SSPPlan:
         dims = (1, dom.dz * (dom.dz + 1) // 2, dom.dz + 2)
         return tuple(_noise.gaussian_noise_from_multiplier(sensitivity=s, noise_multiplier=z, dim=k,
                                                            max_abs=GRID_SCALES * z * s)
-                     for s, z, k in zip(sens, self.multipliers, dims))
+                     for s, z, k in zip(sens, self.multipliers[:3], dims))
+
+    def step_noises(self, dom: SSPDomain | None = None) -> tuple:
+        """``(gradient, hessian)`` noises of the logistic passes (each gradient pass has the same)."""
+        dom = self.domain if dom is None else dom
+        if not self.steps:
+            return ()
+        sg, sh = gradient_sensitivity(dom, self.neighbors), hessian_sensitivity(dom, self.neighbors)
+        zg, zh = self.multipliers[3], self.multipliers[-1]
+        return (_noise.gaussian_noise_from_multiplier(sensitivity=sg, noise_multiplier=zg, dim=dom.dz,
+                                                      max_abs=GRID_SCALES * zg * sg),
+                _noise.gaussian_noise_from_multiplier(sensitivity=sh, noise_multiplier=zh,
+                                                      dim=dom.dz * (dom.dz + 1) // 2, max_abs=GRID_SCALES * zh * sh))
 
     def to_public_dict(self) -> dict:
         dom = self.domain
@@ -289,8 +323,18 @@ class SSPPlan:
                             "moments": ("sqrt(4.25) B_X B_Y" if self.neighbors == "replace-one"
                                         else "sqrt(1.5) B_X B_Y")},
             "adassp_rho": RHO,
+            "budget_split": list(self.split),
             "domain": dom.to_public_dict(),
         }
+        if self.steps:
+            out["logistic_steps"] = {
+                "passes": self.steps,
+                "method": "Bohning steps on noisy gradients, the last a Newton step on a noisy Hessian "
+                          "(docs/math.md section 6.2)",
+                "noise_multipliers": {"gradient_per_pass": self.multipliers[3], "hessian": self.multipliers[-1]},
+                "sensitivity": {"gradient": "2 B_X" if self.neighbors == "replace-one" else "B_X",
+                                "hessian": ("sqrt(B_X^4 + R_u^4 + intercept) / 4" if self.neighbors == "replace-one"
+                                            else "sqrt((B_X^4 + R_u^4 + intercept) / 2) / 4")}}
         if self.histogram is not None:
             out["target_range_estimation"] = {
                 "method": "DP central quantile range of the target (Laplace histogram over public signed "
@@ -316,7 +360,9 @@ def plan_ssp(params: RegressionParams, d: int, caller: str) -> SSPPlan:
         hist = _noise.calibrate_laplace_noise(sensitivity=sens, epsilon=eps_hist, dim=buckets,
                                               max_abs=GRID_SCALES * sens / eps_hist)
     mu = gdp_mu_for(eps_gauss, delta)
-    shares = [float(w) for w in params.budget_split]
+    split = params.split
+    k = params.steps
+    shares = list(split[:3]) + ([split[3] / k] * k + [split[4]] if k else [])
 
     def events(r: float) -> list:
         ev = [_ev.GaussianDpEvent(1.0 / m) for m in split_mu(r * mu, shares)]
@@ -325,9 +371,9 @@ def plan_ssp(params: RegressionParams, d: int, caller: str) -> SSPPlan:
     r = fit_to_epsilon(lambda r: compose(events(r)), epsilon=eps, delta=delta, caller=caller)
     zs = tuple(1.0 / m for m in split_mu(r * mu, shares))
     plan = SSPPlan(dom, params.neighbors, eps, delta, zs, hist, params.target_quantile, candidates,
-                   float(params.confidence), int(params.bootstrap))
-    if dom.target_range is not None:  # any refusal of the noise's calibration comes now, before the reservation
-        if not all(math.isfinite(nz.variance) and nz.variance > 0 for nz in plan.noises()):
+                   float(params.confidence), int(params.bootstrap), k, tuple(split))
+    if dom.model == "logistic" or dom.target_range is not None:  # refusals of the calibration come now
+        if not all(math.isfinite(nz.variance) and nz.variance > 0 for nz in plan.noises() + plan.step_noises()):
             raise ParameterError(f"The declared bounds of {caller} with epsilon={eps!r} give a noise variance "
                                  "outside the floating-point range; rescale the features or the target.")
     return plan
@@ -413,6 +459,35 @@ def statistics_fn(dom: SSPDomain, counters=None):
         return block_statistics(Z)
 
     return ssp_statistics
+
+
+def logistic_pass_size(dom: SSPDomain, hessian: bool) -> int:
+    """Length of a logistic pass's per-block vector: the gradient (``d'``), then ``vec`` of the Hessian."""
+    return dom.dz + (dom.dz * dom.dz if hessian else 0)
+
+
+def logistic_pass_fn(dom: SSPDomain, theta: np.ndarray, hessian: bool):
+    """``fn(block)`` for ``engine.aggregate``: the logistic loss's gradient ``sum -s sigma(-s theta . x~) x~``
+    at the public ``theta`` (the released scale: ``x~`` as :func:`prepare_block` makes it, ``s`` in
+    {-1, 0, +1}) and, with ``hessian``, ``vec(sum sigma(m)(1 - sigma(m)) x~ x~^T)``, ``m = theta . x~``.
+    Built from plain values (pickled into Spark tasks)."""
+    from scipy.special import expit
+
+    theta = np.array(theta, dtype=np.float64)
+    dz = dom.dz
+
+    def logistic_pass(block):
+        Z, _ = prepare_block(block, dom)
+        X, s = Z[:, :dz], Z[:, dz]
+        m = X @ theta
+        out = np.empty(logistic_pass_size(dom, hessian))
+        out[:dz] = X.T @ (-s * expit(-s * m))
+        if hessian:
+            p = expit(m)
+            out[dz:] = ((X * (p * (1.0 - p))[:, None]).T @ X).ravel()
+        return out
+
+    return logistic_pass
 
 
 def signed_edges(candidates: np.ndarray) -> np.ndarray:

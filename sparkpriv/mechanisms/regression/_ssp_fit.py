@@ -126,6 +126,8 @@ class SSPFit:
     bootstrap: int
     eigenvalues_floored: int
     theta: np.ndarray = field(repr=False)  # coefficients on the released scale (x~, y~)
+    logistic_steps: int = 0  # logistic: the noisy gradient passes after the statistics (docs/math.md 6.2)
+    newton_ridge: float = 0.0  # logistic_steps > 0: the ridge of the last (Newton) step
 
     def decision_function(self, X) -> np.ndarray:
         return np.asarray(X, dtype=np.float64) @ self.coef + self.intercept
@@ -147,7 +149,11 @@ class SSPFit:
             "interval_method": f"parametric bootstrap over the released statistics ({self.bootstrap} samples), "
                                "bias-corrected normal intervals",
             **({"logistic_approximation": f"degree-2 Chebyshev on [-{LOGISTIC_RADIUS:g}, {LOGISTIC_RADIUS:g}], "
-                                          f"kappa = {logistic_kappa():.6g}"} if self.model == "logistic" else {}),
+                                          f"kappa = {logistic_kappa():.6g}"}
+               if self.model == "logistic" and not self.logistic_steps else {}),
+            **({"logistic_fit": f"the one-pass approximation refined by {self.logistic_steps} noisy gradient "
+                                "passes (Bohning steps, the last a Newton step on the noisy Hessian)",
+                "newton_ridge": self.newton_ridge} if self.logistic_steps else {}),
         }
 
 
