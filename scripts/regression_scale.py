@@ -1,4 +1,6 @@
-"""The regression sketch at scale on Spark: relative objective error at 10 M rows (docs/regression.md).
+"""The regression sketch at scale on Spark: relative objective error at 10 M rows
+(docs/research/regression-sketch.md; the AdaSSP release's own figure is printed by
+``sparkpriv bench regression``).
 
 On the benchmark's generated table (``sparkpriv bench regression --rows N --cols 64`` writes it:
 63 features ~ U(-1, 1) / sqrt(63), target ``a . x0 + 0.1 N(0, 1)``), for each epsilon:
@@ -77,7 +79,8 @@ def main(argv=None):
     d = len(columns)
     out = {"table": args.table, "delta": args.delta, "row_bound": args.row_bound, "runs": []}
     for eps in [float(e) for e in args.epsilons.split(",")]:
-        kw = dict(columns=columns, target=target, row_bound=args.row_bound, epsilon=eps, delta=args.delta)
+        kw = dict(columns=columns, target=target, method="sketch", row_bound=args.row_bound, epsilon=eps,
+                  delta=args.delta)
         t = time.perf_counter()
         with insecure_fixed_seed(int(1000 * eps)):
             rel = release_regression(df, **kw)

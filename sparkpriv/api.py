@@ -238,22 +238,29 @@ def table_arrays(rel: Release):
 
 def release_regression(data, *, ledger=None, table_id: str | None = None, source: str | None = None,
                        on_step=None, **params) -> Release:
-    """Private linear regression on a sample-mixing sketch (docs/regression.md; docs/math.md section 6).
+    """Private linear or logistic regression (docs/regression.md; docs/math.md section 6).
 
     Parameters are those of :class:`sparkpriv.mechanisms.regression.RegressionParams`:
-    ``columns`` (the features) and ``target``, ``row_bound`` (declared bound on
-    the L2 norm of [features..., target]), ``epsilon``, ``delta`` (required),
-    ``sketch_rows`` or ``sketch_rule`` ("log", "linear", "full"), ``ridge``,
-    ``debias``, ``confidence``, ``fill``, ``neighbors`` ("replace-one" only),
-    ``scheme`` ("sketch", or "additive": the baseline ``M + W``, one noisy row
-    per input row, for comparisons).
+    ``columns`` (the features) and ``target``, ``epsilon``, ``delta`` (required), ``method`` and
+    the method's bounds (none has a default; a release without them is refused, naming them):
 
-    Returns a :class:`~sparkpriv.release.Release` whose ``df`` is the private
-    sketch (m rows, the original column names; the noisy rows for the additive
-    scheme), ``model`` the fit (coefficients, standard errors, confidence
-    intervals); ``write(path)`` publishes the sketch with the receipt and
-    ``_regression_model.json``. The secret sketch matrix is never materialised
-    whole, written or logged.
+    * ``method="ssp"`` (default): AdaSSP's noisy sufficient statistics. Features bounded by
+      ``row_bound`` (L2 norm of the feature row) and/or ``lower``/``upper`` (per feature); the target
+      by ``target_lower``/``target_upper`` or ``target_quantile`` (a DP range, spending
+      ``target_epsilon_share``); ``model="logistic"`` for a binary target (``positive``: the value of
+      the positive class, default 1); ``fit_intercept`` (True), ``budget_split``, ``bootstrap``,
+      ``confidence``, ``fill``, ``neighbors`` ("replace-one" or "add-remove").
+    * ``method="sketch"``: the sample-mixing sketch; ``row_bound`` bounds ``[features..., target]``;
+      ``sketch_rows`` or ``sketch_rule``, ``ridge``, ``debias``, ``scheme`` ("additive": the baseline
+      ``M + W``); replace-one only.
+
+    Returns a :class:`~sparkpriv.release.Release` whose ``model`` is the fit (coefficients, intercept,
+    standard errors, confidence intervals) and ``df`` the released table: the noisy cross-product
+    matrix of the (centred) features and target (ssp; ``extras["statistics"]`` holds it with its
+    noise variances, and :func:`~sparkpriv.mechanisms.regression.fit_from_statistics` refits it), or
+    the private sketch (m rows; the noisy rows for the additive scheme). ``write(path)`` publishes it
+    with the receipt and ``_regression_model.json``. No secret (seeds, the sketch matrix) is ever
+    written or logged.
     """
     return release("regression", data, ledger=ledger, table_id=table_id, source=source, on_step=on_step,
                    caller="release_regression", **params)

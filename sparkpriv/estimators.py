@@ -1,6 +1,6 @@
 """scikit-learn estimators over the one release path (in-memory data, the local engine).
 
-``DPKMeans``, ``DPLinearRegression`` and ``DPGMSynthesizer`` follow
+``DPKMeans``, ``DPLinearRegression``, ``DPLogisticRegression`` and ``DPGMSynthesizer`` follow
 scikit-learn's API (``get_params``/``set_params`` from the constructor,
 ``fit`` returns ``self``, fitted attributes end in ``_``, usable
 in a :class:`sklearn.pipeline.Pipeline` and with :func:`sklearn.base.clone`),
@@ -17,12 +17,12 @@ the data are not private. Declare the bounds (``lower``/``upper``/
 from __future__ import annotations
 
 import numpy as np
-from sklearn.base import BaseEstimator, ClusterMixin, RegressorMixin, TransformerMixin
+from sklearn.base import BaseEstimator, ClassifierMixin, ClusterMixin, RegressorMixin, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
 from sparkpriv.api import release_kmeans, release_regression
 
-__all__ = ["DPKMeans", "DPLinearRegression", "DPGMSynthesizer"]
+__all__ = ["DPKMeans", "DPLinearRegression", "DPLogisticRegression", "DPGMSynthesizer"]
 
 
 class DPKMeans(ClusterMixin, TransformerMixin, BaseEstimator):
@@ -99,72 +99,180 @@ class DPKMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         return np.sqrt(np.maximum(d2, 0.0))
 
 
-class DPLinearRegression(RegressorMixin, BaseEstimator):
-    """Private linear regression on a sample-mixing sketch (docs/regression.md) as an estimator.
+_REGRESSION_PARAMS = ("epsilon", "delta", "method", "row_bound", "lower", "upper", "fit_intercept", "budget_split",
+                      "bootstrap", "confidence", "fill", "neighbors")
 
-    ``fit(X, y)`` is one release of the ``regression`` mechanism on the local
-    engine: the rows ``[x, y]`` are clipped to the declared L2 bound
-    ``row_bound`` (public: declare it, never compute it from the data), the
-    sketch ``S [X y] + W`` is released, and the coefficients are fitted on it
-    (post-processing). There is no intercept term: add a constant column to
-    ``X`` (it counts in ``row_bound``). ``row_bound`` has no default: a fit
-    without it is refused (a bound from the data is not private).
 
-    Attributes
-    ----------
-    coef_ : ndarray of shape (n_features,)
-    stderr_, ci_low_, ci_high_ : ndarray of shape (n_features,)
-        Standard errors and ``confidence`` intervals of the coefficients.
-    epsilon_, delta_ : float
-        What the fit spent.
-    release_ : Release
-        The whole release (the private sketch, receipt; ``release_.write(path)``).
-    n_features_in_ : int
-    """
+class _DPRegressionBase(BaseEstimator):
+    """What the two regression estimators share: one release of the ``regression`` mechanism per ``fit``
+    on the local engine (the data as an Arrow table ``x0..x{d-1}, y``)."""
 
-    def __init__(self, *, row_bound: float | None = None, epsilon: float = 1.0, delta: float = 1e-6,
-                 sketch_rows=None, sketch_rule: str = "log", ridge: float = 0.0, debias: bool = True,
-                 confidence: float = 0.95, ledger=None, table_id=None):
-        self.row_bound = row_bound
-        self.epsilon = epsilon
-        self.delta = delta
-        self.sketch_rows = sketch_rows
-        self.sketch_rule = sketch_rule
-        self.ridge = ridge
-        self.debias = debias
-        self.confidence = confidence
-        self.ledger = ledger
-        self.table_id = table_id
+    _model = "linear"
 
-    def fit(self, X, y):
-        """Release a private sketch of ``[X, y]`` and fit on it (spends epsilon, delta); returns self."""
+    def _release(self, X, y, extra: dict):
         import pyarrow as pa
 
         from sparkpriv.errors import ParameterError
 
         X = np.asarray(X, dtype=np.float64)
-        y = np.asarray(y, dtype=np.float64).ravel()
+        y = np.asarray(y).ravel()
         if X.ndim != 2 or y.shape != (X.shape[0],):
             raise ParameterError(f"X must be 2-D (n_samples, n_features) and y of shape (n_samples,). Got "
                                  f"{X.shape} and {y.shape}.")
+        if y.dtype == object or y.dtype.kind in "USO":
+            raise ParameterError(f"{type(self).__name__}.fit: the target y must be numeric or boolean. Got "
+                                 f"dtype {y.dtype}; encode the classes as numbers first.")
         names = [f"x{j}" for j in range(X.shape[1])]
-        table = pa.table({**{c: X[:, j] for j, c in enumerate(names)}, "y": y})
-        rel = release_regression(
-            table, columns=names, target="y", row_bound=self.row_bound, epsilon=self.epsilon,
-            delta=self.delta, sketch_rows=self.sketch_rows, sketch_rule=self.sketch_rule, ridge=self.ridge,
-            debias=self.debias, confidence=self.confidence, ledger=self.ledger, table_id=self.table_id,
-            source="DPLinearRegression.fit")
+        table = pa.table({**{c: X[:, j] for j, c in enumerate(names)}, "y": y.astype(np.float64)})
+        params = {k: getattr(self, k, None) for k in _REGRESSION_PARAMS}
+        params.update(extra)
+        params = {k: v for k, v in params.items() if v is not None}
+        return release_regression(table, columns=names, target="y", ledger=self.ledger, table_id=self.table_id,
+                                  source=f"{type(self).__name__}.fit", **params)
+
+    def _keep(self, rel, X):
         fit = rel.model
         self.release_ = rel
         self.coef_ = np.asarray(fit.coef, dtype=np.float64)
+        self.intercept_ = float(getattr(fit, "intercept", 0.0))
         self.stderr_, self.ci_low_, self.ci_high_ = fit.stderr, fit.ci_low, fit.ci_high
         self.epsilon_, self.delta_ = rel.epsilon, rel.delta
-        self.n_features_in_ = X.shape[1]
+        self.n_features_in_ = np.asarray(X).shape[1]
+
+
+class DPLinearRegression(RegressorMixin, _DPRegressionBase):
+    """Private linear regression (docs/regression.md) as a scikit-learn estimator.
+
+    ``fit(X, y)`` is one release of the ``regression`` mechanism on the local engine, by default
+    ``method="ssp"``: noisy sufficient statistics ``X^T X``, ``X^T y`` with AdaSSP's adaptive ridge,
+    intervals from a parametric bootstrap. Bounds are declared, never computed from the data, and
+    there is no default: the features need ``row_bound`` (a bound on each row's L2 norm) and/or
+    ``lower``/``upper`` (per-feature box), the target ``target_lower``/``target_upper`` or
+    ``target_quantile`` (a DP range that spends ``target_epsilon_share`` of epsilon); ``fit`` without
+    them raises :class:`~sparkpriv.errors.ParameterError` naming the parameter, before reading ``X``.
+    ``method="sketch"`` releases the sample-mixing sketch instead (``row_bound`` then bounds
+    ``[x, y]``; ``sketch_rows``, ``sketch_rule``, ``ridge``, ``debias``; no intercept).
+
+    Attributes
+    ----------
+    coef_ : ndarray of shape (n_features,)
+    intercept_ : float
+    stderr_, ci_low_, ci_high_ : ndarray of shape (n_features,)
+        Standard errors and ``confidence`` intervals of the coefficients.
+    epsilon_, delta_ : float
+        What the fit spent.
+    release_ : Release
+        The whole release (the noisy statistics or sketch, receipt; ``release_.write(path)``).
+    n_features_in_ : int
+    """
+
+    def __init__(self, *, epsilon: float = 1.0, delta: float = 1e-6, method: str = "ssp", row_bound=None,
+                 lower=None, upper=None, target_lower=None, target_upper=None, target_quantile=None,
+                 target_epsilon_share=None, fit_intercept: bool = True, budget_split=None, bootstrap=None,
+                 confidence: float = 0.95, fill=None, neighbors=None, sketch_rows=None, sketch_rule=None,
+                 ridge=None, debias=None, ledger=None, table_id=None):
+        self.epsilon = epsilon
+        self.delta = delta
+        self.method = method
+        self.row_bound = row_bound
+        self.lower = lower
+        self.upper = upper
+        self.target_lower = target_lower
+        self.target_upper = target_upper
+        self.target_quantile = target_quantile
+        self.target_epsilon_share = target_epsilon_share
+        self.fit_intercept = fit_intercept
+        self.budget_split = budget_split
+        self.bootstrap = bootstrap
+        self.confidence = confidence
+        self.fill = fill
+        self.neighbors = neighbors
+        self.sketch_rows = sketch_rows
+        self.sketch_rule = sketch_rule
+        self.ridge = ridge
+        self.debias = debias
+        self.ledger = ledger
+        self.table_id = table_id
+
+    def fit(self, X, y):
+        """Release private statistics (or a sketch) of ``[X, y]`` and fit on them (spends epsilon,
+        delta); returns self."""
+        extra = {k: getattr(self, k) for k in ("target_lower", "target_upper", "target_quantile",
+                                                "target_epsilon_share", "sketch_rows", "sketch_rule", "ridge",
+                                                "debias")}
+        self._keep(self._release(X, y, extra), X)
         return self
 
     def predict(self, X):
         check_is_fitted(self, "coef_")
-        return np.asarray(X, dtype=np.float64) @ self.coef_
+        return np.asarray(X, dtype=np.float64) @ self.coef_ + self.intercept_
+
+
+class DPLogisticRegression(ClassifierMixin, _DPRegressionBase):
+    """Private logistic regression for a binary target (docs/regression.md) as a scikit-learn estimator.
+
+    ``fit(X, y)`` is one release of the ``regression`` mechanism with ``model="logistic"``: the same
+    noisy sufficient statistics and AdaSSP ridge as :class:`DPLinearRegression`, on ``s = +1`` for
+    ``y == positive`` and ``-1`` otherwise, and the logistic loss's degree-2 Chebyshev approximation
+    (PASS-GLM) solved on them; then ``logistic_steps`` (default 5) more passes, each a noisy gradient of
+    the logistic loss (Bohning steps; the last also a noisy Hessian, for a Newton step and the
+    intervals). ``logistic_steps=0``: the one-pass approximation alone (least squares' decision
+    boundary). ``y`` is numeric or boolean. The features need declared bounds (``row_bound`` and/or
+    ``lower``/``upper``); there is no default.
+
+    Attributes
+    ----------
+    coef_ : ndarray of shape (n_features,)
+    intercept_ : float
+    classes_ : ndarray of shape (2,)
+        ``[negative, positive]`` as predicted: ``0`` or ``1`` (``positive`` when given).
+    stderr_, ci_low_, ci_high_ : ndarray of shape (n_features,)
+    epsilon_, delta_ : float
+    release_ : Release
+    n_features_in_ : int
+    """
+
+    _model = "logistic"
+
+    def __init__(self, *, epsilon: float = 1.0, delta: float = 1e-6, row_bound=None, lower=None, upper=None,
+                 positive=None, logistic_steps=None, fit_intercept: bool = True, budget_split=None, bootstrap=None,
+                 confidence: float = 0.95, fill=None, neighbors=None, ledger=None, table_id=None):
+        self.epsilon = epsilon
+        self.delta = delta
+        self.row_bound = row_bound
+        self.lower = lower
+        self.upper = upper
+        self.positive = positive
+        self.logistic_steps = logistic_steps
+        self.fit_intercept = fit_intercept
+        self.budget_split = budget_split
+        self.bootstrap = bootstrap
+        self.confidence = confidence
+        self.fill = fill
+        self.neighbors = neighbors
+        self.ledger = ledger
+        self.table_id = table_id
+
+    def fit(self, X, y):
+        """Release private statistics of ``[X, y]`` and fit the logistic model (spends epsilon, delta);
+        returns self."""
+        self._keep(self._release(X, y, {"model": "logistic", "positive": self.positive,
+                                        "logistic_steps": self.logistic_steps}), X)
+        pos = 1.0 if self.positive is None else self.positive
+        self.classes_ = np.array([0.0 if pos != 0 else 1.0, pos])
+        return self
+
+    def decision_function(self, X):
+        check_is_fitted(self, "coef_")
+        return np.asarray(X, dtype=np.float64) @ self.coef_ + self.intercept_
+
+    def predict_proba(self, X):
+        """``[P(negative), P(positive)]`` of the fitted logistic model (post-processing)."""
+        p = 1.0 / (1.0 + np.exp(-np.clip(self.decision_function(X), -500, 500)))
+        return np.column_stack([1.0 - p, p])
+
+    def predict(self, X):
+        return np.where(self.decision_function(X) > 0, self.classes_[1], self.classes_[0])
 
 
 class DPGMSynthesizer(BaseEstimator):
@@ -211,7 +319,8 @@ class DPGMSynthesizer(BaseEstimator):
                  clip: float = 10.0, clip_quantile=None, clip_lr: float = 0.2, clip_count_share: float = 0.05,
                  sampling_rate: float = 0.05, epochs: float = 20.0, min_batch=None, learning_rate=None,
                  lr_schedule: str = "constant", average_tail=None, reliability_stds: float = 3.0,
-                 min_cluster_share: float = 0.01, hidden: int = 64, latent: int = 2, chains: int = 100, gibbs_steps: int = 1,
+                 min_cluster_share: float = 0.01,
+                 hidden: int = 64, latent: int = 2, chains: int = 100, gibbs_steps: int = 1,
                  accountant: str = "pld", fill=None, columns=None, ledger=None, table_id=None):
         self.epsilon = epsilon
         self.delta = delta

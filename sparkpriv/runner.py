@@ -511,8 +511,9 @@ register_protocol("dpgm", "DP mixture of generative models: DP k-means, then one
                   "with DP-SGD; releases the model file", row_level=False)
 
 
-register_protocol("regression", "linear regression on a sample-mixing sketch S M + W; releases the sketch "
-                  "and coefficients", row_level=False)
+register_protocol("regression", "linear or logistic regression: noisy sufficient statistics with AdaSSP's "
+                  "ridge (default), or a sample-mixing sketch S M + W; releases the statistics (or sketch) and the "
+                  "coefficients", row_level=False)
 
 
 def _counts_adapt(cfg: ReleaseConfig, params: dict) -> dict:

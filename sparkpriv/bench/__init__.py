@@ -11,7 +11,7 @@ BENCHMARKS = {
     "dprp": ("sparkpriv.bench.dprp", "DPRP Gram step vs MLlib computeGramianMatrix, and the whole release"),
     "cdr": ("sparkpriv.bench.cdr", "CDR events: bounding + sparse projection release vs groupBy/collect floor"),
     "dpgm": ("sparkpriv.bench.dpgm", "examples/s of one DP-SGD step (RBM, VAE) vs the non-private step"),
-    "regression": ("sparkpriv.bench.regression", "regression sketch release vs MLlib LinearRegression(normal); --utility"),
+    "regression": ("sparkpriv.bench.regression", "AdaSSP regression release vs MLlib LinearRegression(normal); --utility"),
     "counts": ("sparkpriv.bench.counts", "DP distinct people per tower vs groupBy.countDistinct and the peers"),
 }
 

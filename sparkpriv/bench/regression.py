@@ -1,75 +1,87 @@
-"""``sparkpriv bench regression``: the sketch release vs MLlib LinearRegression, and utility.
+"""``sparkpriv bench regression``: the AdaSSP release against MLlib's LinearRegression at scale, and utility.
 
-Timing (default): on one generated table of ``--rows`` x ``--cols`` (Parquet
-under ``--data-dir``, reused across runs; the last column is the target), on
-one SparkSession with the same cores:
+Timing (default): on one generated table of ``--rows`` x ``--cols`` (Parquet under ``--data-dir``,
+reused across runs; ``cols - 1`` features ``U(-1, 1) / sqrt(cols - 1)``, the last column the target
+``a . x0 + 0.1 N(0, 1)``), on one SparkSession with the same cores, each repeat back to back:
 
-a. sparkpriv's sketch release (:func:`sparkpriv.api.release_regression` on the Spark
-   engine: count pass, sketch pass, driver noise and fit; nothing written),
-   ``m = --sketch-rows``;
-b. ``pyspark.ml.regression.LinearRegression(solver="normal")`` on the same
-   table (VectorAssembler, fitIntercept=False, regParam=0), assembling included.
+a. sparkpriv's release, ``release_regression(method="ssp")`` at ``--epsilon`` (delta 1e-6) on the
+   Spark engine, the table read by the direct Parquet reader (``read_table(reader="auto")``, the
+   command line's default): one aggregation pass of the sufficient statistics, the driver's noise,
+   AdaSSP's solve and the bootstrap intervals (nothing written); the declared bounds are the
+   generator's box ``+-1 / sqrt(cols - 1)`` and the target range ``[-1.5, 1.5]``;
+b. ``pyspark.ml.regression.LinearRegression(solver="normal")`` on the same table (VectorAssembler,
+   fitIntercept=True, regParam=0, standardization=False), assembling included;
+c. with ``--with-sketch``: the sketch release (``method="sketch"``, ``m`` by ``--sketch-rows`` or the log rule).
 
-Every repeat is printed with its ratio (sparkpriv / MLlib wall seconds), and the
-cost per row of the sketch pass. MLlib's BLAS (native or Java fallback) is
-printed: here it has NO native BLAS. A benchmark, not a test: it asserts nothing.
+Every repeat is printed with its ratio (sparkpriv / MLlib wall seconds). Then, untimed, the relative
+objective error ``(f(x) - f(x*)) / f(x*)`` of every repeat's coefficients (and MLlib's) on the whole
+table, ``f`` the residual sum of squares from the table's exact Gram matrix (one owner-side pass).
+MLlib's BLAS (native or Java fallback) is printed: here it has NO native BLAS. The driver holds
+``O(p^2)`` numbers. A benchmark, not a test: it asserts nothing.
 
-Utility (``--utility``): relative objective error and test error against n and
-epsilon, for the sketch (m by the 'log', 'linear', 'full' rules), the additive
-baseline, AdaSSP (:mod:`sparkpriv.bench.adassp`), diffprivlib's
-LinearRegression and the non-private fit, at the same (epsilon, delta), on the
-paper's uniform data and MNIST 4 vs 9 (300 highest-energy pixels, 80/20 split,
-read from ``../shared/datasets/mnist``). Prints Markdown tables (docs/regression.md).
+``--utility``: the utility study on real tables and MNIST against diffprivlib, DP-SGD and the
+non-private models (:mod:`sparkpriv.bench.regression_utility`). ``--sketch-study``: the sketch's
+study (:mod:`sparkpriv.bench.regression_sketch`; docs/research/regression-sketch.md).
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import logging
 import math
 import os
 import sys
 import time
-import types
-import warnings
 
 import numpy as np
 
-__all__ = ["add_arguments", "run_from_args", "run", "utility"]
+from sparkpriv.bench.regression_sketch import read_idx  # noqa: F401  (the MNIST reader other studies import)
+
+__all__ = ["add_arguments", "run_from_args", "run", "read_idx"]
 
 _log = logging.getLogger(__name__)
-
-MNIST_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "..",
-                         "shared", "datasets", "mnist")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows of the table [default: 1000000]")
     parser.add_argument("--cols", type=int, default=64, help="columns, the last is the target [default: 64]")
+    parser.add_argument("--epsilon", type=float, default=1.0, help="epsilon of the releases [default: 1]")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats of each pipeline [default: 3]")
+    parser.add_argument("--with-sketch", action="store_true", help="also time the sketch release")
     parser.add_argument("--sketch-rows", type=int, default=None,
-                        help="m, rows of the sketch [default: the 'log' rule]")
-    parser.add_argument("--repeats", type=int, default=1, help="timed repeats of each pipeline [default: 1]")
+                        help="with --with-sketch: m, rows of the sketch [default: the 'log' rule]")
     parser.add_argument("--data-dir", default="/tmp/sparkpriv-bench", help="where the table is generated")
     parser.add_argument("--master", default="local[2]", help="Spark master [default: local[2]]")
     parser.add_argument("--driver-memory", default="6g", help="spark.driver.memory [default: 6g]")
     parser.add_argument("--utility", action="store_true",
-                        help="run the utility study (numpy, no Spark) instead of the timing")
-    parser.add_argument("--trials", type=int, default=5, help="utility: trials per setting [default: 5]")
-    parser.add_argument("--json", default=None, help="utility: write every record to this JSON file")
+                        help="run the utility study (real tables, MNIST; no Spark) instead of the timing")
+    parser.add_argument("--tasks", default=None, help="--utility: comma-separated tasks [default: all]")
+    parser.add_argument("--trials", type=int, default=5, help="--utility: trials per setting [default: 5]")
+    parser.add_argument("--mnist-trials", type=int, default=3, help="--utility: trials per MNIST setting [default: 3]")
+    parser.add_argument("--sketch-study", action="store_true", help="run the sketch's study instead "
+                        "(docs/research/regression-sketch.md)")
+    parser.add_argument("--json", default=None, help="--utility, --sketch-study: write every record to this file")
 
 
 def run_from_args(args: argparse.Namespace) -> dict:
     from sparkpriv.errors import ParameterError
 
     if args.utility:
-        return utility(trials=args.trials, json_path=args.json)
+        from sparkpriv.bench.regression_utility import TASKS, utility
+
+        tasks = TASKS if args.tasks is None else tuple(t for t in args.tasks.split(",") if t)
+        return utility(tasks=tasks, trials=args.trials, mnist_trials=args.mnist_trials, json_path=args.json)
+    if args.sketch_study:
+        from sparkpriv.bench.regression_sketch import sketch_study
+
+        return sketch_study(trials=args.trials, json_path=args.json)
     for name in ("rows", "cols", "repeats"):
         if getattr(args, name) < (2 if name == "cols" else 1):
             raise ParameterError(f"--{name} is too small. Got {getattr(args, name)} instead.")
-    return run(rows=args.rows, cols=args.cols, sketch_rows=args.sketch_rows, repeats=args.repeats,
-               data_dir=args.data_dir, master=args.master, driver_memory=args.driver_memory)
+    return run(rows=args.rows, cols=args.cols, epsilon=args.epsilon, repeats=args.repeats,
+               with_sketch=args.with_sketch, sketch_rows=args.sketch_rows, data_dir=args.data_dir,
+               master=args.master, driver_memory=args.driver_memory)
 
 
 # ----------------------------------------------------------------------------- timing
@@ -102,235 +114,99 @@ def _ensure_table(spark, data_dir: str, rows: int, cols: int) -> str:
     return path
 
 
-def run(*, rows: int, cols: int, sketch_rows: int | None, repeats: int, data_dir: str,
-        master: str = "local[2]", driver_memory: str = "6g") -> dict:
+def run(*, rows: int, cols: int, repeats: int, data_dir: str, epsilon: float = 1.0, with_sketch: bool = False,
+        sketch_rows: int | None = None, master: str = "local[2]", driver_memory: str = "6g") -> dict:
     from pyspark.ml.feature import VectorAssembler
     from pyspark.ml.regression import LinearRegression
 
-    from sparkpriv.bench.projection import _loadavg, _mllib_blas, _versions
     from sparkpriv.api import release_regression
+    from sparkpriv.bench.projection import _loadavg, _mllib_blas, _versions
+    from sparkpriv.io.inputs import read_table
     from sparkpriv.spark.session import get_spark
 
     spark = get_spark({"spark.driver.memory": driver_memory}, app_name="sparkpriv-bench-regression",
                       master=master)
     path = _ensure_table(spark, data_dir, rows, cols)
     df = spark.read.parquet(path)
-    features = tuple(c for c in df.columns if c != "y")
-    params = dict(columns=list(features), target="y", row_bound=1.5, epsilon=1.0, delta=1e-6)
-    if sketch_rows is not None:
-        params["sketch_rows"] = sketch_rows
+    source = read_table(spark, path, reader="auto")
+    features = [c for c in df.columns if c != "y"]
+    d = len(features)
+    box = 1.0 / math.sqrt(d)
+    params = dict(columns=features, target="y", lower=-box, upper=box, target_lower=-1.5, target_upper=1.5,
+                  epsilon=epsilon, delta=1e-6)
+    sketch = dict(columns=features, target="y", method="sketch", row_bound=1.5, epsilon=epsilon, delta=1e-6,
+                  **({"sketch_rows": sketch_rows} if sketch_rows is not None else {}))
     load0 = _loadavg()
-    runs = []
+    runs, coefs = [], []
     for rep in range(repeats):
         t = time.perf_counter()
-        rel = release_regression(df, **params)
-        m = rel.public["sketch_rows"]
-        t_sketch = time.perf_counter() - t
+        rel = release_regression(source, **params)
+        t_ssp = time.perf_counter() - t
+        coefs.append(("sparkpriv ssp", np.append(rel.model.coef, rel.model.intercept)))
         t = time.perf_counter()
-        data = VectorAssembler(inputCols=list(features), outputCol="features").transform(df)
-        LinearRegression(featuresCol="features", labelCol="y", solver="normal", fitIntercept=False,
-                         regParam=0.0, standardization=False).fit(data)
+        data = VectorAssembler(inputCols=features, outputCol="features").transform(df)
+        lr = LinearRegression(featuresCol="features", labelCol="y", solver="normal", fitIntercept=True,
+                              regParam=0.0, standardization=False).fit(data)
         t_mllib = time.perf_counter() - t
-        r = {"repeat": rep, "sketch_seconds": round(t_sketch, 2), "mllib_seconds": round(t_mllib, 2),
-             "ratio_vs_mllib": round(t_sketch / t_mllib, 3), "sketch_us_per_row": round(1e6 * t_sketch / rows, 3),
-             "m": m}
+        if rep == 0:
+            coefs.append(("MLlib (non-private)", np.append(lr.coefficients.toArray(), lr.intercept)))
+        r = {"repeat": rep, "ssp_seconds": round(t_ssp, 2), "mllib_seconds": round(t_mllib, 2),
+             "ratio_vs_mllib": round(t_ssp / t_mllib, 3), "ssp_us_per_row": round(1e6 * t_ssp / rows, 3)}
+        line = (f"repeat {rep}: sparkpriv ssp release {t_ssp:.1f} s, MLlib normal {t_mllib:.1f} s, "
+                f"ratio {t_ssp / t_mllib:.2f}, {1e6 * t_ssp / rows:.2f} us/row")
+        if with_sketch:
+            t = time.perf_counter()
+            srel = release_regression(source, **sketch)
+            t_sk = time.perf_counter() - t
+            r.update({"sketch_seconds": round(t_sk, 2), "sketch_ratio_vs_mllib": round(t_sk / t_mllib, 3),
+                      "m": srel.public["sketch_rows"]})
+            line += f"; sketch (m={srel.public['sketch_rows']}) {t_sk:.1f} s, ratio {t_sk / t_mllib:.2f}"
+            coefs.append(("sparkpriv sketch", np.append(srel.model.coef, 0.0)))
         runs.append(r)
-        print(f"repeat {rep}: sketch release (m={m}) {t_sketch:.1f} s, MLlib normal {t_mllib:.1f} s, "
-              f"ratio {t_sketch / t_mllib:.2f}, {1e6 * t_sketch / rows:.2f} us/row", flush=True)
-    result = {"rows": rows, "cols": cols, "m": runs[-1]["m"], "master": master, "runs": runs,
-              "ratio_vs_mllib": min(r["ratio_vs_mllib"] for r in runs), "mllib_blas": _mllib_blas(spark),
-              "cpus": os.cpu_count(), "loadavg_1m": [load0, _loadavg()], **_versions(spark)}
-    print(f"MLlib BLAS: {result['mllib_blas']}")
+        print(line, flush=True)
+    load1 = _loadavg()
+    G = _exact_gram(spark, source, features)
+    errors = {}
+    for name, x in coefs:
+        errors.setdefault(name, []).append(_relative_objective_error(G, x))
+    for name, errs in errors.items():
+        print(f"relative objective error at epsilon {epsilon:g}, {name}: " + ", ".join(f"{e:.3g}" for e in errs))
+    result = {"rows": rows, "cols": cols, "epsilon": epsilon, "master": master, "runs": runs,
+              "ratio_vs_mllib": [r["ratio_vs_mllib"] for r in runs], "relative_objective_error": errors,
+              "mllib_blas": _mllib_blas(spark), "cpus": os.cpu_count(), "loadavg_1m": [load0, load1],
+              **_versions(spark)}
+    print(f"ratios (sparkpriv ssp / MLlib): {', '.join(f'{v:.2f}' for v in result['ratio_vs_mllib'])}")
+    print(f"MLlib BLAS: {result['mllib_blas']}; load average (1 min) {load0} -> {load1} on {os.cpu_count()} CPUs")
     print(json.dumps(result))
     sys.stdout.flush()
     return result
 
 
-# ----------------------------------------------------------------------------- utility
+def _exact_gram(spark, source, features) -> np.ndarray:
+    """The exact Gram matrix of ``[x, 1, y]`` over the whole table (owner side, one pass; not a release)."""
+    from sparkpriv.spark.engine import SparkEngine
+
+    eng = SparkEngine()
+    src = eng.open(source, columns=list(features) + ["y"], fill=None, caller="bench regression")
+    k = len(features) + 2
+
+    def gram(X):
+        Z = np.column_stack([X[:, :-1], np.ones(X.shape[0]), X[:, -1]])
+        return (Z.T @ Z).ravel()
+
+    return eng.aggregate(src, gram, k * k).reshape(k, k)
 
 
-def read_idx(path: str) -> np.ndarray:
-    """An MNIST idx file (gzip) as a uint8 array of its declared shape."""
-    with gzip.open(path) as f:
-        data = f.read()
-    ndim = data[3]
-    shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
-    return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(shape)
+def _relative_objective_error(G: np.ndarray, x: np.ndarray) -> float:
+    """``(f(x) - f(x*)) / f(x*)``, ``f(v) = ||Z v - y||^2`` from the Gram matrix of ``[Z, y]``."""
+    k = G.shape[0] - 1
+    A, c, bb = G[:k, :k], G[:k, k], G[k, k]
+    x_star = np.linalg.solve(A, c)
 
+    def f(v):
+        return float(v @ A @ v - 2 * v @ c + bb)
 
-def load_mnist_49(seed: int = 0):
-    """MNIST training digits 4 and 9 (11,791 images), the 300 pixels of most energy, labels +-1;
-    an 80/20 split. The pixel choice looks at the data (as the paper does): not private."""
-    X = read_idx(os.path.join(MNIST_DIR, "train-images.idx3-ubyte.gz")).reshape(-1, 784) / 255.0
-    y = read_idx(os.path.join(MNIST_DIR, "train-labels.idx1-ubyte.gz"))
-    keep = (y == 4) | (y == 9)
-    X, y = X[keep], np.where(y[keep] == 4, 1.0, -1.0)
-    pix = np.argsort(-(X * X).sum(axis=0))[:300]
-    X = X[:, pix]
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(y))
-    cut = int(0.8 * len(y))
-    return X[order[:cut]], y[order[:cut]], X[order[cut:]], y[order[cut:]]
-
-
-def uniform_data(n: int, d: int, rng: np.random.Generator, x0: np.ndarray | None = None):
-    """Features i.i.d. U(-1, 1) / sqrt(d) (so ||a|| <= 1), target ``a . x0 + 0.1 N(0, 1)``, ``||x0|| = 1``
-    (``x0`` drawn from ``rng`` unless given); returns ``(A, b, x0)``."""
-    A = rng.uniform(-1, 1, (n, d)) / math.sqrt(d)
-    if x0 is None:
-        x0 = rng.standard_normal(d)
-        x0 /= np.linalg.norm(x0)
-    b = A @ x0 + 0.1 * rng.standard_normal(n)
-    return A, b, x0
-
-
-def _diffprivlib_lr():
-    warnings.filterwarnings("ignore")
-    stub = types.ModuleType("diffprivlib.models.forest")  # sklearn >= 1.9 lacks what its forests import
-    stub.RandomForestClassifier = stub.DecisionTreeClassifier = None
-    sys.modules.setdefault("diffprivlib.models.forest", stub)
-    from diffprivlib.models import LinearRegression
-
-    return LinearRegression
-
-
-def _methods(A, b, *, eps, delta, B, rng, sketch_cap, lo, hi):
-    """Coefficients of every method on (A, b) (rows already within the bound B)."""
-    from sparkpriv.bench.adassp import adassp
-    from sparkpriv.mechanisms.regression import RegressionParams, release_regression_array, sketch_rows_for
-
-    n, d = A.shape
-    out = {"non-private": np.linalg.lstsq(A, b, rcond=None)[0]}
-    for rule in ("log", "linear", "full"):
-        m = sketch_rows_for(rule, n, d + 1)
-        if m * n > sketch_cap:
-            continue
-        rel = release_regression_array(A, b, RegressionParams(row_bound=B, epsilon=eps, delta=delta,
-                                                              sketch_rule=rule))
-        out[f"sketch {rule} (m={m})"] = rel.fit.coef
-        if rule == "log":  # the paper's estimator: no debiasing (the noise acts as a ridge m s^2)
-            out[f"sketch log, not debiased (m={m})"] = release_regression_array(A, b, RegressionParams(
-                row_bound=B, epsilon=eps, delta=delta, sketch_rule=rule, debias=False)).fit.coef
-    rel = release_regression_array(A, b, RegressionParams(row_bound=B, epsilon=eps, delta=delta, scheme="additive"))
-    out["additive"] = rel.fit.coef
-    out["additive, not debiased"] = release_regression_array(A, b, RegressionParams(
-        row_bound=B, epsilon=eps, delta=delta, scheme="additive", debias=False)).fit.coef
-    out["AdaSSP"] = adassp(A, b, epsilon=eps, delta=delta, bound_x=B, bound_y=B, rng=rng)
-    LR = _diffprivlib_lr()
-    lr = LR(epsilon=eps, bounds_X=(lo, hi), bounds_y=(-B, B), fit_intercept=False,
-            random_state=int(rng.integers(2**31)))
-    out["diffprivlib (pure eps)"] = lr.fit(A, b).coef_.ravel()
-    return out
-
-
-def _rel_obj(A, b, x, f_star):
-    return (float(np.sum((A @ x - b) ** 2)) - f_star) / f_star
-
-
-def utility(*, trials: int = 5, json_path: str | None = None, delta: float = 1e-6,
-            uniform_ns=(1_000, 10_000, 100_000), uniform_eps=(0.5, 1.0, 2.0, 4.0, 8.0), uniform_n_fixed=10_000,
-            mnist: bool = True,
-            mnist_ns=(1_000, 3_000, None), mnist_eps=(1.0, 4.0), mnist_eps_fixed=1.0,
-            sketch_cap: float = 4e8) -> dict:
-    """Both studies; returns (and optionally writes) every record, prints Markdown tables."""
-    logging.getLogger("sparkpriv").setLevel(logging.CRITICAL)
-    records = _Records(json_path)
-    d = 10
-    B = math.sqrt(2.0)  # ||a|| <= 1 and |b| <= about 1 for the uniform data
-    lo, hi = -1 / math.sqrt(d), 1 / math.sqrt(d)
-    from sparkpriv.mechanisms.regression import clip_regression_rows
-
-    grid = [(n, 1.0) for n in uniform_ns] + [(uniform_n_fixed, e) for e in uniform_eps if e != 1.0]
-    for n, eps in grid:
-        for t in range(trials):
-            rng = np.random.default_rng(1000 * t + n)
-            A, b, x0 = uniform_data(n, d, rng)
-            M, _ = clip_regression_rows(A, b, B)
-            A, b = M[:, :-1], M[:, -1]
-            At, bt, _ = uniform_data(max(n // 4, 1000), d, np.random.default_rng(10**6 + t), x0)
-            x_star = np.linalg.lstsq(A, b, rcond=None)[0]
-            f_star = float(np.sum((A @ x_star - b) ** 2))
-            t0 = time.perf_counter()
-            for name, x in _methods(A, b, eps=eps, delta=delta, B=B, rng=rng, sketch_cap=sketch_cap,
-                                    lo=lo, hi=hi).items():
-                records.append({"data": "uniform", "n": n, "epsilon": eps, "trial": t, "method": name,
-                                "rel_obj": _rel_obj(A, b, x, f_star),
-                                "test_mse": float(np.mean((At @ x - bt) ** 2))})
-            print(f"uniform n={n} eps={eps} trial={t}: {time.perf_counter() - t0:.1f} s", flush=True)
-    if mnist and os.path.isdir(MNIST_DIR):
-        Xtr, ytr, Xte, yte = load_mnist_49()
-        Bm = 10.0
-        for n, eps in [(n, mnist_eps_fixed) for n in mnist_ns] + [(None, e) for e in mnist_eps if e != mnist_eps_fixed]:
-            for t in range(trials):
-                rng = np.random.default_rng(77 + t)
-                idx = rng.permutation(len(ytr))[: (n or len(ytr))]
-                M, counts = clip_regression_rows(Xtr[idx], ytr[idx], Bm)
-                A, b = M[:, :-1], M[:, -1]
-                x_star = np.linalg.lstsq(A, b, rcond=None)[0]
-                f_star = float(np.sum((A @ x_star - b) ** 2))
-                t0 = time.perf_counter()
-                for name, x in _methods(A, b, eps=eps, delta=delta, B=Bm, rng=rng, sketch_cap=sketch_cap,
-                                        lo=0.0, hi=1.0).items():
-                    records.append({"data": "mnist49", "n": len(idx), "epsilon": eps, "trial": t,
-                                    "method": name, "rel_obj": _rel_obj(A, b, x, f_star),
-                                    "test_error": float(np.mean(np.sign(Xte @ x) != yte)),
-                                    "rows_clipped": int(counts.norm_clipped)})
-                print(f"mnist n={len(idx)} eps={eps} trial={t}: {time.perf_counter() - t0:.1f} s", flush=True)
-    _print_tables(records)
-    return {"records": list(records)}
-
-
-class _Records(list):
-    """The records, each also appended to a JSON-lines file as it is made (a long run can be read
-    before it ends: ``--json PATH``, then ``tables_from(PATH)``)."""
-
-    def __init__(self, path):
-        super().__init__()
-        self.path = path
-
-    def append(self, r):
-        super().append(r)
-        if self.path:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(r) + "\n")
-
-
-def tables_from(path: str) -> None:
-    """Print the Markdown tables of a JSON-lines file written by :func:`utility`."""
-    with open(path) as f:
-        _print_tables([json.loads(line) for line in f if line.strip()])
-
-
-def _print_tables(records):
-    import collections
-
-    groups = collections.defaultdict(list)
-    for r in records:
-        groups[(r["data"], r["n"], r["epsilon"], r["method"])].append(r)
-    for data, metric in (("uniform", "rel_obj"), ("uniform", "test_mse"), ("mnist49", "rel_obj"),
-                         ("mnist49", "test_error")):
-        keys = sorted({(k[1], k[2]) for k in groups if k[0] == data})
-        methods = sorted({k[3] for k in groups if k[0] == data}, key=_method_order)
-        if not keys:
-            continue
-        print(f"\n{data}: {metric} (median over trials)\n")
-        print("| method | " + " | ".join(f"n={n}, eps={e:g}" for n, e in keys) + " |")
-        print("|---|" + "---|" * len(keys))
-        for m in methods:
-            cells = []
-            for n, e in keys:
-                g = groups.get((data, n, e, m))
-                cells.append(f"{np.median([r[metric] for r in g]):.3g}" if g else "-")
-            print(f"| {m} | " + " | ".join(cells) + " |")
-    sys.stdout.flush()
-
-
-def _method_order(name: str):
-    order = ["non-private", "sketch log", "sketch linear", "sketch full", "additive", "AdaSSP", "diffprivlib"]
-    for i, o in enumerate(order):
-        if name.startswith(o):
-            return (i, name)
-    return (len(order), name)
+    return (f(np.asarray(x, float)) - f(x_star)) / f(x_star)
 
 
 def main(argv=None) -> int:

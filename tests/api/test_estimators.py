@@ -63,10 +63,13 @@ def test_linear_regression_estimator_recovers_the_coefficients(test_seed):
     X = rng.uniform(-1, 1, (20000, 3)) / 2.0
     w = np.array([0.5, -0.3, 0.2])
     y = X @ w + 0.01 * rng.standard_normal(len(X))
-    est = DPLinearRegression(row_bound=1.5, epsilon=50.0, delta=1e-6, sketch_rows=2000)
-    assert clone(est).get_params() == est.get_params()
-    assert est.fit(X, y) is est
-    np.testing.assert_allclose(est.coef_, w, atol=0.1)  # independent: the generating coefficients
-    assert np.all(est.ci_low_ <= est.coef_) and np.all(est.coef_ <= est.ci_high_)
-    assert est.score(X, y) > 0.8 and est.epsilon_ <= 50.0
-    assert est.predict(X[:5]).shape == (5,)
+    for est, tol in ((DPLinearRegression(lower=-0.5, upper=0.5, target_lower=-1.0, target_upper=1.0, epsilon=1.0,
+                                         delta=1e-6), 0.02),
+                     (DPLinearRegression(method="sketch", row_bound=1.5, epsilon=50.0, delta=1e-6, sketch_rows=2000),
+                      0.1)):
+        assert clone(est).get_params() == est.get_params()
+        assert est.fit(X, y) is est
+        np.testing.assert_allclose(est.coef_, w, atol=tol)  # independent: the generating coefficients
+        assert np.all(est.ci_low_ <= est.coef_) and np.all(est.coef_ <= est.ci_high_)
+        assert est.score(X, y) > 0.8 and est.epsilon_ <= est.epsilon
+        assert est.predict(X[:5]).shape == (5,)

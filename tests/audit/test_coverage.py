@@ -52,6 +52,12 @@ for _rel in ("replace-one", "add-remove"):
     AUDITED[("row-bound-quantile", LAP, _rel, "histogram")] = "test_quantile::test_row_bound_histogram"
 for _scheme in ("sketch", "additive"):
     AUDITED[(f"regression-{_scheme}", GAU, "replace-one", "l2")] = "test_regression::test_regression_release"
+for _rel in ("replace-one", "add-remove"):
+    for _model in ("linear", "logistic"):
+        AUDITED[("regression-ssp", GAU, _rel, _model)] = "test_regression_ssp::test_ssp_statistics"
+    AUDITED[("regression-ssp-target-range", LAP, _rel, "histogram")] = "test_regression_ssp::test_ssp_target_histogram"
+    for _step in ("gradient", "hessian"):
+        AUDITED[("regression-ssp-logistic-pass", GAU, _rel, _step)] = "test_regression_ssp::test_ssp_logistic_passes"
 for _noise, _fn in ((LAP, "test_counts_laplace"), (GAU, "test_counts_gaussian")):
     for _rel in ("replace-one", "add-remove"):
         for _w in ("people", "events-capped"):
@@ -71,7 +77,8 @@ FUNCTIONS = {
     "release_kmeans_array": ("kmeans-linear", "kmeans-kernel"),
     "release_kmeans": ("kmeans-linear", "kmeans-kernel", "contribution-bound"),
     "release_regression_array": ("regression-sketch", "regression-additive"),
-    "release_regression": ("regression-sketch", "regression-additive"),
+    "release_regression": ("regression-ssp", "regression-ssp-target-range", "regression-ssp-logistic-pass",
+                           "regression-sketch", "regression-additive"),
     "release_counts": ("counts", "contribution-bound"),
     "release_synthetic": ("synthetic-counts", "contribution-bound"),
     "release_dpgm_array": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths", "dpgm-item-counts"),
@@ -81,7 +88,8 @@ CLI_MECHANISMS = {
     "projection": ("projection", "projection-events", "row-bound-quantile", "contribution-bound"),
     "dprp": ("dprp", "contribution-bound"),
     "kmeans": ("kmeans-linear", "kmeans-kernel", "contribution-bound"),
-    "regression": ("regression-sketch", "regression-additive"),
+    "regression": ("regression-ssp", "regression-ssp-target-range", "regression-ssp-logistic-pass", "regression-sketch",
+                   "regression-additive"),
     "counts": ("counts", "contribution-bound"),
     "synthetic": ("synthetic-counts", "contribution-bound"),
     "dpgm": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths", "dpgm-item-counts", "contribution-bound"),
@@ -214,15 +222,34 @@ def offered_quantile(projection_offered: set) -> set:
 
 
 def offered_regression() -> set:
-    from sparkpriv.mechanisms.regression import SCHEMES, RegressionParams, release_regression_array
+    """The sketch's schemes through its numpy reference; AdaSSP (linear, logistic, the DP target range)
+    through the release path on a table (the local engine)."""
+    from sparkpriv.api import release_regression
+    from sparkpriv.mechanisms.regression import MODELS, SCHEMES, RegressionParams, release_regression_array
 
     b = X @ np.array([0.2, -0.1, 0.3])
     out = set()
     for scheme in SCHEMES:
         for rel in NEIGHBORS:
             if _accepts(lambda: release_regression_array(X, b, RegressionParams(
-                    row_bound=1.0, epsilon=1.0, delta=1e-6, scheme=scheme, neighbors=rel, sketch_rows=4))):
+                    method="sketch", row_bound=1.0, epsilon=1.0, delta=1e-6, scheme=scheme, neighbors=rel,
+                    sketch_rows=4))):
                 out.add((f"regression-{scheme}", GAU, rel, "l2"))
+    M = np.column_stack([X, (b > 0).astype(float)])
+    cols = dict(columns=["x0", "x1", "x2"], target="y")
+    for rel in NEIGHBORS:
+        for model in MODELS:
+            target = dict(target_lower=-1.0, target_upper=1.0) if model == "linear" else {}
+            if _accepts(lambda: release_regression(M, **cols, model=model, lower=-1.0, upper=1.0, epsilon=1.0,
+                                                   delta=1e-6, neighbors=rel, **target)):
+                out.add(("regression-ssp", GAU, rel, model))
+        if _accepts(lambda: release_regression(M, **cols, lower=-1.0, upper=1.0, target_quantile=0.9, epsilon=1.0,
+                                               delta=1e-6, neighbors=rel)):
+            out.add(("regression-ssp-target-range", LAP, rel, "histogram"))
+        if _accepts(lambda: release_regression(M, **cols, model="logistic", logistic_steps=1, lower=-1.0, upper=1.0,
+                                               epsilon=1.0, delta=1e-6, neighbors=rel)):
+            out |= {("regression-ssp-logistic-pass", GAU, rel, "gradient"),
+                    ("regression-ssp-logistic-pass", GAU, rel, "hessian")}
     return out
 
 
@@ -308,7 +335,10 @@ for _scheme in ("sketch", "additive"):
         REFUSED.append((f"regression {_scheme} {_rel}", lambda s=_scheme, r=_rel: __import__(
             "sparkpriv.mechanisms.regression", fromlist=["x"]).release_regression_array(
             X, X[:, 0], __import__("sparkpriv.mechanisms.regression", fromlist=["x"]).RegressionParams(
-                row_bound=1.0, epsilon=1.0, delta=1e-6, scheme=s, neighbors=r, sketch_rows=4))))
+                method="sketch", row_bound=1.0, epsilon=1.0, delta=1e-6, scheme=s, neighbors=r, sketch_rows=4))))
+REFUSED.append(("regression ssp element", lambda: __import__("sparkpriv.api", fromlist=["x"]).release_regression(
+    X, columns=["x0", "x1"], target="x2", lower=-1.0, upper=1.0, target_lower=-1.0, target_upper=1.0, epsilon=1.0,
+    delta=1e-6, neighbors="element")))
 
 
 @pytest.mark.parametrize("name,call", REFUSED, ids=[r[0] for r in REFUSED])

@@ -41,7 +41,7 @@ SKETCH_SEED = 0x5EED
 
 def _plan(scheme: str):
     n = len(REST) + 1
-    params = reg.RegressionParams(row_bound=B, epsilon=EPS, delta=DELTA, scheme=scheme,
+    params = reg.RegressionParams(method="sketch", row_bound=B, epsilon=EPS, delta=DELTA, scheme=scheme,
                                   sketch_rows=3 if scheme == "sketch" else None)
     plan = reg.plan_regression(params, reg.RegressionFacts(n), d=1)
     return dataclasses.replace(plan, sketch_seed=SKETCH_SEED, noise_seed=4)
@@ -112,12 +112,12 @@ def test_spark_regression_noise_is_the_audited_noise_and_relations(spark):
     rng = np.random.default_rng(0)
     X = rng.uniform(-0.5, 0.5, (300, 3))
     df = spark.createDataFrame([tuple(map(float, r)) for r in X], "a double, b double, y double")
-    kw = dict(columns=["a", "b"], target="y", row_bound=B, epsilon=EPS, delta=DELTA, sketch_rows=5)
+    kw = dict(method="sketch", columns=["a", "b"], target="y", row_bound=B, epsilon=EPS, delta=DELTA, sketch_rows=5)
     with insecure_fixed_seed(1):
         rel = release_regression(df, **kw)
     with insecure_fixed_seed(1):
         ref = reg.release_regression_array(X[:, :2], X[:, 2], reg.RegressionParams(
-            row_bound=B, epsilon=EPS, delta=DELTA, sketch_rows=5))
+            method="sketch", row_bound=B, epsilon=EPS, delta=DELTA, sketch_rows=5))
     noise = rel.public["noise"]
     assert noise["sigma"] == ref.noise.sigma and noise["grid"] == ref.noise.grid
     assert rel.public["sensitivity_value"] == pytest.approx(ref.sensitivity, rel=1e-12)

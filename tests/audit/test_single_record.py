@@ -60,13 +60,14 @@ def _outcome(name, data, tmp_path, tag, colparams, params):
 def test_one_value_changes_neither_success_nor_spend_local(name, tmp_path):
     case = CASES[name]
     X = case.data()
-    col = 1 if name == "regression" else 0  # a feature (the target is the last column)
+    cols = (1, X.shape[1] - 1) if name == "regression" else (0,)  # regression: a feature and the target
     base = _outcome(name, _table(X), tmp_path, "clean", _colparams(case, X), case.params)
     assert base[0] and len(base[1]) == 1
-    for i, v in enumerate(BAD_VALUES):
-        got = _outcome(name, _table(X, row=7, col=col, value=v), tmp_path, f"bad{i}", _colparams(case, X),
-                       case.params)
-        assert got == base, f"{name}: one record holding {v!r} changed the outcome: {got} against {base}"
+    for col in cols:
+        for i, v in enumerate(BAD_VALUES):
+            got = _outcome(name, _table(X, row=7, col=col, value=v), tmp_path, f"bad{col}-{i}",
+                           _colparams(case, X), case.params)
+            assert got == base, f"{name}: one record holding {v!r} changed the outcome: {got} against {base}"
 
 
 def test_positive_control_the_old_rule_is_detected(tmp_path, monkeypatch):
@@ -90,10 +91,11 @@ def test_positive_control_the_old_rule_is_detected(tmp_path, monkeypatch):
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("name", ["projection", "kmeans"])
+@pytest.mark.parametrize("name", ["projection", "kmeans", "regression"])
 def test_one_value_changes_neither_success_nor_spend_spark(name, spark, tmp_path):
     case = CASES[name]
     X = case.data()[:300]
+    col = X.shape[1] - 1 if name == "regression" else 0  # regression: the target
 
     def frame(t):
         return spark.createDataFrame(t.to_pandas()).repartition(2)
@@ -101,7 +103,7 @@ def test_one_value_changes_neither_success_nor_spend_spark(name, spark, tmp_path
     base = _outcome(name, frame(_table(X)), tmp_path, "clean", _colparams(case, X), case.params)
     assert base[0]
     for i, v in enumerate([float("nan"), float("inf"), None, 1e308]):
-        got = _outcome(name, frame(_table(X, row=7, value=v)), tmp_path, f"bad{i}", _colparams(case, X),
+        got = _outcome(name, frame(_table(X, row=7, col=col, value=v)), tmp_path, f"bad{i}", _colparams(case, X),
                        case.params)
         assert got == base, f"{name} on Spark: one record holding {v!r} changed the outcome"
 

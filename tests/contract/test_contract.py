@@ -41,6 +41,7 @@ class Case:
     bad: dict                             # one invalid parameter value
     compare: Callable                     # (release_a, release_b) -> None: equal up to float order
     colparams: Callable | None = None     # X -> the column parameters (default: columns = every column)
+    refused: str = "add-remove"           # a neighbour relation the mechanism refuses
 
 
 def _blobs(n=1200, seed=1):
@@ -92,8 +93,11 @@ def _linear(n=1200, seed=2):
 
 
 def _same_regression(a, b):
-    np.testing.assert_allclose(a.extras["sketch"], b.extras["sketch"], rtol=1e-9, atol=1e-9)
+    sa, sb = a.extras["statistics"], b.extras["statistics"]
+    for f in ("gram", "xy", "yy", "n", "lambda_min"):
+        np.testing.assert_allclose(getattr(sa, f), getattr(sb, f), rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(a.model.coef, b.model.coef, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(a.model.ci_low, b.model.ci_low, rtol=1e-6, atol=1e-9)
 
 
 CASES = {
@@ -106,9 +110,9 @@ CASES = {
                                 lower=[-12.0] * 3, upper=[12.0] * 3, kernel_width=4.0, frequencies=8),
                    {"k": 1}, _same_kmeans),
     "projection": Case(_box, dict(k=2, epsilon=1.0, row_bound=2.0), {"k": 0}, _same_table),
-    "regression": Case(_linear, dict(row_bound=3.0, epsilon=2.0, delta=1e-5, sketch_rows=40),
-                       {"sketch_rows": 0}, _same_regression,
-                       lambda X: {"columns": _cols(X)[:-1], "target": _cols(X)[-1]}),
+    "regression": Case(_linear, dict(lower=-1.0, upper=1.0, target_lower=-2.0, target_upper=2.0, epsilon=2.0,
+                                     delta=1e-5), {"bootstrap": 5}, _same_regression,
+                       lambda X: {"columns": _cols(X)[:-1], "target": _cols(X)[-1]}, refused="element"),
 }
 
 
@@ -260,7 +264,7 @@ def test_bad_parameters_refused_before_any_value_is_read(name, spark):
 
     df = spark.createDataFrame(_arrow(X).to_pandas())
     df = df.select(*[explode(F.col(c)).alias(c) for c in _cols(X)])
-    for bad in (case.bad, {"no_such_parameter": 1}, {"neighbors": "add-remove"}, {"epsilon": -1.0}):
+    for bad in (case.bad, {"no_such_parameter": 1}, {"neighbors": case.refused}, {"epsilon": -1.0}):
         with pytest.raises(ParameterError):
             release(name, df, **_colparams(case, X), **dict(case.params, **bad))
     Xn = X.copy()

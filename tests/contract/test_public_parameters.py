@@ -19,7 +19,7 @@ from tests.contract.test_contract import CASES, _local_colparams
 # the declared bounds, fills and scales of the data (or of a gradient); shares, rates and counts
 # have their own ranges
 MAGNITUDES = ("row_bound", "lower", "upper", "element_bound", "clip", "kernel_width", "fill", "label_scale",
-              "learning_rate", "target_bound", "feature_bound")
+              "learning_rate", "target_lower", "target_upper", "positive")
 
 
 def _no_reads(monkeypatch):
@@ -109,8 +109,7 @@ BOUNDS = {
     "projection": ("row_bound", "lower", "upper", "element_bound", "row_bound_quantile"),
     "kmeans": ("row_bound", "lower", "upper"),
     "dprp": ("lower", "upper"),
-    "regression": ("row_bound", "target_bound", "feature_bound", "lower", "upper", "target_lower",
-                   "target_upper"),
+    "regression": ("row_bound", "lower", "upper", "target_lower", "target_upper"),
 }
 
 
@@ -132,11 +131,15 @@ def test_a_release_without_bounds_is_refused_naming_the_bound(name, tmp_path, mo
 
 
 def test_estimators_have_no_default_bound(monkeypatch):
-    from sparkpriv.estimators import DPKMeans, DPLinearRegression
+    from sparkpriv.estimators import DPKMeans, DPLinearRegression, DPLogisticRegression
 
     X = np.random.default_rng(0).uniform(-1, 1, (200, 3))
     _no_reads(monkeypatch)
     with pytest.raises(ParameterError, match="row_bound"):
         DPLinearRegression(epsilon=1.0, delta=1e-6).fit(X[:, :2], X[:, 2])
+    with pytest.raises(ParameterError, match="target_lower"):
+        DPLinearRegression(epsilon=1.0, delta=1e-6, row_bound=2.0).fit(X[:, :2], X[:, 2])
+    with pytest.raises(ParameterError, match="row_bound"):
+        DPLogisticRegression(epsilon=1.0, delta=1e-6).fit(X[:, :2], X[:, 2] > 0)
     with pytest.raises(ParameterError, match="bound"):
         DPKMeans(n_clusters=2, epsilon=1.0, delta=1e-5, variant="linear").fit(X)

@@ -72,7 +72,7 @@ def test_sensitivity_of_realized_sketch_matches_brute_force():
 def test_finalize_uses_realized_column_norms():
     n, m = 500, 7
     _, _, M = _data(n)
-    plan = plan_regression(RegressionParams(row_bound=1.0, epsilon=1.0, delta=1e-5, sketch_rows=m),
+    plan = plan_regression(RegressionParams(method="sketch", row_bound=1.0, epsilon=1.0, delta=1e-5, sketch_rows=m),
                            RegressionFacts(n), d=3)
     plan = dataclasses.replace(plan, sketch_seed=5, noise_seed=6)
     rel = finalize_sketch(pack_partial(*sketch_partial(M, 5, m, 0)), plan)
@@ -127,7 +127,7 @@ def test_debiased_gram_is_unbiased_for_sketch_and_additive():
     A, b, M = _data(n, d)
     G = M.T @ M
     for scheme, m, trials in (("sketch", 60, 400), ("additive", None, 200)):
-        plan = plan_regression(RegressionParams(row_bound=1.0, epsilon=2.0, delta=1e-5, scheme=scheme,
+        plan = plan_regression(RegressionParams(method="sketch", row_bound=1.0, epsilon=2.0, delta=1e-5, scheme=scheme,
                                                 sketch_rows=m), RegressionFacts(n), d=d)
         acc = np.zeros_like(G)
         for t in range(trials):
@@ -147,7 +147,7 @@ def test_debiased_gram_is_unbiased_for_sketch_and_additive():
 def test_noiseless_limit_recovers_least_squares():
     A, b, _ = _data(3000, 4)
     xs = np.linalg.lstsq(A, b, rcond=None)[0]
-    rel = release_regression_array(A, b, RegressionParams(row_bound=1.0, epsilon=1e4, delta=1e-5,
+    rel = release_regression_array(A, b, RegressionParams(method="sketch", row_bound=1.0, epsilon=1e4, delta=1e-5,
                                                           sketch_rule="full"))
     np.testing.assert_allclose(rel.fit.coef, xs, atol=0.02)
     assert reg.relative_objective_error(A, b, rel.fit.coef) < 0.01
@@ -158,7 +158,7 @@ def test_confidence_intervals_cover_the_least_squares_solution():
     n, d, m = 4000, 3, 100
     A, b, M = _data(n, d)
     xs = np.linalg.lstsq(A, b, rcond=None)[0]
-    plan = plan_regression(RegressionParams(row_bound=1.0, epsilon=20.0, delta=1e-5, sketch_rows=m),
+    plan = plan_regression(RegressionParams(method="sketch", row_bound=1.0, epsilon=20.0, delta=1e-5, sketch_rows=m),
                            RegressionFacts(n), d=d)
     trials, hits = 300, 0
     for t in range(trials):
@@ -172,7 +172,7 @@ def test_confidence_intervals_cover_the_least_squares_solution():
 
 
 def test_plan_accounts_at_most_the_request_and_holds_no_secrets():
-    plan = plan_regression(RegressionParams(columns=("a", "b"), target="y", row_bound=2.0, epsilon=0.5,
+    plan = plan_regression(RegressionParams(method="sketch", columns=("a", "b"), target="y", row_bound=2.0, epsilon=0.5,
                                             delta=1e-6), RegressionFacts(10_000))
     assert plan.accounted_epsilon() <= 0.5
     assert plan.accounted_epsilon() > 0.5 * 0.999
@@ -184,33 +184,33 @@ def test_plan_accounts_at_most_the_request_and_holds_no_secrets():
 @pytest.mark.parametrize("row_bound", [None, 0, -1.0, float("inf"), float("nan")])
 def test_bad_row_bound_is_refused(row_bound):
     with pytest.raises(ParameterError, match="row_bound"):
-        plan_regression(RegressionParams(row_bound=row_bound, epsilon=1.0, delta=1e-6), RegressionFacts(100), d=2)
+        plan_regression(RegressionParams(method="sketch", row_bound=row_bound, epsilon=1.0, delta=1e-6), RegressionFacts(100), d=2)
 
 
 def test_more_sketch_rows_than_records_is_refused():
     with pytest.raises(ParameterError, match="at most the number of rows n = 50"):
-        plan_regression(RegressionParams(row_bound=1.0, epsilon=1.0, delta=1e-6, sketch_rows=51), RegressionFacts(50), d=2)
-    assert plan_regression(RegressionParams(row_bound=1.0, epsilon=1.0, delta=1e-6, sketch_rule="full"), RegressionFacts(50), d=2).m == 50
+        plan_regression(RegressionParams(method="sketch", row_bound=1.0, epsilon=1.0, delta=1e-6, sketch_rows=51), RegressionFacts(50), d=2)
+    assert plan_regression(RegressionParams(method="sketch", row_bound=1.0, epsilon=1.0, delta=1e-6, sketch_rule="full"), RegressionFacts(50), d=2).m == 50
 
 
 @pytest.mark.parametrize("neighbors,reason", [("add-remove", "realized columns"), ("element", "rescales the whole row")])
 def test_other_neighbour_relations_are_refused_with_the_reason(neighbors, reason):
     with pytest.raises(ParameterError, match=reason):
-        plan_regression(RegressionParams(row_bound=1.0, epsilon=1.0, delta=1e-6, neighbors=neighbors), RegressionFacts(100), d=2)
+        plan_regression(RegressionParams(method="sketch", row_bound=1.0, epsilon=1.0, delta=1e-6, neighbors=neighbors), RegressionFacts(100), d=2)
 
 
 def test_target_among_features_is_refused():
     with pytest.raises(ParameterError, match="also listed as a feature"):
-        RegressionParams(columns=("a", "y"), target="y", row_bound=1.0, epsilon=1.0, delta=1e-6).validate()
+        RegressionParams(method="sketch", columns=("a", "y"), target="y", row_bound=1.0, epsilon=1.0, delta=1e-6).validate()
 
 
 def test_bad_arrays_are_refused():
     from sparkpriv.errors import InputError
 
     with pytest.raises(InputError, match="column index 1"):
-        release_regression_array(np.array([[1.0, np.nan]] * 20), np.zeros(20), RegressionParams(row_bound=1.0, epsilon=1.0, delta=1e-6))
+        release_regression_array(np.array([[1.0, np.nan]] * 20), np.zeros(20), RegressionParams(method="sketch", row_bound=1.0, epsilon=1.0, delta=1e-6))
     with pytest.raises(InputError, match="one value per row"):
-        release_regression_array(np.ones((20, 2)), np.zeros(19), RegressionParams(row_bound=1.0, epsilon=1.0, delta=1e-6))
+        release_regression_array(np.ones((20, 2)), np.zeros(19), RegressionParams(method="sketch", row_bound=1.0, epsilon=1.0, delta=1e-6))
 
 
 def test_additive_release_on_the_local_engine_is_the_numpy_reference():
@@ -226,7 +226,7 @@ def test_additive_release_on_the_local_engine_is_the_numpy_reference():
     A = rng.normal(size=(n, d)) / 2
     b = A @ np.array([0.5, -0.3, 0.2]) + 0.05 * rng.normal(size=n)
     df = pd.DataFrame(A, columns=["a", "b", "c"]).assign(y=b)
-    kw = dict(row_bound=1.5, epsilon=3.0, delta=1e-6, scheme="additive")
+    kw = dict(method="sketch", row_bound=1.5, epsilon=3.0, delta=1e-6, scheme="additive")
     with insecure_fixed_seed(21):
         ref = release_regression_array(A, b, RegressionParams(**kw))
     with insecure_fixed_seed(21):

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.spark
 
 N = 2500
 FEATURES = ["f0", "f1", "f2"]
-KW = dict(columns=FEATURES, target="y", row_bound=1.5, epsilon=2.0, delta=1e-6, sketch_rows=40)
+KW = dict(method="sketch", columns=FEATURES, target="y", row_bound=1.5, epsilon=2.0, delta=1e-6, sketch_rows=40)
 
 
 def _table(spark, parts):
@@ -131,7 +131,8 @@ def test_cli_release_writes_sketch_receipt_and_model(spark, tmp_path, monkeypatc
     monkeypatch.setenv("SPARKPRIV_LEDGER", f"sqlite:///{tmp_path}/ledger.sqlite")
     out = tmp_path / "out"
     rc = main(["release", "regression", "--input", path, "--output", str(out), "--columns", "f0,f1,f2",
-               "--target", "y", "--row-bound", "1.5", "--epsilon", "1", "--delta", "1e-6", "--sketch-rows", "30"])
+               "--target", "y", "--method", "sketch", "--row-bound", "1.5", "--epsilon", "1", "--delta", "1e-6",
+               "--sketch-rows", "30"])
     assert rc == 0
     r = json.loads((out / "_privacy_receipt.json").read_text())
     assert r["mechanism"] == "regression" and r["guarantee"]["epsilon"] <= 1.0

@@ -1,4 +1,18 @@
-"""Private linear regression on a sample-mixing sketch (docs/math.md section 6).
+"""Private regression (docs/regression.md; docs/math.md section 6).
+
+Two methods, one mechanism (``regression``), one parameters class (:class:`RegressionParams`):
+
+* ``method="ssp"`` (the default): sufficient statistics perturbation with AdaSSP's adaptive ridge
+  (Wang 2018), for a ``linear`` or ``logistic`` model: ``X^T X``, ``X^T y``, ``y^T y`` and ``n`` of the
+  clipped rows in one aggregation pass, Gaussian noise added once on the driver, the ridge from a
+  noisy smallest eigenvalue, intervals from a parametric bootstrap (modules ``_ssp``, ``_ssp_fit``;
+  docs/math.md section 6.1); the logistic model then refined by ``logistic_steps`` noisy gradient
+  passes (module ``_logistic``; docs/math.md section 6.2);
+* ``method="sketch"``: the sample-mixing sketch ``S M + W`` of Showkatbakhsh et al. and its additive
+  baseline ``M + W`` (below).
+
+The sketch
+==========
 
 Data ``M = [A b]`` (n x p, ``p = d + 1``: the features, then the target), every
 row clipped to ``||m_i||_2 <= B`` (``row_bound``, declared and public).
@@ -85,21 +99,28 @@ not ``x*``.
 The package's modules, in import order (each imports only those before it; this module re-exports
 their names, so ``from sparkpriv.mechanisms import regression`` is the one way in):
 
-- ``_sketch``: :class:`RegressionParams`, the neighbour relations, the sketch's layout and
-  per-batch partials, its sensitivity;
+- ``_params``: :class:`RegressionParams`, the methods, models and limits, the neighbour relations;
+- ``_sketch``: the sketch's layout and per-batch partials, its sensitivity;
 - ``_plan``: the plan made before any data (:class:`RegressionPlan`, :func:`plan_regression`),
   clipping and the additive scheme's row noise;
 - ``_fit``: the driver's noise and the fits of a release (:class:`RegressionRelease`,
   :func:`fit_from_release`, the sandwich intervals), the in-memory release
   (:func:`release_regression_array`);
+- ``_ssp``: AdaSSP's domain, sensitivities, plan and per-block statistics (:func:`plan_ssp`);
+- ``_ssp_fit``: the driver's noise on the statistics, the fits and their bootstrap intervals
+  (:func:`fit_from_statistics`);
+- ``_logistic``: the logistic model's noisy gradient passes, their iteration and intervals, and the
+  refit of any SSP release from its model file (:func:`refit_model_file`; docs/math.md section 6.2);
 - ``_mechanism``: the mechanism of the release protocol (:class:`Regression`), on any engine.
 """
 
 from __future__ import annotations
 
-from sparkpriv.mechanisms.regression._sketch import (SCHEMES, SKETCH_RULES, NEIGHBORS_OK, SKETCH_STAGE,
-                                                     NOISE_STAGE, ADDITIVE_STAGE, _BLOCK_VALUES, _POS,
-                                                     RegressionParams, check_neighbors, sketch_rows_for,
+from sparkpriv.mechanisms.regression._params import (METHODS, MODELS, SCHEMES, SKETCH_RULES, NEIGHBORS_OK,
+                                                     SSP_NEIGHBORS, EPSILON_RANGE, DELTA_RANGE, BOUND_MAX,
+                                                     BOUND_MIN, RegressionParams, check_neighbors)
+from sparkpriv.mechanisms.regression._sketch import (SKETCH_STAGE, NOISE_STAGE, ADDITIVE_STAGE, _BLOCK_VALUES,
+                                                     sketch_rows_for,
                                                      block_rows, _block, sketch_columns, sketch_matrix,
                                                      partial_size, sketch_partial, pack_partial,
                                                      sketch_sensitivity)
@@ -110,11 +131,26 @@ from sparkpriv.mechanisms.regression._fit import (RegressionFit, RegressionRelea
                                                   gaussian_meat, fit_from_release, fit_from_gram_and_meat,
                                                   _check_arrays, release_regression_array,
                                                   relative_objective_error)
+from sparkpriv.mechanisms.regression._ssp import (RHO, COUNTERS, SSPDomain, SSPPlan, feature_radius_sq, ssp_domain,
+                                                  eigen_sensitivity, gram_sensitivity, moment_weights,
+                                                  moment_sensitivity, plan_ssp, prepare_block, stats_size,
+                                                  block_statistics, statistics_fn, signed_edges,
+                                                  target_histogram_fn, choose_target_range, occupancy_threshold,
+                                                  gradient_sensitivity, hessian_sensitivity, logistic_pass_fn,
+                                                  logistic_pass_size)
+from sparkpriv.mechanisms.regression._ssp_fit import (LOGISTIC_RADIUS, SSPStatistics, SSPFit, chebyshev_logistic,
+                                                      logistic_kappa, exact_steps, finalize_ssp, adassp_ridge, ridge_solve,
+                                                      fit_from_statistics)
+from sparkpriv.mechanisms.regression._logistic import (LogisticSteps, finalize_logistic_pass, initial_theta,
+                                                       bohning_step, newton_step, newton_ridge, logistic_path,
+                                                       fit_logistic_steps, fit_from_released, refit_model_file)
 from sparkpriv.mechanisms.regression._mechanism import (sketch_slots, indexed_sketch_fn, _RegressionState,
                                                         Regression, _additive_row_map, _gram_fn, _meat_fn,
-                                                        _run_additive, MODEL_FILE, REGRESSION)
+                                                        _run_additive, _run_ssp, MODEL_FILE, REGRESSION)
 
 __all__ = [
+    "METHODS",
+    "MODELS",
     "SCHEMES",
     "SKETCH_RULES",
     "RegressionParams",
@@ -139,4 +175,29 @@ __all__ = [
     "sketch_sensitivity",
     "release_regression_array",
     "relative_objective_error",
+    "SSPDomain",
+    "SSPPlan",
+    "SSPStatistics",
+    "SSPFit",
+    "plan_ssp",
+    "ssp_domain",
+    "feature_radius_sq",
+    "eigen_sensitivity",
+    "gram_sensitivity",
+    "moment_sensitivity",
+    "moment_weights",
+    "statistics_fn",
+    "block_statistics",
+    "prepare_block",
+    "finalize_ssp",
+    "fit_from_statistics",
+    "adassp_ridge",
+    "logistic_kappa",
+    "gradient_sensitivity",
+    "hessian_sensitivity",
+    "logistic_pass_fn",
+    "LogisticSteps",
+    "logistic_path",
+    "fit_from_released",
+    "refit_model_file",
 ]

@@ -13,8 +13,8 @@ from sparkpriv.privacy import noise as _noise
 from sparkpriv.privacy.accounting import epsilon_of
 from sparkpriv.privacy.bounds import ClipCounts
 from sparkpriv.privacy.random import stream
-from sparkpriv.mechanisms.regression._sketch import (ADDITIVE_STAGE, NOISE_STAGE, RegressionParams, pack_partial,
-                                                     partial_size, sketch_partial)
+from sparkpriv.mechanisms.regression._params import RegressionParams
+from sparkpriv.mechanisms.regression._sketch import ADDITIVE_STAGE, NOISE_STAGE, pack_partial, partial_size, sketch_partial
 from sparkpriv.mechanisms.regression._plan import (RegressionFacts, RegressionPlan, additive_noise_rows,
                                                    clip_regression_rows, plan_regression)
 
@@ -221,6 +221,9 @@ def release_regression_array(A, b, params: RegressionParams) -> RegressionReleas
         additive scheme); ``fit`` the coefficients with intervals.
     """
     caller = "release_regression_array"
+    if params.method != "sketch":
+        raise ParameterError(f"{caller} is the sketch's in-memory reference: give method='sketch' (method='ssp' "
+                             "releases through sparkpriv.api.release_regression, which takes numpy arrays too).")
     params.validate(caller)
     A = np.asarray(A)
     d = A.shape[1] if A.ndim == 2 else 0

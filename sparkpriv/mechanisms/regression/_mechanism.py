@@ -1,8 +1,10 @@
-"""Private regression as a mechanism of the release protocol (:class:`Regression`), on any engine."""
+"""Private regression as a mechanism of the release protocol (:class:`Regression`), on any engine: AdaSSP's
+noisy sufficient statistics (``method="ssp"``) or the sample-mixing sketch (``method="sketch"``)."""
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,8 +17,14 @@ from sparkpriv.privacy.accounting import epsilon_of, fit_to_epsilon
 from sparkpriv.privacy.bounds import Bounds, clip_rows
 from sparkpriv.privacy.calibration import gdp_mu_for
 from sparkpriv.privacy.random import new_secret_seed, stream
-from sparkpriv.mechanisms.regression._sketch import (ADDITIVE_STAGE, RegressionParams, _block, block_rows,
-                                                     partial_size, sketch_rows_for)
+from sparkpriv.mechanisms.regression._params import RegressionParams
+from sparkpriv.mechanisms.regression._sketch import ADDITIVE_STAGE, _block, block_rows, partial_size, sketch_rows_for
+from sparkpriv.mechanisms.regression._ssp import (COUNTERS, TARGET_STAGE, SSPPlan, choose_target_range,
+                                                  logistic_pass_fn, logistic_pass_size, occupancy_threshold,
+                                                  plan_ssp, stats_size, statistics_fn, target_histogram_fn)
+from sparkpriv.mechanisms.regression._ssp_fit import finalize_ssp
+from sparkpriv.mechanisms.regression._logistic import (LogisticSteps, bohning_step, finalize_logistic_pass,
+                                                       fit_from_released, initial_theta)
 from sparkpriv.mechanisms.regression._plan import RegressionPlan
 from sparkpriv.mechanisms.regression._fit import (finalize_sketch, fit_from_gram_and_meat, fit_from_moments,
                                                   sandwich_moments)
@@ -69,26 +77,42 @@ class _RegressionState:
     mu: float
 
 
+@dataclass(frozen=True)
+class _SSPState:
+    params: RegressionParams
+    plan: SSPPlan
+
+
 class Regression(_p.Mechanism):
-    """Linear regression on a sample-mixing sketch: releases the noisy sketch and a model."""
+    """Private regression: noisy sufficient statistics with AdaSSP (``method="ssp"``, linear or
+    logistic) or the sample-mixing sketch (``method="sketch"``); releases a table and a model."""
 
     name = "regression"
-    title = "private linear regression (sample-mixing sketch)"
-    summary = "linear regression on a sample-mixing sketch S M + W; releases the sketch and coefficients"
+    title = "private regression (AdaSSP sufficient statistics, or a sample-mixing sketch)"
+    summary = ("linear or logistic regression: noisy sufficient statistics with AdaSSP's ridge (default), or a "
+               "sample-mixing sketch S M + W; releases the statistics (or sketch) and the coefficients")
     Params = RegressionParams
-    neighbors = (_p.REPLACE_ONE,)
+    neighbors = (_p.REPLACE_ONE, _p.ADD_REMOVE)
     refused_neighbors = {
-        "add-remove": "the noise is calibrated from the realized columns of the secret sketch S, one per "
-                      "record of the public row count n; an added record would bring a column outside them",
         "element": "rows are clipped to an L2 ball, and a norm clip rescales the whole row, so one changed "
-                   "attribute changes every coordinate",
+                   "attribute changes every coordinate; a regression protects a person (a row)",
     }
     inputs = ("table",)
+
+    def open_args(self, params: RegressionParams) -> dict:
+        """SSP opens the null mask (``missing``): its per-block function replaces a missing value by a
+        public one and counts it, so no value of the input decides whether the release runs."""
+        args = {"columns": params.input_columns(), "fill": params.fill}
+        if params.method == "ssp":
+            args["missing"] = True
+        return args
 
     def plan(self, params: RegressionParams, facts: _p.InputFacts, caller: str) -> _p.Plan:
         if not params.columns or not params.target:
             raise ParameterError(f"{caller} needs feature columns (columns / --columns) and a target column "
                                  "(target / --target).")
+        if params.method == "ssp":
+            return self._plan_ssp(params, facts, caller)
         eps, delta = float(params.epsilon), float(params.delta)
         mu = gdp_mu_for(eps, delta)
         r = fit_to_epsilon(lambda r: dp_event.GaussianDpEvent(1.0 / (r * mu)), epsilon=eps, delta=delta,
@@ -99,7 +123,7 @@ class Regression(_p.Mechanism):
         public = {
             "mechanism": ("linear regression on a sample-mixing sketch (docs/math.md section 6)" if sketch else
                           "linear regression, additive noise baseline M + W (docs/math.md section 6)"),
-            "scheme": params.scheme,
+            "method": "sketch", "scheme": params.scheme,
             "features": list(params.columns), "target": params.target, "row_bound": float(params.row_bound),
             "bounds": {"row_bound": float(params.row_bound), "norm": "l2", "applies_to": "[features..., target]"},
             "noise_multiplier": z, "gaussian_dp_mu": r * mu,
@@ -110,7 +134,26 @@ class Regression(_p.Mechanism):
                        neighbors=_p.REPLACE_ONE, state=_RegressionState(params, z, r * mu),
                        secrets=(new_secret_seed("regression-sketch"), new_secret_seed("regression-noise")))
 
+    def _plan_ssp(self, params: RegressionParams, facts: _p.InputFacts, caller: str) -> _p.Plan:
+        splan = plan_ssp(params, len(params.columns), caller)
+        event = splan.dp_event()
+        dom = splan.domain
+        public = dict(splan.to_public_dict(), features=list(params.columns), target=params.target,
+                      bounds={"lower": None if dom.lower is None else list(dom.lower),
+                              "upper": None if dom.upper is None else list(dom.upper),
+                              "row_bound": dom.row_bound, "norm": "l2", "applies_to": "features",
+                              "target": ("classes: positive value vs any other" if dom.model == "logistic" else
+                                         list(dom.target_range) if dom.target_range is not None else
+                                         f"DP quantile range of coverage {params.target_quantile}")})
+        neighbors = _p.ADD_REMOVE if params.neighbors == "add-remove" else _p.REPLACE_ONE
+        secrets = (new_secret_seed("regression-ssp-noise"),
+                   new_secret_seed("regression-target-histogram") if splan.histogram is not None else None)
+        return _p.Plan(events=event, epsilon=epsilon_of(event, splan.delta), delta=splan.delta, public=public,
+                       neighbors=neighbors, state=_SSPState(params, splan), secrets=secrets)
+
     def run(self, engine, source, plan: _p.Plan, progress) -> _p.Outcome:
+        if isinstance(plan.state, _SSPState):
+            return _run_ssp(engine, source, plan, progress)
         st: _RegressionState = plan.state
         pr = st.params
         d = len(pr.columns)
@@ -141,8 +184,8 @@ class Regression(_p.Mechanism):
         table = engine.table([tuple(float(v) for v in row) for row in rel.R],
                              [(c, "double", False) for c in names])
         model = rel.fit.to_public_dict(pr.columns)
-        model.update({"features": list(pr.columns), "target": pr.target, "sketch_rows": m, "n": n,
-                      "noise_variance_per_entry": rel.noise_variance})
+        model.update({"method": "sketch", "features": list(pr.columns), "target": pr.target, "sketch_rows": m,
+                      "n": n, "noise_variance_per_entry": rel.noise_variance})
         public = {"n": n, "sketch_rows": m,
                   "sketch_rule": pr.sketch_rule if pr.sketch_rows is None else "given",
                   "sensitivity_value": rel.sensitivity, "noise": rel.noise.to_public_dict(),
@@ -157,6 +200,106 @@ class Regression(_p.Mechanism):
         return _p.Outcome(table=table, model=rel.fit, public=public,
                           files={MODEL_FILE: json.dumps(model, indent=2, sort_keys=True).encode()},
                           extras={"sketch": rel.R, "diagnostics": diagnostics})
+
+
+def _unique(name: str, taken) -> str:
+    while name in taken:
+        name += "_"
+    return name
+
+
+def _run_ssp(engine, source, plan: _p.Plan, progress) -> _p.Outcome:
+    """One pass of the statistics (two with target_quantile), the noise once on the driver, the fit."""
+    st: _SSPState = plan.state
+    pr, splan = st.params, st.plan
+    dom = splan.domain
+    seed, hist_seed = plan.secrets
+    public: dict = {}
+    if splan.histogram is not None:
+        hist_noise = splan.histogram
+        counts = engine.aggregate(source, target_histogram_fn(dom, splan.candidates), hist_noise.dim)
+        lim = hist_noise.max_abs_value
+        noisy = _noise.add_noise(np.clip(counts, -lim, lim), hist_noise, stream(hist_seed, TARGET_STAGE))
+        lo, hi = choose_target_range(noisy, splan.candidates, splan.quantile, occupancy_threshold(hist_noise))
+        dom = dom.with_target_range(lo, hi)
+        public["target_range"] = {"lower": lo, "upper": hi, "coverage": splan.quantile,
+                                  "chosen_by": "DP quantiles of a Laplace histogram (this release's first event)"}
+        progress.log("regression: DP target range [%.6g, %.6g] (coverage %g)", lo, hi, splan.quantile)
+    names = list(pr.columns) + ([_unique("_intercept", pr.columns)] if dom.intercept else [])
+    counters = engine.counters(COUNTERS)
+    progress.log("regression (ssp, %s): sufficient statistics of %d feature(s)%s", dom.model, dom.d,
+                 " and an intercept" if dom.intercept else "")
+    total = engine.aggregate(source, statistics_fn(dom, counters), stats_size(dom))
+    stats_, clamped = finalize_ssp(total, splan, dom, seed, tuple(names))
+    steps = None
+    if splan.steps:
+        steps, more = _logistic_passes(engine, source, splan, dom, stats_, seed, progress)
+        clamped += more
+    fit = fit_from_released(stats_, steps, confidence=splan.confidence, bootstrap=splan.bootstrap)
+    model = fit.to_public_dict(pr.columns)
+    model.update({"method": "ssp", "features": list(pr.columns), "target": pr.target,
+                  "statistics": stats_.to_public_dict()})
+    if steps is not None:
+        model["logistic_steps"] = steps.to_public_dict()
+    if dom.model == "logistic":
+        model["positive"] = dom.positive
+    noises = splan.noises(dom) + splan.step_noises(dom)
+    public.update({
+        "model": model,
+        "noise": {k: nz.to_public_dict() for k, nz in zip(("smallest_eigenvalue", "gram", "moments",
+                                                           "logistic_gradient_per_pass", "logistic_hessian"),
+                                                          noises)},
+        "uncertainty": {"coefficient_stderr": model["stderr"], "confidence_intervals": model["confidence_intervals"],
+                        "intercept_stderr": model["intercept_stderr"],
+                        "intercept_confidence_interval": model["intercept_confidence_interval"],
+                        "confidence": model["confidence"],
+                        "statistics_std": {"gram": math.sqrt(stats_.var_gram), "xy": math.sqrt(stats_.var_xy),
+                                           "yy": math.sqrt(stats_.var_yy)}},
+    })
+    if plan.neighbors == _p.REPLACE_ONE:
+        public["n"] = int(stats_.n)  # public under replace-one; add-remove releases only the noisy n
+    table = _statistics_table(engine, stats_, pr.target)
+    diagnostics = {"values_clamped": clamped}
+    if counters is not None:  # the engine's source counts the replaced values (missing_values_replaced)
+        diagnostics.update({name: c.value for name, c in zip(COUNTERS, counters) if name != "values_replaced"})
+    return _p.Outcome(table=table, model=fit, public=public,
+                      files={MODEL_FILE: json.dumps(model, indent=2, sort_keys=True).encode()},
+                      extras={"statistics": stats_, "diagnostics": diagnostics})
+
+
+def _logistic_passes(engine, source, splan: SSPPlan, dom, st, seed: int, progress):
+    """The ``K`` noisy gradient passes of the logistic model (docs/math.md section 6.2): each at the public
+    coefficients the released values so far give; the last also releases the Hessian."""
+    theta, lam = initial_theta(st)
+    grads, hess, clamped = [], None, 0
+    for j in range(splan.steps):
+        last = j == splan.steps - 1
+        progress.log("regression (ssp, logistic): noisy gradient pass %d of %d%s", j + 1, splan.steps,
+                     " and the Hessian" if last else "")
+        total = engine.aggregate(source, logistic_pass_fn(dom, theta, last), logistic_pass_size(dom, last))
+        g, H, c = finalize_logistic_pass(total, splan, dom, seed, j, last)
+        grads.append(g)
+        clamped += c
+        if last:
+            hess = H
+        else:
+            theta = bohning_step(st, lam, theta, g)
+    ng, nh = splan.step_noises(dom)
+    return LogisticSteps(np.array(grads), hess, float(ng.variance), float(nh.variance)), clamped
+
+
+def _statistics_table(engine, st, target: str):
+    """The released statistics as a table: the noisy symmetric cross-product matrix of
+    ``[x~..., y~]`` (scaled as the model file's ``statistics.scale`` says), one row per variable."""
+    names = list(st.names) + [target]
+    k = len(names)
+    M = np.zeros((k, k))
+    M[:-1, :-1] = st.gram
+    M[:-1, -1] = M[-1, :-1] = st.xy
+    M[-1, -1] = st.yy
+    row = _unique("statistic", names)
+    rows = [(nm, *(float(v) for v in M[i])) for i, nm in enumerate(names)]
+    return engine.table(rows, [(row, "string", False)] + [(nm, "double", False) for nm in names])
 
 
 def _additive_row_map(noise_seed: int, nz: _noise.GaussianNoise, row_bound: float, counters=None):

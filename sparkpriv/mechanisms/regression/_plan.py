@@ -15,7 +15,8 @@ from sparkpriv.privacy.accounting import epsilon_of, fit_to_epsilon
 from sparkpriv.privacy.bounds import Bounds, ClipCounts, clip_rows
 from sparkpriv.privacy.calibration import gdp_mu_for
 from sparkpriv.privacy.random import new_secret_seed
-from sparkpriv.mechanisms.regression._sketch import RegressionParams, sketch_rows_for
+from sparkpriv.mechanisms.regression._params import RegressionParams
+from sparkpriv.mechanisms.regression._sketch import sketch_rows_for
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,9 @@ def plan_regression(params: RegressionParams, facts: RegressionFacts, *, d: int 
 
     ``d`` (the number of features) defaults to ``len(params.features)``.
     """
+    if params.method != "sketch":
+        raise ParameterError(f"{caller} plans the sketch: give method='sketch' (method='ssp' releases through "
+                             "sparkpriv.api.release_regression).")
     params.validate(caller)
     d = len(params.features) if d is None else int(d)
     if d < 1:

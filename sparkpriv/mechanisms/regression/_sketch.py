@@ -1,113 +1,22 @@
-"""Private regression's parameters, neighbour relations and the sketch's layout, per-batch
-partials and sensitivity (docs/math.md section 6)."""
+"""The sketch's layout, per-batch partials and sensitivity (docs/math.md section 6); its parameters
+are :class:`~sparkpriv.mechanisms.regression._params.RegressionParams` with ``method="sketch"``."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from sparkpriv._validation import Interval, Options, check_param
-from sparkpriv.mechanisms import protocol as _p
 from sparkpriv.errors import ParameterError
+from sparkpriv.mechanisms.regression._params import (NEIGHBORS_OK, SCHEMES, SKETCH_RULES, RegressionParams,
+                                                     check_neighbors)
 from sparkpriv.privacy.random import stream
 
 
-SCHEMES = ("sketch", "additive")
-SKETCH_RULES = ("log", "linear", "full")
-NEIGHBORS_OK = ("replace-one",)
 SKETCH_STAGE = 21  # public label of the sketch's column streams: (seed, SKETCH_STAGE, block)
 NOISE_STAGE = 22  # driver noise of the sketch: (noise seed, NOISE_STAGE, 0)
 ADDITIVE_STAGE = 23  # row noise of the additive scheme: (noise seed, ADDITIVE_STAGE, partition)
 _BLOCK_VALUES = 2**18  # about this many normals per column block (2 MB)
-_POS = Interval("real", 0, None, "neither")
-
-
-@dataclass(frozen=True, kw_only=True)
-class RegressionParams(_p.Params):
-    """Public parameters of a private linear regression release (docs/regression.md)."""
-
-    columns: tuple | None = _p.option(None, help="numeric feature columns (the design matrix A), in order",
-                                      kind="strs")
-    target: str | None = _p.option(None, help="numeric target column b (not one of the feature columns)",
-                                   kind="str")
-    row_bound: float = _p.option(help="declared bound B on the L2 norm of each row [features..., target]; "
-                                 "rows are clipped to it (counted)", constraints=[_POS])
-    epsilon: float = _p.option(help="the epsilon of the release", constraints=[_POS])
-    delta: float = _p.option(help="the delta of the release, in (0, 1) (Gaussian noise)",
-                             constraints=[Interval("real", 0, 1, "neither")])
-    scheme: str = _p.option("sketch", help="sketch: release S M + W (m rows); additive: the baseline "
-                            "M + W (one noisy row per input row, for comparisons)", constraints=[Options(SCHEMES)])
-    sketch_rows: int | None = _p.option(None, help="m, rows of the sketch (1 <= m <= n)",
-                                        constraints=[Interval("integer", 1, None, "left")],
-                                        doc_default="the sketch_rule")
-    sketch_rule: str = _p.option("log", help="m when sketch_rows is not given: log max(p + 10, "
-                                 "ceil(10 ln n)), linear max(log, ceil(n / 10)), full n; at most n",
-                                 constraints=[Options(SKETCH_RULES)])
-    ridge: float = _p.option(0.0, help="ridge penalty lambda >= 0 of the fitted model (post-processing)",
-                             constraints=[Interval("real", 0, None, "left")])
-    debias: bool = _p.option(True, help="subtract the noise's expected r s^2 I from the Gram matrix "
-                             "before solving", constraints=[bool], kind="bool")
-    confidence: float = _p.option(0.95, help="level of the coefficient confidence intervals",
-                                  constraints=[Interval("real", 0, 1, "neither")])
-    fill: float | None = _p.option(None, help="public value that replaces nulls in the columns",
-                                   constraints=[Interval("real", None, None, "neither")])
-    neighbors: str = _p.option("replace-one", help="neighbour relation: replace-one (n is public)",
-                               kind="neighbors")
-
-    def input_columns(self) -> tuple:
-        """The columns the engine opens: the features, then the target."""
-        return tuple(self.columns or ()) + ((self.target,) if self.target else ())
-
-    @property
-    def features(self) -> tuple:
-        return tuple(self.columns or ())
-
-    def validate(self, caller: str = "release_regression") -> None:
-        """Refuse bad parameters (they alone decide: no data is read)."""
-        if self.row_bound is None:
-            raise ParameterError(
-                f"{caller} needs a declared public bound on the rows: give row_bound (--row-bound), "
-                "a bound B on the L2 norm of [features..., target] for every row. Bounds computed "
-                "from the data are not private."
-            )
-        check_param("row_bound", self.row_bound, [Interval("real", 0, None, "neither")], caller)
-        if not math.isfinite(float(self.row_bound)):
-            raise ParameterError(f"The 'row_bound' parameter of {caller} must be finite. Got {self.row_bound!r}.")
-        check_neighbors(self.neighbors, self.scheme, caller)
-        super().validate(caller)
-
-    def check(self, caller: str) -> None:
-        feats = self.features
-        if self.target and self.target in feats:
-            raise ParameterError(
-                f"The target column {self.target!r} of {caller} is also listed as a feature: a model "
-                "that predicts a column from itself has nothing to fit. Remove it from the features."
-            )
-        if len(set(feats)) != len(feats):
-            raise ParameterError(f"The 'columns' parameter of {caller} lists a column twice: {list(feats)!r}.")
-
-
-def check_neighbors(neighbors: Any, scheme: str, caller: str) -> None:
-    """Refuse every neighbour relation but replace-one, with the reason (module docstring)."""
-    if neighbors == "add-remove":
-        raise ParameterError(
-            f"The 'neighbors' parameter of {caller} cannot be 'add-remove' for a regression release: "
-            "the noise is calibrated from the realized columns of the secret sketch S, one per record "
-            "of the public row count n, and an added record would bring a column that is not among "
-            "them; the additive scheme has one output row per record, which no noise hides. Use "
-            "neighbors='replace-one' (one person replaced; n is public)."
-        )
-    if neighbors == "element":
-        raise ParameterError(
-            f"The 'neighbors' parameter of {caller} cannot be 'element' for a regression release: "
-            "rows are clipped to an L2 ball, and a norm clip rescales the whole row, so one changed "
-            "attribute changes every coordinate (docs/math.md section 2). Use neighbors='replace-one', "
-            "which protects a whole row (a person)."
-        )
-    check_param("neighbors", neighbors, [Options(NEIGHBORS_OK)], caller)
 
 
 def sketch_rows_for(rule: str, n: int, p: int) -> int:
