@@ -27,38 +27,18 @@ from scipy.sparse import csr_matrix
 
 
 def people(kind: str, n: int, seed: int = 0):
-    """``(offsets, items)`` of the uncapped item sets of people ``0 .. n-1`` (CSR, items sorted)."""
-    from sparkpriv.privacy.random import stream
-    from sparkpriv.spark.generate_events import _BLOCK, CDR_MODEL, TRANSIT_MODEL, event_map, person_items
+    """The uncapped item sets of people ``0 .. n-1`` (CSR, items sorted): those of
+    ``sparkpriv generate cdr|transit --people N --seed seed``."""
+    from sparkpriv.spark.generate_events import CDR_MODEL, TRANSIT_MODEL, person_matrix
 
-    model = {"cdr": CDR_MODEL, "transit": TRANSIT_MODEL}[kind]
-    _, pop, nbr = event_map(model, seed)
-    ps, cs = [], []
-    for blk in range(-(-n // _BLOCK)):
-        p, c = person_items(model, pop, nbr, stream(seed, 1, blk), _BLOCK)
-        p = p + blk * _BLOCK
-        sel = p < n
-        ps.append(p[sel])
-        cs.append(c[sel])
-    p, c = np.concatenate(ps), np.concatenate(cs)
-    X = csr_matrix((np.ones(p.size, np.float32), (p, c)), shape=(n, model.items))
-    X.sum_duplicates()
-    X.sort_indices()
-    return X
+    return person_matrix({"cdr": CDR_MODEL, "transit": TRANSIT_MODEL}[kind], n, seed)
 
 
 def cap(X, L: int, seed: int):
-    """At most ``L`` items per person, a uniformly random subset."""
-    rng = np.random.default_rng(seed)
-    rows = np.repeat(np.arange(X.shape[0]), np.diff(X.indptr))
-    order = np.lexsort((rng.random(rows.size), rows))
-    start = X.indptr[:-1]
-    rank = np.empty(rows.size, np.int64)
-    rank[order] = np.arange(rows.size) - start[rows[order]]
-    keep = rank < L
-    Y = csr_matrix((np.ones(int(keep.sum()), np.float64), (rows[keep], X.indices[keep])), shape=X.shape)
-    Y.sort_indices()
-    return Y
+    """At most ``L`` items per person, a uniformly random subset (``default_rng(seed)``)."""
+    from sparkpriv.bench.utility_data import cap_rows
+
+    return cap_rows(X, L, np.random.default_rng(seed))
 
 
 def answers(X, Q) -> np.ndarray:

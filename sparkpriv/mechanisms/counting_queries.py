@@ -41,13 +41,25 @@ class QuerySet:
         return self.matrix.shape[1]
 
 
-def draw_queries(d: int, *, max_length: int, n_queries: int = 1000, groups: int = 5, seed: int = 0) -> QuerySet:
-    """Random item-set queries, ``n_queries // groups`` per group (the paper's protocol)."""
+def draw_queries(d: int, *, max_length: int, n_queries: int = 1000, groups: int = 5, seed: int = 0,
+                 weights=None) -> QuerySet:
+    """Random item-set queries, ``n_queries // groups`` per group (the paper's protocol).
+
+    ``weights`` (d,) positive: the items of a query are drawn without replacement with
+    probabilities proportional to them (e.g. a released item popularity) instead of uniformly.
+    """
     caller = "draw_queries"
     check_param("d", d, [Interval("integer", 1, None, "left")], caller)
     check_param("max_length", max_length, [Interval("integer", 1, None, "left")], caller)
     check_param("n_queries", n_queries, [Interval("integer", 1, None, "left")], caller)
     check_param("groups", groups, [Interval("integer", 1, None, "left")], caller)
+    p = None
+    if weights is not None:
+        w = np.asarray(weights, dtype=np.float64)
+        if w.shape != (d,) or not np.all(np.isfinite(w)) or not np.all(w > 0):
+            raise ValueError(f"{caller}: weights must be {d} finite positive numbers (one per item); add a "
+                             "positive floor to released popularities")
+        p = w / w.sum()
     rng = np.random.default_rng(seed)
     per = np.full(groups, n_queries // groups)
     per[: n_queries % groups] += 1
@@ -57,21 +69,28 @@ def draw_queries(d: int, *, max_length: int, n_queries: int = 1000, groups: int 
     for j, g in enumerate(grp):
         hi = max(1, min(d, int(g * max_length // groups)))
         m = int(rng.integers(1, hi + 1))
-        Q[rng.choice(d, m, replace=False), j] = 1.0
+        Q[rng.choice(d, m, replace=False, p=p), j] = 1.0
         lengths[j] = m
     return QuerySet(Q, grp, lengths)
 
 
-def answer_queries(offsets: np.ndarray, indices: np.ndarray, Q: np.ndarray) -> np.ndarray:
-    """Per query, how many rows visited at least one of its items (float64, exact counts)."""
+def answer_queries(offsets: np.ndarray, indices: np.ndarray, Q: np.ndarray, *,
+                   block_rows: int = 16_384) -> np.ndarray:
+    """Per query, how many rows visited at least one of its items (float64, exact counts).
+
+    The rows are answered ``block_rows`` at a time (memory ``block_rows x n_queries``)."""
     from scipy.sparse import csr_matrix
 
     offsets = np.asarray(offsets, np.int64)
+    indices = np.asarray(indices)
     n = offsets.size - 1
-    if n == 0:
-        return np.zeros(Q.shape[1])
-    X = csr_matrix((np.ones(int(offsets[-1])), np.asarray(indices), offsets), shape=(n, Q.shape[0]))
-    return ((X @ Q) > 0).sum(axis=0).astype(np.float64)
+    out = np.zeros(Q.shape[1])
+    for s in range(0, n, block_rows):
+        e = min(n, s + block_rows)
+        X = csr_matrix((np.ones(int(offsets[e] - offsets[s])), indices[offsets[s]:offsets[e]],
+                        offsets[s:e + 1] - offsets[s]), shape=(e - s, Q.shape[0]))
+        out += (np.asarray(X @ Q) > 0).sum(axis=0)
+    return out
 
 
 def answers_under_independence(item_counts, n: float, Q: np.ndarray) -> np.ndarray:

@@ -40,7 +40,7 @@ from sparkpriv._validation import Interval, check_param
 from sparkpriv.privacy.random import stream
 
 __all__ = ["EventModel", "CDR_MODEL", "TRANSIT_MODEL", "event_map", "generate_events",
-           "generate_cdr", "generate_transit", "person_items", "write_events"]
+           "generate_cdr", "generate_transit", "person_items", "person_matrix", "write_events"]
 
 _BLOCK = 4096
 _START = 1_736_121_600  # 2025-01-06 00:00 UTC, a Monday
@@ -150,6 +150,28 @@ def person_items(model: EventModel, pop: np.ndarray, nbr: np.ndarray, rng: np.ra
     pos = np.arange(p_s.size) - starts[p_s]
     sel = pos < m[p_s]
     return p_s[sel], c_s[sel]
+
+
+def person_matrix(model: EventModel, people: int, seed: int = 0):
+    """The distinct items of people ``0 .. people-1`` of ``generate_events(model, people=N,
+    seed=seed)`` (any ``N >= people``: the same blocks, so the same people), in memory, as a
+    scipy CSR 0/1 matrix ``(people, model.items)`` of float32, indices sorted (no events, no times)."""
+    from scipy.sparse import csr_matrix
+
+    check_param("people", people, [Interval("integer", 1, None, "left")], "person_matrix")
+    _, pop, nbr = event_map(model, seed)
+    ps, cs = [], []
+    for blk in range(-(-people // _BLOCK)):
+        p, c = person_items(model, pop, nbr, stream(seed, 1, blk), _BLOCK)
+        p = p + blk * _BLOCK
+        sel = p < people
+        ps.append(p[sel])
+        cs.append(c[sel])
+    p, c = np.concatenate(ps), np.concatenate(cs)
+    X = csr_matrix((np.ones(p.size, np.float32), (p, c)), shape=(people, model.items))
+    X.sum_duplicates()
+    X.sort_indices()
+    return X
 
 
 def _diurnal(kind: str) -> np.ndarray:

@@ -58,7 +58,7 @@ MECHANISM_OPTIONS = {
                            "row_bound": 8.0},
                "per_row": False},
     "regression": {"options": {"columns": COLS[:-1], "target": COLS[-1], "row_bound": 8.0, "epsilon": 2.0,
-                               "delta": 1e-5, "sketch_rows": 40},
+                               "delta": 1e-5},
                    "per_row": False},
     "dpgm": {"options": {"k": 2, "epsilon": 5.0, "delta": 1e-5, "model": "vae", "kmeans_iterations": 2,
                          "sampling_rate": 0.2, "epochs": 1.0, "hidden": 3},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 
 import numpy as np
 import pytest
@@ -17,6 +18,14 @@ from tests.ledger.test_ledger import KILLED_JOB, TABLE, cli, laplace, reserve, r
 
 AIRFLOW = {"AIRFLOW_CTX_DAG_ID": "sparkpriv_nightly_unit", "AIRFLOW_CTX_DAG_RUN_ID": "scheduled__2026-05-01T03:00",
            "AIRFLOW_CTX_TASK_ID": "release", "AIRFLOW_CTX_TRY_NUMBER": "2"}
+
+
+def _user() -> str:
+    """The operating-system user, or ``uid N`` where the uid has no name (CI containers)."""
+    try:
+        return getpass.getuser()
+    except Exception:
+        return f"uid {os.getuid()}"
 
 
 @pytest.fixture
@@ -34,11 +43,11 @@ def test_budget_changes_are_appended_with_who_when_and_why(ledger_url, no_schedu
         status = ledger.status(TABLE)
         changes = ledger.history(kinds=["budget"])
     assert [(c["epsilon"], c["time_window"], c["reason"], c["by"], c["job"]) for c in changes] == [
-        (1.0, "lifetime", "DPIA 2026-17 approved", getpass.getuser(), None),
-        (2.0, "30d", "raised after review", getpass.getuser(), "CHG-4411")]
+        (1.0, "lifetime", "DPIA 2026-17 approved", _user(), None),
+        (2.0, "30d", "raised after review", _user(), "CHG-4411")]
     assert changes[0]["at"] < changes[1]["at"] == status.budget_updated_at
     assert changes[1]["version"] == sparkpriv.__version__
-    assert (status.budget_updated_by, status.budget_reason, status.window) == (getpass.getuser(),
+    assert (status.budget_updated_by, status.budget_reason, status.window) == (_user(),
                                                                               "raised after review", "30d")
     assert cli("ledger", "set-budget", "--ledger", ledger_url, "--unit", "subscribers", "--tables", "cdr.*",
                "--epsilon", "3", "--delta", "0", "--window", "month", "--reason", "one budget for the subscribers") == 0
@@ -71,7 +80,7 @@ def test_refused_attempts_are_journalled_with_their_reason_and_a_dry_run_is_not(
         TABLE, "dprp", "/out/refused", "nightly-7")
     assert first["reason"] == str(refused.value) and second["reason"] == str(no_budget.value)
     assert json.loads(first["events"])["event"] == {"class_name": "LaplaceDpEvent", "noise_multiplier": 2.0}
-    assert first["by"] == getpass.getuser() and first["version"] == sparkpriv.__version__
+    assert first["by"] == _user() and first["version"] == sparkpriv.__version__
 
 
 def test_entries_record_the_user_the_job_and_the_version(ledger_url, no_scheduler):
@@ -97,7 +106,7 @@ def test_entries_record_the_user_the_job_and_the_version(ledger_url, no_schedule
         None, "explicit-1", "from-the-command-line", "explicit-2", "env-job",
         "airflow:sparkpriv_nightly_unit/scheduled__2026-05-01T03:00/release try 2 "
         "spark:spark-application-1746068400"]
-    assert {(e["user_name"], e["sparkpriv_version"]) for e in entries.values()} == {(getpass.getuser(),
+    assert {(e["user_name"], e["sparkpriv_version"]) for e in entries.values()} == {(_user(),
                                                                                      sparkpriv.__version__)}
     assert current_job() is not None  # the Airflow variables are still set here
     with pytest.raises(sparkpriv.errors.ParameterError, match="'job_id'"):
@@ -138,7 +147,7 @@ def test_the_on_call_engineer_finds_and_aborts_an_unfinished_reservation(ledger_
         (abort,) = ledger.history(kinds=["abort"])
         assert ledger.verify().ok
     assert (abort["id"], abort["reason"], abort["job"], abort["by"]) == (killed, "OOM-killed, nothing published",
-                                                                         "INC-311", getpass.getuser())
+                                                                         "INC-311", _user())
 
 
 def _local_release(url: str, out: str, table_id: str = TABLE):
