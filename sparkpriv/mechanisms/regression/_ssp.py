@@ -55,6 +55,11 @@ Noise is drawn once, on the driver, from the library's discrete Gaussian on a po
 increases a sensitivity), so no value of the data can make the noise step fail; it acts only on
 tables of more than about ``10^9 z`` rows (``z`` the noise multiplier) and is counted for the owner.
 
+A logistic model with ``logistic_steps = K > 0`` adds ``K`` passes (:func:`logistic_pass_fn`: the
+gradient at a public ``theta``, the last pass also the weighted Gram matrix), ``K + 1`` more Gaussian
+events in the same composition (:func:`gradient_sensitivity`, :func:`hessian_sensitivity`; the driver's
+side is :mod:`._logistic`, docs/math.md section 6.2).
+
 The ridge (AdaSSP): ``lambda~_min = max(lambda_min + noise - s_l Phi^{-1}(1 - rho), 0)`` (a lower
 bound holding with probability ``1 - rho``) and ``lambda = max(0, sqrt(d' log(2 d'^2 / rho)) s_G -
 lambda~_min)`` with ``s_l``, ``s_G`` the noise std of steps 1 and 2 and ``rho = 0.05``: post-processing.
@@ -270,7 +275,7 @@ class SSPPlan:
     neighbors: str
     epsilon: float
     delta: float
-    multipliers: tuple  # (z_eigen, z_gram, z_moments): noise std / sensitivity
+    multipliers: tuple  # (z_eigen, z_gram, z_moments[, z_gradient x K, z_hessian]): noise std / sensitivity
     histogram: _noise.LaplaceNoise | None = None  # the target range's histogram (target_quantile)
     quantile: float | None = None
     candidates: np.ndarray | None = field(default=None, repr=False)
