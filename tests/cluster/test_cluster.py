@@ -58,6 +58,7 @@ MECHANISM_OPTIONS = {
                            "row_bound": 8.0},
                "per_row": False},
     "regression": {"options": {"columns": COLS[:-1], "target": COLS[-1], "row_bound": 8.0, "epsilon": 2.0,
+                               "target_lower": -8.0, "target_upper": 8.0,
                                "delta": 1e-5},
                    "per_row": False},
     "dpgm": {"options": {"k": 2, "epsilon": 5.0, "delta": 1e-5, "model": "vae", "kmeans_iterations": 2,

@@ -42,6 +42,7 @@ MECHANISM_OPTIONS = {
     "dpgm": {"epsilon": 4.0, "delta": 1e-5, "k": 2, "sampling_rate": 0.2, "epochs": 1, "hidden": 3, "chains": 10,
              "kmeans_iterations": 2},
     "regression": {"columns": ["f0", "f1", "f2"], "target": "f3", "row_bound": 8.0, "epsilon": 1.0,
+                   "target_lower": -8.0, "target_upper": 8.0,
                    "delta": 1e-5},
 }
 
