@@ -12,6 +12,8 @@ BENCHMARKS = {
     "cdr": ("sparkpriv.bench.cdr", "CDR events: bounding + sparse projection release vs groupBy/collect floor"),
     "dpgm": ("sparkpriv.bench.dpgm", "examples/s of one DP-SGD step (RBM, VAE) vs the non-private step"),
     "regression": ("sparkpriv.bench.regression", "AdaSSP regression release vs MLlib LinearRegression(normal); --utility"),
+    "utility": ("sparkpriv.bench.utility", "private person x item tables on real data: every method, every table, "
+                "union and pair workloads, results table and plot"),
     "counts": ("sparkpriv.bench.counts", "DP distinct people per tower vs groupBy.countDistinct and the peers"),
 }
 

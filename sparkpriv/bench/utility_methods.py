@@ -44,7 +44,7 @@ import numpy as np
 from scipy import sparse
 
 __all__ = ["Method", "REGISTRY", "register", "ProductMixture", "bernoulli_rows", "default_methods",
-           "INDEPENDENCE_CAPS", "KMEANS_CAPS", "DPGM_CAP"]
+           "INDEPENDENCE_CAPS", "KMEANS_CAPS", "DPGM_CAP", "synthetic_defaults"]
 
 INDEPENDENCE_CAPS = (1, 2, 4, 8, 16, 32, 64)
 KMEANS_CAPS = (8, 32)
@@ -106,7 +106,7 @@ class ProductMixture:
 
     def unions(self, Q) -> np.ndarray:
         with np.errstate(divide="ignore"):
-            logmiss = np.log1p(-np.minimum(self.P, 1.0 - 1e-300))  # (k, d)
+            logmiss = np.log1p(-np.minimum(self.P, 1.0 - 1e-12))  # (k, d); finite, so 0 x log stays 0
         miss = np.exp(logmiss @ np.asarray(Q, float))  # (k, queries)
         return self.n * (self.weights @ (1.0 - miss))
 
@@ -254,6 +254,42 @@ def dpgm_defaults(L: int = DPGM_CAP, block: int = 10_000):
     return fn
 
 
+# ----------------------------------------------------------------------------- the synthetic release
+
+
+def synthetic_defaults():
+    """sparkpriv's synthetic release at its defaults (``sparkpriv.api.release_synthetic`` on the local
+    engine: ``max_items="auto"``, docs/math.md section 10), scored two ways from one release:
+
+    * ``table``: ``n`` synthetic people sampled from the model (what ``sparkpriv synthesize`` writes);
+    * ``expected``: the model's expected answers (``union_answers``, ``pair_answers``), the same
+      table without the sampling noise."""
+
+    def fn(X, *, epsilon, delta, seed):
+        from sparkpriv.api import release_synthetic
+        from sparkpriv.privacy.random import insecure_fixed_seed
+
+        n = X.shape[0]
+        with insecure_fixed_seed(int(seed) % 2**63):
+            rel = release_synthetic(sparse.csr_matrix(X), epsilon=epsilon, delta=delta)
+        model = rel.model
+        return {"table": model.sample(n, int(seed) % 2**63), "expected": _ModelAnswers(model, n)}
+
+    return fn
+
+
+@dataclass(frozen=True)
+class _ModelAnswers:
+    model: object
+    n: int
+
+    def unions(self, Q) -> np.ndarray:
+        return self.model.union_answers(np.asarray(Q).T, self.n)
+
+    def pairs(self, pairs) -> np.ndarray:
+        return self.model.pair_answers(np.asarray(pairs), self.n)
+
+
 def default_methods() -> None:
     """Register the built-in methods (idempotent)."""
     if "empty" in REGISTRY:
@@ -273,5 +309,9 @@ def default_methods() -> None:
                  settings={"L": L, "k": KMEANS_K, "iterations": 8}, quick=L == 8,
                  note="the DPGM's DP k-means (linear, k=10, 8 iterations, cap L), an independent-Bernoulli model "
                       "per cluster from its noisy centre and size")
+    register("synthetic", synthetic_defaults(), settings={"max_items": "auto"},
+             note="sparkpriv release synthetic at its defaults (L a DP quantile of the record lengths, a DP length "
+                  "profile, Gaussian per-item counts, empirical-Bayes shrinkage); 'table' scores n sampled people, "
+                  "'expected' the model's exact expectations")
     register("dpgm", dpgm_defaults(), settings={"L": DPGM_CAP}, cost="high",
              note=f"the DPGM at the library's defaults (k=10, RBM, q=0.05, 20 epochs; cap L={DPGM_CAP})")
