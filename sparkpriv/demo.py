@@ -2,13 +2,16 @@
 
 ``sparkpriv demo`` (the default) generates a call-detail table (people x cell
 towers) under ``<workdir>/input``, releases a DPGM model of it (DP k-means,
-then one RBM per cluster trained with DP-SGD; docs/dpgm.md) with a budget
-ledger, generates a synthetic table of the same number of people from the
-released model (post-processing), and prints where the synthetic table, the
-model and its receipt are, with the counting-query error of the synthetic
-table beside that of an empty release and of independent Bernoullis from DP
-per-tower counts (a counts release at the same epsilon, the simplest DP
-answer). ``sparkpriv demo projection`` is the JL projection demo (Gaussian
+then one RBM per cluster trained with DP-SGD; docs/dpgm.md) and a synthetic
+release (``sparkpriv release synthetic``: a DP length profile and per-tower
+counts; docs/utility.md) with a budget ledger, generates a synthetic table of
+the same number of people from each released model (post-processing), and
+prints where the synthetic tables, the models and their receipts are, with
+the counting-query error of each synthetic table beside that of an empty
+release and of independent Bernoullis from DP per-tower counts (a counts
+release at the same epsilon, the simplest DP answer). The generated table has
+the cluster structure the DPGM models; on real tables the synthetic release is
+usually the better one (docs/utility.md). ``sparkpriv demo projection`` is the JL projection demo (Gaussian
 blobs). The demos' ledger is their own and is reset on every run (a real
 ledger never is).
 """
@@ -32,7 +35,8 @@ DEMO_OPTIONS = (
     Option("workdir", "str", "where the sample table, releases, synthetic table and ledger go",
            default="./sparkpriv-demo"),
     Option("people", "int", "people in the sample call-detail table (1,303 towers)", default=20_000),
-    Option("epsilon", "float", "epsilon of the DPGM release (and of the per-tower counts compared)", default=1.0),
+    Option("epsilon", "float", "epsilon of each release (the DPGM, the synthetic release and the per-tower counts "
+           "compared)", default=1.0),
     Option("max_items", "int", "towers kept per person (a keyed uniform choice among more)", default=32),
     Option("k", "int", "clusters of the DPGM (one RBM each)", default=10),
     Option("queries", "int", "random counting queries (sets of towers) of the utility summary", default=1000),
@@ -64,8 +68,8 @@ def run_demo(*, workdir: str, people: int, epsilon: float, max_items: int = 32, 
     """The DPGM demo (module docstring). Returns the paths and the utility summary."""
     from pyspark.sql import functions as F
 
-    from sparkpriv.api import release_counts, release_dpgm
-    from sparkpriv.io.synthesize import synthesize_dpgm
+    from sparkpriv.api import release_counts, release_dpgm, release_synthetic
+    from sparkpriv.io.synthesize import synthesize_dpgm, synthesize_items
     from sparkpriv.ledger import open_ledger
     from sparkpriv.mechanisms import counting_queries as cq
     from sparkpriv.mechanisms.counts import KeyDomain
@@ -81,8 +85,11 @@ def run_demo(*, workdir: str, people: int, epsilon: float, max_items: int = 32, 
     out = os.path.join(workdir, "release")
     counts_out = os.path.join(workdir, "tower-counts")
     synthetic = os.path.join(workdir, "synthetic")
+    syn_release = os.path.join(workdir, "synthetic-release")
+    syn_items = os.path.join(workdir, "synthetic-items")
     ledger_path = os.path.join(workdir, "ledger.sqlite")
-    _reset([out, counts_out, synthetic, ledger_path, ledger_path + "-wal", ledger_path + "-shm"])
+    _reset([out, counts_out, synthetic, syn_release, syn_items, ledger_path, ledger_path + "-wal",
+            ledger_path + "-shm"])
     if not os.path.exists(os.path.join(src, "_SUCCESS")):
         generate_cdr(spark, people=people, seed=0).write.mode("overwrite").parquet(src)
     events = spark.read.parquet(src)
@@ -107,6 +114,11 @@ def run_demo(*, workdir: str, people: int, epsilon: float, max_items: int = 32, 
     crel = release_counts(crec, domain=domain, epsilon=epsilon, neighbors="replace-one", ledger=url,
                           table_id="demo.cdr", source=src)
     crel.write(counts_out)
+    # 4. the synthetic release at its defaults (max_items="auto": a DP quantile of the towers per person)
+    srec = bound_contributions(events, person="caller_id", item="tower_id", max_items="auto", vocabulary=vocabulary)
+    srel = release_synthetic(srec, epsilon=epsilon, delta=DELTA, ledger=url, table_id="demo.cdr", source=src)
+    srel.write(syn_release)
+    syn2 = synthesize_items(syn_release, rows=people, output=syn_items)
 
     # utility (owner side): the paper's counting queries against the real (uncapped) table
     truth = bound_contributions(events, person="caller_id", item="tower_id", max_items=1 << 30,
@@ -119,10 +131,13 @@ def run_demo(*, workdir: str, people: int, epsilon: float, max_items: int = 32, 
         truth.unpersist()
     syn_df = spark.read.parquet(syn.output)  # person, items: the synthetic people's tower ids
     syn_a, n_syn = answer_release(syn_df, qs.matrix, items_col="items", item_ids=vocabulary)
+    syn2_a, n_syn2 = answer_release(spark.read.parquet(syn2.output), qs.matrix, items_col="items",
+                                    item_ids=vocabulary)
     counts = spark.read.parquet(counts_out).orderBy("tower_id").select("noisy_count").toPandas()["noisy_count"]
     ind_a = cq.answers_under_independence(counts.to_numpy(), n, qs.matrix)
     errors = {
         "DPGM synthetic table": cq.relative_errors(true_a, syn_a * (n / max(n_syn, 1)), n),
+        "synthetic release table": cq.relative_errors(true_a, syn2_a * (n / max(n_syn2, 1)), n),
         "independent Bernoullis (DP per-tower counts)": cq.relative_errors(true_a, ind_a, n),
         "empty release": cq.relative_errors(true_a, np.zeros_like(true_a), n),
     }
@@ -138,8 +153,9 @@ def run_demo(*, workdir: str, people: int, epsilon: float, max_items: int = 32, 
     usable = ((receipt["mechanism_details"].get("model") or {}).get("clusters") or {}).get("usable", k)
     print(f"model:         {out} (DPGM, {k} clusters, {usable} usable, epsilon {spent['epsilon']:.4g}, "
           f"delta {spent['delta']:g})")
+    print(f"synthetic:     {syn2.output} (sparkpriv release synthetic: {syn_release}, epsilon {srel.epsilon:.4g})")
     print(f"tower counts:  {counts_out} (DP distinct people per tower, epsilon {crel.epsilon:g})")
-    print(f"ledger:        {url} (table demo.cdr, budget epsilon 10, delta {DELTA:g}; two releases)")
+    print(f"ledger:        {url} (table demo.cdr, budget epsilon 10, delta {DELTA:g}; three releases)")
     print(f"utility:       {qs.size} counting queries (how many people used at least one tower of a random set; "
           "5 length groups), mean relative error against the real table:")
     for name, v in summary.items():
@@ -150,7 +166,7 @@ def run_demo(*, workdir: str, people: int, epsilon: float, max_items: int = 32, 
               "DPGM's error was 0.51-0.84 in our runs (the empty release 1.0, the per-tower counts 1.31-1.49), "
               "0.19-0.20 at 5,000 people and 0.07 at the default 20,000; give more people or a larger epsilon")
     return {"output": syn.output, "release": out, "receipt": receipt_path, "counts": counts_out,
-            "utility": summary}
+            "synthetic_release": syn_release, "synthetic_items": syn2.output, "utility": summary}
 
 
 def run_projection_demo(*, workdir: str, rows: int, cols: int, k: int, epsilon: float, pairs: int = 5000,

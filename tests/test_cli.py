@@ -115,7 +115,7 @@ def test_demo_command(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout
     assert "private table: file:" in out and "receipt:" in out and "counting queries" in out
-    for line in ("DPGM synthetic table", "independent Bernoullis", "empty release"):
+    for line in ("DPGM synthetic table", "synthetic release table", "independent Bernoullis", "empty release"):
         assert line in out
     empty = float(out.split("empty release")[1].split()[0])
     assert empty == pytest.approx(1.0, abs=0.01)  # answering 0 to every query: relative error 1
@@ -123,8 +123,9 @@ def test_demo_command(tmp_path):
     assert (tmp_path / "d" / "release" / "_privacy_receipt.json").exists()
     assert (tmp_path / "d" / "release" / "_dpgm_model.npz").exists()
     assert (tmp_path / "d" / "synthetic" / "_privacy_receipt.json").exists()
-    import json
-
+    assert (tmp_path / "d" / "synthetic-items" / "_privacy_receipt.json").exists()
+    assert json.loads((tmp_path / "d" / "synthetic-release" / "_privacy_receipt.json").read_text())["mechanism"] == \
+        "synthetic"
     led = json.loads((tmp_path / "d" / "release" / "_privacy_receipt.json").read_text())
     assert led["mechanism"] == "dpgm" and led["guarantee"]["epsilon"] <= 1.0
 
