@@ -184,7 +184,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     _leaf(ev, "counting-queries", "relative error of random item-set counting queries on a release",
           _cmd_evaluate_counting, EVALUATE_COUNTING_OPTIONS)
 
-    _leaf(sub, "synthesize", "a synthetic table from a released DPGM model (post-processing: no budget)",
+    _leaf(sub, "synthesize", "a synthetic table from a released DPGM or synthetic model (post-processing: no budget)",
           _cmd_synthesize, SYNTHESIZE_OPTIONS)
 
     demo_help = ("generate a sample call-detail table and make a useful private table of it on local Spark "

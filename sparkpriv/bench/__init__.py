@@ -14,6 +14,8 @@ BENCHMARKS = {
     "regression": ("sparkpriv.bench.regression", "AdaSSP regression release vs MLlib LinearRegression(normal); --utility"),
     "utility": ("sparkpriv.bench.utility", "private person x item tables on real data: every method, every table, "
                 "union and pair workloads, results table and plot"),
+    "synthetic-scale": ("sparkpriv.bench.synthetic_scale", "the synthetic release and synthesis at catalogue sizes "
+                        "vs the non-private per-item query"),
     "counts": ("sparkpriv.bench.counts", "DP distinct people per tower vs groupBy.countDistinct and the peers"),
 }
 
