@@ -121,3 +121,22 @@ def test_bench_dpgm_step_smoke(capsys):
     strata = res["rows"][1]
     assert strata["params"] == 40 * 4 + 40 + 4 + 4 * 40  # W, b, c and the offsets of 4 strata
     assert all(r["overhead"] > 0 and r["dp_examples_per_s"] > 0 for r in res["rows"])
+
+
+@pytest.mark.main_leg
+def test_bench_synthetic_scale_smoke(spark, tmp_path, capsys):
+    import argparse
+
+    import pyarrow.parquet as pq
+
+    from sparkpriv.bench import synthetic_scale
+
+    p = argparse.ArgumentParser()
+    synthetic_scale.add_arguments(p)
+    res = synthetic_scale.run_from_args(p.parse_args(["--people", "3000", "--items", "300", "--repeats", "1",
+                                                      "--data-dir", str(tmp_path)]))
+    assert _last_json(capsys) == json.loads(json.dumps(res))
+    assert all(len(v) == 1 for v in res["seconds"].values()) and res["release_over_nonprivate"] > 0
+    t = pq.read_table(str(tmp_path / "zipf-3000x300-10")).to_pandas()
+    assert len(t) == res["events"] and t["person"].nunique() == 3000 and t["item"].between(0, 299).all()
+    assert pq.read_table(str(tmp_path / "synthetic-scale" / "synthetic")).num_rows == 3000
