@@ -90,7 +90,7 @@ def run_from_args(args) -> dict:
     from sparkpriv.ledger import open_ledger
 
     with open_ledger(ledger) as led:
-        led.set_budget("bench.zipf", epsilon=1e5, delta=0.5, reason="benchmark runs (not a real table)")
+        led.set_budget("bench.zipf", epsilon=1e5, delta=1e-3, reason="benchmark runs (not a real table)")
 
     def release():
         shutil.rmtree(out + "/release", ignore_errors=True)
