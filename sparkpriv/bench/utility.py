@@ -39,7 +39,7 @@ FULL_EPSILONS = (0.5, 1.0, 2.0, 4.0)
 QUICK_EPSILONS = (1.0, 4.0)
 QUICK_TABLES = ("bms_webview_1", "bms_webview_2", "groceries")
 GENERATED_PEOPLE = 50_000
-OURS = "synthetic"  # the row the goal is about (its best variant)
+OURS = ("synthetic", "dpgm")  # our synthesizers: the goal compares their best row with the rivals
 WORKLOAD_TITLES = {"uniform": "union queries, items uniform", "popular": "union queries, popular items",
                    "pairs": "co-occurrence of popular pairs"}
 
@@ -65,6 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--datasets", default=None, help="the real datasets' folder (default ../shared/datasets)")
     p.add_argument("--out", default="bench-data/utility", help="folder for results.json, results.md, utility.png")
     p.add_argument("--queries", type=int, default=1000, help="queries per workload (default 1000)")
+    p.add_argument("--merge", nargs="+", default=None, metavar="RESULTS_JSON",
+                   help="write one results table and plot from earlier runs' results.json (no method runs)")
     p.add_argument("--plugin", action="append", default=[],
                    help="module:function registering more methods (sparkpriv.bench.utility_methods.register)")
 
@@ -211,7 +213,8 @@ def summarize(doc: dict) -> dict:
 
 
 def verdicts(summary: dict) -> dict:
-    """Per (table, epsilon, workload): sparkpriv's best synthetic variant against the best DP competitor
+    """Per (table, epsilon, workload): sparkpriv's best synthesizer row (the synthetic release, the DPGM)
+    against the best DP competitor
     (families 'private' and 'peer', sweeps at their best settings, not our own rows):
     ``win`` when below it by more than two standard deviations of the draws (the larger of the two
     stds), ``loss`` when above by as much, else ``level``."""
@@ -221,7 +224,7 @@ def verdicts(summary: dict) -> dict:
     for (t, eps), ms in summary.items():
         ours = [nm for nm in ms if nm.startswith(OURS)]
         rivals = [nm for nm, e in ms.items() if e["family"] in ("private", "peer") and not nm.startswith(OURS)
-                  and not e.get("sweep") and not nm.startswith("dpgm")]
+                  and not e.get("sweep")]
         if not ours or not rivals:
             continue
         for w in WORKLOADS:
@@ -297,6 +300,7 @@ def plot(doc: dict, path: str) -> str | None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         log.warning("matplotlib is not installed: no plot (pip install matplotlib)")
         return None
@@ -309,7 +313,7 @@ def plot(doc: dict, path: str) -> str | None:
     for j, t in enumerate(tables):
         eps = [e for e in doc["epsilons"] if (t, e) in summary]
         names = {nm for e in eps for nm, en in summary[(t, e)].items() if not en.get("sweep")}
-        shown = [nm for nm in sorted(names) if nm.startswith(OURS + "[table")] + \
+        shown = [nm for nm in sorted(names) if nm.startswith("synthetic[table")] + \
                 [nm for nm in sorted(names) if nm.endswith("(best)") or nm in ("MST", "AIM", "dpgm")] + \
                 [nm for nm in ("sample 1%", "sample 10%") if nm in names]
         for i, w in enumerate(WORKLOADS):
@@ -325,8 +329,10 @@ def plot(doc: dict, path: str) -> str | None:
                             capsize=2)
             ax.set_xscale("log")
             ax.set_yscale("log")
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
             ax.set_xticks(eps)
             ax.set_xticklabels([f"{e:g}" for e in eps])
+            ax.tick_params(axis="y", which="both", labelsize=7)
             if i == 0:
                 ax.set_title(t, fontsize=9)
             if j == 0:
@@ -341,8 +347,45 @@ def plot(doc: dict, path: str) -> str | None:
     return path
 
 
+def merge_docs(docs: list) -> dict:
+    """One results document from several runs' (their rows side by side; same workloads required)."""
+    out = {"tables": {}, "workloads": {}, "epsilons": [], "draws": 0, "queries": docs[0]["queries"], "methods": {},
+           "rows": [], "seconds": 0.0, "command": " ; ".join(d.get("command", "") for d in docs)}
+    for d in docs:
+        for t, w in d["workloads"].items():
+            if t in out["workloads"] and out["workloads"][t] != w:
+                raise SystemExit(f"--merge: table {t!r} has different workloads in two runs (other --queries?)")
+            out["workloads"][t] = w
+        out["tables"].update(d["tables"])
+        out["epsilons"] = sorted(set(out["epsilons"]) | set(d["epsilons"]))
+        out["draws"] = max(out["draws"], d["draws"])
+        out["methods"].update(d["methods"])
+        out["rows"] += d["rows"]
+        out["seconds"] += d.get("seconds", 0.0)
+    return out
+
+
+def _write(doc: dict, out: Path) -> None:
+    (out / "results.json").write_text(json.dumps(doc, indent=1))
+    md = markdown(doc)
+    (out / "results.md").write_text(md)
+    png = plot(doc, str(out / "utility.png"))
+    print(md)
+    ver = verdicts(summarize(doc))
+    tally = {k: sum(1 for v in ver.values() if v["verdict"] == k) for k in ("win", "level", "loss")}
+    print(json.dumps({"benchmark": "utility", "out": str(out), "plot": png, "seconds": doc["seconds"],
+                      "cells": len(ver), **tally}))
+
+
 def run_from_args(args) -> dict:
     from sparkpriv.bench.utility_data import GENERATED_TABLES, REAL_TABLES
+
+    if getattr(args, "merge", None):
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        doc = merge_docs([json.loads(Path(f).read_text()) for f in args.merge])
+        _write(doc, out)
+        return doc
 
     tables = [t.strip() for t in args.tables.split(",")] if args.tables else \
         list(QUICK_TABLES if args.quick else REAL_TABLES + GENERATED_TABLES)
@@ -375,15 +418,7 @@ def run_from_args(args) -> dict:
               subsample=args.subsample, datasets=args.datasets, queries=args.queries, on_row=progress)
     doc["seconds"] = round(time.perf_counter() - start, 1)
     doc["command"] = "sparkpriv bench utility " + " ".join(_argv_of(args))
-    (out / "results.json").write_text(json.dumps(doc, indent=1))
-    md = markdown(doc)
-    (out / "results.md").write_text(md)
-    png = plot(doc, str(out / "utility.png"))
-    print(md)
-    ver = verdicts(summarize(doc))
-    tally = {k: sum(1 for v in ver.values() if v["verdict"] == k) for k in ("win", "level", "loss")}
-    print(json.dumps({"benchmark": "utility", "out": str(out), "plot": png, "seconds": doc["seconds"],
-                      "cells": len(ver), **tally}))
+    _write(doc, out)
     return doc
 
 
