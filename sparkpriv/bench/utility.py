@@ -402,8 +402,9 @@ def run_from_args(args) -> dict:
     # release): said once here instead of once per release; the mechanisms' progress lines are quieted
     print("note: the releases of this benchmark use fixed seeds (insecure_fixed_seed): measurements, not private "
           "releases", flush=True)
-    logging.getLogger("sparkpriv.privacy.random").setLevel(logging.CRITICAL)
-    for name in ("sparkpriv.kmeans", "sparkpriv.dpgm", "sparkpriv.release", "sparkpriv.synthetic"):
+    for name in ("sparkpriv.privacy.random", "sparkpriv.release"):  # the fixed-seed notice of every release
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    for name in ("sparkpriv.kmeans", "sparkpriv.dpgm", "sparkpriv.synthetic"):
         logging.getLogger(name).setLevel(logging.WARNING)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
