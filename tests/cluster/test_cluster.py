@@ -68,6 +68,9 @@ MECHANISM_OPTIONS = {
     "counts": {"options": {"columns": None, "epsilon": 1.0, "events": True, "person_col": "id",
                            "item_col": "label", "vocabulary": "0..1", "max_items": 1},
                "per_row": False},
+    "synthetic": {"options": {"columns": None, "epsilon": 2.0, "delta": 1e-5, "events": True, "person_col": "id",
+                              "item_col": "label", "vocabulary": "0..1", "max_items": "auto"},
+                  "per_row": False},
 }
 
 
