@@ -1,4 +1,4 @@
-"""The person x item tables of ``sparkpriv bench utility`` (docs/research/utility-baselines.md).
+"""The person x item tables of ``sparkpriv bench utility`` (docs/utility.md; the full results in docs/research/utility-results.md).
 
 Every table is held in memory as a scipy CSR 0/1 matrix ``(people, items)`` of
 float64, one row per person, the distinct items they touched (indices sorted,
