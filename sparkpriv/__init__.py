@@ -13,6 +13,8 @@ or imports Spark):
   (Spark DataFrames, event records, or in-memory arrays and tables;
   ``release_kmeans_array`` is the same function), :class:`KMeansModel`
 * :func:`release_counts` (DP counts per public key of bounded event records)
+* :func:`release_aggregates` and the builder :class:`Aggregates` (DP count, count_distinct, sum,
+  mean, variance and quantiles per key of an event table)
 * :func:`open_ledger` (privacy-budget ledger), :func:`read_table` (a source
   table as the CLI reads it; local Parquet read this way lets aggregate
   passes scan the files directly)
@@ -43,6 +45,8 @@ _LAZY = {
     "release_regression": "sparkpriv.api",
     "release_counts": "sparkpriv.api",
     "release_dpgm": "sparkpriv.api",
+    "release_aggregates": "sparkpriv.api",
+    "Aggregates": "sparkpriv.api",
     "KMeansModel": "sparkpriv.mechanisms.kmeans_model",
     "open_ledger": "sparkpriv.ledger",
     "get_spark": "sparkpriv.spark.session",
