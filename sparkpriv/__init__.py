@@ -15,6 +15,8 @@ or imports Spark):
 * :func:`release_counts` (DP counts per public key of bounded event records)
 * :func:`release_synthetic` (a DP synthetic person x item table of an event table or an
   in-memory 0/1 matrix; ``model.sample(n, seed)``)
+* :func:`release_aggregates` and the builder :class:`Aggregates` (DP count, count_distinct, sum,
+  mean, variance and quantiles per key of an event table)
 * :func:`open_ledger` (privacy-budget ledger), :func:`read_table` (a source
   table as the CLI reads it; local Parquet read this way lets aggregate
   passes scan the files directly)
@@ -46,6 +48,8 @@ _LAZY = {
     "release_counts": "sparkpriv.api",
     "release_dpgm": "sparkpriv.api",
     "release_synthetic": "sparkpriv.api",
+    "release_aggregates": "sparkpriv.api",
+    "Aggregates": "sparkpriv.api",
     "KMeansModel": "sparkpriv.mechanisms.kmeans_model",
     "open_ledger": "sparkpriv.ledger",
     "get_spark": "sparkpriv.spark.session",

@@ -14,7 +14,7 @@ from sparkpriv.release import Release, release
 
 __all__ = ["release", "release_kmeans", "release_kmeans_array", "release_projection", "release_projection_array",
            "release_dprp", "release_dprp_array", "table_arrays", "release_regression", "release_counts",
-           "release_dpgm", "release_dpgm_array", "release_synthetic"]
+           "release_dpgm", "release_dpgm_array", "release_synthetic", "release_aggregates", "Aggregates"]
 
 
 def release_kmeans(data, *, ledger=None, table_id: str | None = None, source: str | None = None,
@@ -297,7 +297,7 @@ def release_counts(data, *, ledger=None, table_id: str | None = None, source: st
 
 def release_synthetic(data, *, max_items="auto", ledger=None, table_id: str | None = None,
                       source: str | None = None, on_step=None, **params) -> Release:
-    """A DP synthetic person x item table (docs/utility.md; docs/math.md section 10).
+    """A DP synthetic person x item table (docs/utility.md; docs/math.md section 11).
 
     ``data``: bounded event records (:func:`sparkpriv.spark.events.bound_contributions` on Spark,
     :func:`sparkpriv.local.records.bound_items` in memory), or an in-memory 0/1 person x item matrix
@@ -329,3 +329,142 @@ def _is_ndarray(x) -> bool:
     import numpy as np
 
     return isinstance(x, np.ndarray)
+
+
+def release_aggregates(events, *, ledger=None, table_id: str | None = None, source: str | None = None,
+                       on_step=None, **params) -> Release:
+    """DP aggregates per key of an event table (docs/aggregates.md; docs/math.md section 11).
+
+    ``events``: a Spark DataFrame with one row per event (call, trip). Parameters are those of
+    :class:`sparkpriv.mechanisms.aggregates.AggregatesParams`: ``person`` (the person-key column),
+    ``by`` (the key columns), ``aggregates`` (e.g. ``"count_distinct, mean(duration),
+    median(duration)"``), ``epsilon``, ``max_keys`` (``L``) and ``max_events_per_key`` (``c``; each an
+    int or ``"auto"``), ``bounds`` (``{"duration": (0, 3600)}`` or ``"duration=0:3600"``; ``"auto"``
+    for a DP choice), ``domain`` (a public domain per key column, a
+    :class:`~sparkpriv.mechanisms.counts.KeyDomain`, or None for private key selection), ``delta``,
+    ``noise`` ("laplace" or "gaussian"), ``neighbors``, ``split``, ``confidence``, ``clamp``,
+    ``round``, ... :class:`Aggregates` builds the same call step by step.
+
+    Returns a :class:`~sparkpriv.release.Release` whose ``df`` has one row per key (every key of a
+    public domain; the selected keys otherwise): the key columns, then per aggregate its value,
+    ``_std``, ``_ci_low`` and ``_ci_high``; ``write(path)`` publishes it with the receipt.
+
+    Privacy: a person contributes at most ``L`` keys and, at a key, their events weighted ``min(n, c) /
+    n``, with values clamped; each measured statistic (people, events, centred sums and squares,
+    histograms) gets discrete Laplace or Gaussian noise once per key, calibrated to its sensitivity
+    (docs/math.md section 11) with its share of the budget; private key selection adds the stated
+    delta. Every spend is one dp_accounting event, reserved before any data is read.
+    """
+    return release("aggregates", events, ledger=ledger, table_id=table_id, source=source, on_step=on_step,
+                   caller="release_aggregates", **params)
+
+
+class Aggregates:
+    """A DP aggregates query of an event table, built step by step (each step returns a new query).
+
+    ::
+
+        rel = (Aggregates(events, person="caller_id")
+               .by("tower_id", "hour", domain={"tower_id": range(1303), "hour": range(24)})
+               .count_distinct().count().sum("duration", 0, 3600).mean("duration", 0, 3600)
+               .median("duration", 0, 3600)
+               .bound(max_keys=16, max_events_per_key=4)
+               .release(epsilon=1.0))
+
+    Value bounds: ``lo, hi`` (public, declared), or ``"auto"`` (a DP quantile of the column,
+    spending part of epsilon). A column's bounds must be the same in every aggregate that uses it.
+    A key column's domain: anything a vocabulary accepts (a range, ``"0..23"``, a list of ids, a
+    file of ids), a PUBLIC Spark DataFrame holding the column (its distinct values), or a whole
+    :class:`~sparkpriv.mechanisms.counts.KeyDomain`; no domain: private key selection (give
+    ``delta``). :meth:`params` shows the parameters :meth:`release` passes to
+    :func:`release_aggregates`.
+    """
+
+    def __init__(self, events, *, person: str, _state: dict | None = None):
+        self._events = events
+        self._s = dict(_state or {"person": person, "by": (), "domain": None, "aggregates": (), "bounds": {},
+                                  "max_keys": None, "max_events_per_key": None})
+
+    def _with(self, **changes) -> "Aggregates":
+        return Aggregates(self._events, person=self._s["person"], _state={**self._s, **changes})
+
+    def by(self, *columns: str, domain=None) -> "Aggregates":
+        """The key columns, and (optionally) their public domain: a mapping column -> vocabulary (or a
+        public DataFrame holding the column), or a KeyDomain."""
+        if len(columns) == 1 and isinstance(columns[0], (list, tuple)):
+            columns = tuple(columns[0])
+        return self._with(by=tuple(columns), domain=domain)
+
+    def _agg(self, text: str, column: str | None, lo, hi) -> "Aggregates":
+        from sparkpriv.errors import ParameterError
+
+        bounds = dict(self._s["bounds"])
+        if column is not None and not (lo is None and hi is None):
+            b = "auto" if (isinstance(lo, str) and lo == "auto") else (lo, hi)
+            if column in bounds and bounds[column] != b:
+                raise ParameterError(f"The bounds of {column!r} are declared twice and differ: {bounds[column]!r} "
+                                     f"and {b!r}. Declare one clamp per column.")
+            bounds[column] = b
+        return self._with(aggregates=self._s["aggregates"] + (text,), bounds=bounds)
+
+    def count(self) -> "Aggregates":
+        """Events per key (each person's events at a key weighted min(n, c) / n)."""
+        return self._agg("count", None, None, None)
+
+    def count_distinct(self) -> "Aggregates":
+        """Distinct people per key."""
+        return self._agg("count_distinct", None, None, None)
+
+    def sum(self, column: str, lo=None, hi=None) -> "Aggregates":
+        return self._agg(f"sum({column})", column, lo, hi)
+
+    def mean(self, column: str, lo=None, hi=None) -> "Aggregates":
+        return self._agg(f"mean({column})", column, lo, hi)
+
+    def variance(self, column: str, lo=None, hi=None) -> "Aggregates":
+        return self._agg(f"variance({column})", column, lo, hi)
+
+    def quantile(self, column: str, ps, lo=None, hi=None) -> "Aggregates":
+        ps = (ps,) if isinstance(ps, (int, float)) else tuple(ps)
+        return self._agg(f"quantile({column}, {', '.join(repr(float(p)) for p in ps)})", column, lo, hi)
+
+    def median(self, column: str, lo=None, hi=None) -> "Aggregates":
+        return self.quantile(column, (0.5,), lo, hi)
+
+    def bound(self, *, max_keys, max_events_per_key) -> "Aggregates":
+        """``L`` keys per person and ``c`` events per key and person (ints, or ``"auto"``)."""
+        return self._with(max_keys=max_keys, max_events_per_key=max_events_per_key)
+
+    def params(self, **options) -> dict:
+        """The parameters :meth:`release` passes to :func:`release_aggregates` (public domains read from
+        public DataFrames here)."""
+        s = self._s
+        domain = s["domain"]
+        from collections.abc import Mapping
+
+        if isinstance(domain, Mapping):
+            domain = {c: _vocabulary_of(v, c) for c, v in domain.items()}
+        return {"person": s["person"], "by": s["by"], "aggregates": list(s["aggregates"]),
+                "bounds": dict(s["bounds"]) or None, "domain": domain, "max_keys": s["max_keys"],
+                "max_events_per_key": s["max_events_per_key"], **options}
+
+    def release(self, *, epsilon: float, ledger=None, table_id: str | None = None, source: str | None = None,
+                **options) -> Release:
+        """Run the query: :func:`release_aggregates` with these parameters and ``options`` (``delta``,
+        ``noise``, ``neighbors``, ``split``, ``confidence``, ``clamp``, ``round``, ...)."""
+        return release_aggregates(self._events, ledger=ledger, table_id=table_id, source=source,
+                                  **self.params(epsilon=epsilon, **options))
+
+    def __repr__(self) -> str:
+        s = self._s
+        return (f"Aggregates(person={s['person']!r}, by={list(s['by'])!r}, aggregates={list(s['aggregates'])!r}, "
+                f"bounds={s['bounds']!r}, max_keys={s['max_keys']!r}, max_events_per_key={s['max_events_per_key']!r})")
+
+
+def _vocabulary_of(spec, column: str):
+    """A key column's domain: a public DataFrame's distinct values of ``column``, or ``spec`` as is."""
+    if type(spec).__module__.startswith("pyspark."):
+        from sparkpriv.spark.aggregates import public_column_vocabulary
+
+        return public_column_vocabulary(spec, column)
+    return spec

@@ -4,7 +4,8 @@ Every event is validated before it is composed or stored, and every stored
 event is validated again, the same way, when it is read: only the classes the
 ledger can account (Gaussian, Laplace, discrete Laplace, no-op, non-private,
 a Poisson-sampled Gaussian ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``
-(DP-SGD), and their compositions ``ComposedDpEvent`` / ``SelfComposedDpEvent``), finite
+(DP-SGD), sparkpriv's ``DeltaDpEvent(delta)`` (a ``(0, delta)`` mechanism: DP
+partition selection), and their compositions ``ComposedDpEvent`` / ``SelfComposedDpEvent``), finite
 positive parameters, positive integer counts, at most ``MAX_DEPTH`` levels and
 ``MAX_NODES`` events.
 
@@ -44,7 +45,7 @@ from dp_accounting import dp_event as _ev
 from scipy import special
 
 from sparkpriv.errors import ParameterError
-from sparkpriv.privacy.accounting import compose, epsilon_of
+from sparkpriv.privacy.accounting import DeltaDpEvent, compose, epsilon_of
 
 __all__ = ["EVENT_FORMAT", "DP_ACCOUNTING_VERSION", "Spend", "InvalidEvent", "encode_event", "decode_stored",
            "spend_of_stored", "event_from_checked_dict"]
@@ -74,10 +75,11 @@ _LEAVES = {
     "DiscreteLaplaceDpEvent": ("noise_parameter", "sensitivity"),
     "NoOpDpEvent": (),
     "NonPrivateDpEvent": (),
+    "DeltaDpEvent": ("delta",),
 }
 _WRAPPERS = {"ComposedDpEvent": ("events",), "SelfComposedDpEvent": ("event", "count"),
              "PoissonSampledDpEvent": ("sampling_probability", "event")}  # of a GaussianDpEvent only
-_CLASSES = {name: getattr(_ev, name) for name in (*_LEAVES, *_WRAPPERS)}
+_CLASSES = {name: getattr(_ev, name, None) or DeltaDpEvent for name in (*_LEAVES, *_WRAPPERS)}
 KNOWN_CLASSES = tuple(_CLASSES)
 
 
@@ -111,6 +113,13 @@ def _probability(value: Any) -> float:
     if q > 1.0:
         raise InvalidEvent(f"PoissonSampledDpEvent.sampling_probability must be in (0, 1]; got {q!r}")
     return q
+
+
+def _delta(value: Any) -> float:
+    d = _number(value, "DeltaDpEvent.delta")
+    if d >= 1.0:
+        raise InvalidEvent(f"DeltaDpEvent.delta must be in (0, 1); got {d!r}")
+    return d
 
 
 def _short(value: Any) -> str:
@@ -149,6 +158,8 @@ def event_to_checked_dict(event: Any) -> dict:
         elif name == "DiscreteLaplaceDpEvent":
             d["noise_parameter"] = _number(e.noise_parameter, "DiscreteLaplaceDpEvent.noise_parameter")
             d["sensitivity"] = _count(e.sensitivity, "DiscreteLaplaceDpEvent.sensitivity")
+        elif name == "DeltaDpEvent":
+            d["delta"] = _delta(e.delta)
         else:
             for attr in _LEAVES[name]:
                 d[attr] = _number(getattr(e, attr), f"{name}.{attr}")
@@ -167,7 +178,8 @@ class Spend:
     ``mu2`` is ``sum count / z**2`` over Gaussian leaves (``gaussians`` of them),
     ``laplace`` holds ``(noise multiplier, total count)`` pairs of Laplace leaves,
     ``discrete`` holds ``((noise_parameter, sensitivity), total count)`` pairs,
-    ``sampled`` ``((q, z), total count)`` pairs of Poisson-sampled Gaussians.
+    ``sampled`` ``((q, z), total count)`` pairs of Poisson-sampled Gaussians,
+    ``deltas`` ``(delta, total count)`` pairs of :class:`DeltaDpEvent` leaves.
     """
 
     mu2: float = 0.0
@@ -176,6 +188,7 @@ class Spend:
     discrete: tuple = ()
     nonprivate: bool = False
     sampled: tuple = ()
+    deltas: tuple = ()
 
     def __add__(self, other: "Spend") -> "Spend":
         return Spend.total((self, other))
@@ -186,6 +199,7 @@ class Spend:
         laplace: Counter = Counter()
         discrete: Counter = Counter()
         sampled: Counter = Counter()
+        deltas: Counter = Counter()
         for s in spends:
             if s.gaussians:
                 mu2.append(s.mu2)
@@ -196,9 +210,11 @@ class Spend:
                 discrete[k] += n
             for k, n in s.sampled:
                 sampled[k] += n
+            for k, n in s.deltas:
+                deltas[k] += n
             nonprivate = nonprivate or s.nonprivate
         return cls(math.fsum(mu2), gaussians, tuple(sorted(laplace.items())), tuple(sorted(discrete.items())),
-                   nonprivate, tuple(sorted(sampled.items())))
+                   nonprivate, tuple(sorted(sampled.items())), tuple(sorted(deltas.items())))
 
     def pure_epsilon_exact(self):
         """The exact epsilon (a :class:`fractions.Fraction`) of a spend of pure events only.
@@ -209,14 +225,15 @@ class Spend:
         such as ten times 0.1 rounds to exactly 1.0 although it exceeds 1).
         None when the spend has Gaussian or non-private events.
         """
-        if self.gaussians or self.nonprivate or self.sampled:
+        if self.gaussians or self.nonprivate or self.sampled or self.deltas:
             return None
         return (sum((Fraction(n) / Fraction(b) for b, n in self.laplace), Fraction(0))
                 + sum((Fraction(n) * Fraction(a) * Fraction(s) for (a, s), n in self.discrete), Fraction(0)))
 
     @property
     def empty(self) -> bool:
-        return not (self.gaussians or self.laplace or self.discrete or self.nonprivate or self.sampled)
+        return not (self.gaussians or self.laplace or self.discrete or self.nonprivate or self.sampled
+                    or self.deltas)
 
     def figure(self, delta: float) -> tuple[float, Fraction | None]:
         """The ledger's one figure for this spend at ``delta``: ``(epsilon, exact)``.
@@ -260,7 +277,10 @@ class Spend:
           mechanism (Balle & Wang 2018, Thm 8), found by bisection and rounded up;
         * otherwise dp_accounting's PLD epsilon (``sparkpriv.privacy.accounting.epsilon_of``,
           the exact sum for pure events at ``delta = 0``) of the equivalent Gaussian
-          composed with the grouped Laplace events.
+          composed with the grouped Laplace events;
+        * with delta events (``deltas``): the rest's epsilon at ``(delta - delta_x) / (1 - delta_x)``,
+          ``delta_x = 1 - prod (1 - delta_i)`` (``inf`` when ``delta < delta_x``; docs/math.md
+          section 11).
 
         :meth:`figure` is what the ledger states and admits by; this is its
         composition step (for pure events it may state less than the exact sum
@@ -268,6 +288,21 @@ class Spend:
         """
         if self.nonprivate:
             return math.inf
+        if self.deltas:
+            parts = [DeltaDpEvent(d) if n == 1 else _ev.SelfComposedDpEvent(DeltaDpEvent(d), n)
+                     for d, n in self.deltas]
+            from sparkpriv.privacy.accounting import delta_part
+
+            dx = delta_part(compose(parts))
+            if delta < dx:
+                return math.inf
+            rest = Spend(self.mu2, self.gaussians, self.laplace, self.discrete, False, self.sampled)
+            if rest.empty:
+                return 0.0
+            rest_delta = max(0.0, (delta - dx) / (1.0 - dx))
+            if rest_delta == 0.0 and (rest.gaussians or rest.sampled):
+                return math.inf
+            return rest.epsilon(rest_delta)
         if (self.gaussians or self.sampled) and delta == 0.0:
             return math.inf
         if self.empty:
@@ -358,6 +393,7 @@ def spend_of_dict(d: Any) -> Spend:
     laplace: Counter = Counter()
     discrete: Counter = Counter()
     sampled: Counter = Counter()
+    deltas: Counter = Counter()
     nodes = [0]
 
     def walk(x: Any, mult: int, depth: int) -> None:
@@ -404,10 +440,12 @@ def spend_of_dict(d: Any) -> Spend:
             discrete[key] += mult
         elif name == "NonPrivateDpEvent":
             nonprivate[0] = True
+        elif name == "DeltaDpEvent":
+            deltas[_delta(x["delta"])] += mult
 
     walk(d, 1, 0)
     return Spend(math.fsum(mu2), gaussians[0], tuple(sorted(laplace.items())), tuple(sorted(discrete.items())),
-                 nonprivate[0], tuple(sorted(sampled.items())))
+                 nonprivate[0], tuple(sorted(sampled.items())), tuple(sorted(deltas.items())))
 
 
 def event_from_checked_dict(d: Mapping) -> _ev.DpEvent:

@@ -161,7 +161,9 @@ def discount_event(event, margin: float = MULTIPLIER_MARGIN):
         return dpa.SelfComposedDpEvent(discount_event(event.event, margin), event.count)
     if isinstance(event, dpa.ComposedDpEvent):
         return dpa.ComposedDpEvent([discount_event(e, margin) for e in event.events])
-    if isinstance(event, dpa.NoOpDpEvent):
+    from sparkpriv.privacy.accounting import DeltaDpEvent
+
+    if isinstance(event, (dpa.NoOpDpEvent, DeltaDpEvent)):  # nothing to discount: no noise multiplier
         return event
     raise TypeError(f"an event of type {type(event).__name__} cannot be discounted")
 

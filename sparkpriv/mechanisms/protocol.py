@@ -46,7 +46,7 @@ from sparkpriv.errors import ParameterError
 __all__ = [
     "Neighbors", "ReplaceOne", "AddRemove", "Element", "REPLACE_ONE", "ADD_REMOVE", "ELEMENT",
     "resolve_neighbors", "option", "Params", "OptionSpec", "option_table", "Plan", "Outcome",
-    "SparseRows", "TableRows", "InputFacts", "Mechanism", "Progress", "register", "registered", "get_mechanism", "REQUIRED",
+    "SparseRows", "TableRows", "EventRows", "InputFacts", "Mechanism", "Progress", "register", "registered", "get_mechanism", "REQUIRED",
     "missing_value_fill",
 ]
 
@@ -363,9 +363,12 @@ def option_table(mechanism: "Mechanism") -> str:
 class InputFacts:
     """Public facts of the input an engine gives the plan: its schema, never its values.
 
-    ``kind`` is ``"table"`` (one row per person: dense ``columns``) or
+    ``kind`` is ``"table"`` (one row per person: dense ``columns``),
     ``"records"`` (bounded person records of an event table: ``d`` items,
-    each person at most ``value_cap`` per item and ``l2_bound`` in L2).
+    each person at most ``value_cap`` per item and ``l2_bound`` in L2) or
+    ``"events"`` (an event table grouped by person, :class:`EventRows` blocks:
+    ``d`` keys of a public domain, 0 for private keys; ``columns`` the value
+    columns).
     ``integer_columns``: indices of the declared columns of an integer type
     (a table). ``classes``: the declared label values, coerced to the label
     column's type (when ``engine.open`` got ``labels=(column, classes)``).
@@ -405,6 +408,28 @@ class SparseRows:
     indices: np.ndarray
     values: np.ndarray
     d: int
+
+    @property
+    def n(self) -> int:
+        return len(self.offsets) - 1
+
+
+@dataclass(frozen=True)
+class EventRows:
+    """A block of people's raw events (an event table grouped by person, nothing bounded yet).
+
+    Person ``r`` owns events ``offsets[r]:offsets[r+1]``; ``keys`` (int64) is each event's key: its
+    index in a public key domain, or a 64-bit id of the key's values (private keys); ``values`` the
+    ``(events, V)`` float64 matrix of the declared value columns (NaN for nulls); ``person_hash`` the
+    public 64-bit hash of each person's key (the keyed choice of kept keys). ``dropped``: events of
+    this block's people outside the key domain (owner diagnostics).
+    """
+
+    offsets: np.ndarray
+    keys: np.ndarray
+    values: np.ndarray
+    person_hash: np.ndarray
+    dropped: int = 0
 
     @property
     def n(self) -> int:
@@ -595,6 +620,7 @@ def registered() -> dict[str, Mechanism]:
     import sparkpriv.mechanisms.dpgm  # noqa: F401  (registers itself)
     import sparkpriv.mechanisms.dprp  # noqa: F401  (registers itself)
     import sparkpriv.mechanisms.counts  # noqa: F401  (registers itself)
+    import sparkpriv.mechanisms.aggregates  # noqa: F401  (registers itself)
     import sparkpriv.mechanisms.kmeans  # noqa: F401  (registers itself)
     import sparkpriv.mechanisms.regression  # noqa: F401  (registers itself)
     import sparkpriv.mechanisms.projection  # noqa: F401  (registers itself)

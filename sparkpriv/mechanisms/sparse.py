@@ -64,6 +64,7 @@ __all__ = [
     "keyed_item_scores",
     "dedupe_rows",
     "cap_items",
+    "kept_entries",
     "clip_sparse_rows",
     "project_sparse_rows",
     "densify_rows",
@@ -334,6 +335,34 @@ def dedupe_rows(offsets: np.ndarray, indices: np.ndarray):
     return np.cumsum(out_off), i[starts], counts
 
 
+def kept_entries(offsets, indices, person_hash, max_items: int, key: int) -> np.ndarray:
+    """bool mask of the entries kept when each person keeps at most ``max_items`` of theirs: every entry
+    of a person with at most ``max_items``, else the ``max_items`` with the smallest keyed score
+    (:func:`keyed_item_scores`; the choice of :func:`cap_items`). ``indices`` may be any integers
+    (int32 vocabulary indices, or int64 key ids): the score uses their 64-bit two's-complement value."""
+    offsets = np.asarray(offsets, np.int64)
+    person_hash = np.asarray(person_hash, np.int64)
+    sizes = np.diff(offsets)
+    L = int(max_items)
+    over = sizes > L
+    keep = np.ones(int(offsets[-1] - offsets[0]), bool)
+    if not over.any():
+        return keep
+    # only the entries of truncated people are ranked: by keyed score within each person
+    sz = sizes[over]
+    start = np.zeros(sz.size + 1, np.int64)
+    np.cumsum(sz, out=start[1:])
+    sub = np.flatnonzero(np.repeat(over, sizes))  # their entries, person after person
+    scores = keyed_item_scores(person_hash[over], start, np.asarray(indices)[sub], key)
+    o = np.argsort(scores)  # 64-bit scores: a tie has probability ~ L^2 / 2^64
+    who = np.repeat(np.arange(sz.size, dtype=np.uint16 if sz.size <= 1 << 16 else np.int64), sz)[o]
+    o = o[np.argsort(who, kind="stable")]  # by person, by score within (radix sort on 16 bits)
+    rank = np.empty(sub.size, np.int64)
+    rank[o] = np.arange(sub.size) - np.repeat(start[:-1], sz)
+    keep[sub] = rank < L
+    return keep
+
+
 def cap_items(offsets, indices, counts, person_hash, cap: ItemCap, key: int):
     """Apply the cap: keep at most ``L`` items per person (keyed uniform choice)
     and, in counts mode, cap each count at ``c``.
@@ -363,19 +392,7 @@ def cap_items(offsets, indices, counts, person_hash, cap: ItemCap, key: int):
     events_dropped = 0
     items_dropped = int(np.sum(sizes[over] - L))
     if over.any():
-        # only the entries of truncated people are ranked: by keyed score within each person
-        sz = sizes[over]
-        start = np.zeros(sz.size + 1, np.int64)
-        np.cumsum(sz, out=start[1:])
-        sub = np.flatnonzero(np.repeat(over, sizes))  # their entries, person after person
-        scores = keyed_item_scores(person_hash[over], start, indices[sub], key)
-        o = np.argsort(scores)  # 64-bit scores: a tie has probability ~ L^2 / 2^64
-        who = np.repeat(np.arange(sz.size, dtype=np.uint16 if sz.size <= 1 << 16 else np.int64), sz)[o]
-        o = o[np.argsort(who, kind="stable")]  # by person, by score within (radix sort on 16 bits)
-        rank = np.empty(sub.size, np.int64)
-        rank[o] = np.arange(sub.size) - np.repeat(start[:-1], sz)
-        keep = np.ones(indices.size, bool)
-        keep[sub] = rank < L
+        keep = kept_entries(offsets, indices, person_hash, L, key)
         if counts is not None:
             events_dropped = int(counts[~keep].sum())
             counts = counts[keep]

@@ -17,6 +17,17 @@ count the replacement twice.
 The guarantee of a set of events at a target delta is PLD's epsilon. With
 ``delta == 0`` only pure mechanisms (Laplace) can be composed, and their
 epsilon adds up exactly.
+
+A mechanism whose only loss is a probability ``delta`` of revealing its
+input (DP partition selection: a key that one person alone holds is released
+with probability at most ``delta``) is the event :class:`DeltaDpEvent`
+(dp_accounting has no event for it). Its privacy loss distribution puts mass
+``delta`` at infinity and the rest at 0, so composed with any events of
+privacy curve ``delta_r(epsilon)`` the curve is exactly
+``delta_x + (1 - delta_x) delta_r(epsilon)`` (``delta_x = 1 - prod (1 -
+delta_i)`` over the delta events): :func:`epsilon_of` states the other events'
+epsilon at ``(delta - delta_x) / (1 - delta_x)``, and infinity when ``delta <=
+delta_x``.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ import math
 import threading
 from typing import Callable, Iterable, Sequence
 
+import attr
 import dp_accounting
 from dp_accounting import dp_event as _ev
 from dp_accounting.pld import pld_privacy_accountant
@@ -33,6 +45,8 @@ from dp_accounting.pld import pld_privacy_accountant
 from sparkpriv.errors import ParameterError
 
 __all__ = [
+    "DeltaDpEvent",
+    "delta_part",
     "compose",
     "epsilon_of",
     "fit_to_epsilon",
@@ -43,6 +57,14 @@ __all__ = [
     "events_from_json",
     "describe_event",
 ]
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class DeltaDpEvent(_ev.DpEvent):
+    """A mechanism that is ``(0, delta)``-DP: with probability at most ``delta`` its output reveals the
+    input, otherwise it reveals nothing (see the module docstring; DP partition selection)."""
+
+    delta: float
+
 
 # Only these classes may be rebuilt from a stored ledger or receipt: loading a
 # class by name from stored text must never import arbitrary modules.
@@ -60,6 +82,7 @@ _ALLOWED = {
         "ZCDpEvent",
     )
 }
+_ALLOWED["DeltaDpEvent"] = DeltaDpEvent
 
 _VALUE_DISCRETIZATION = 1e-4
 
@@ -106,7 +129,7 @@ def _discretization_for(event: _ev.DpEvent, delta: float) -> float:
             pure += count / max(leaf.noise_multiplier, 1e-300)
         elif isinstance(leaf, _ev.DiscreteLaplaceDpEvent):
             pure += count * leaf.noise_parameter * leaf.sensitivity
-        elif not isinstance(leaf, _ev.NoOpDpEvent):
+        elif not isinstance(leaf, (_ev.NoOpDpEvent, DeltaDpEvent)):
             other += count
     mu = math.sqrt(mu2)
     estimate = pure + other + mu2 / 2.0 + mu * math.sqrt(2.0 * math.log(1.0 / max(delta, 1e-300)))
@@ -148,6 +171,24 @@ def pure_epsilon_of(event: _ev.DpEvent) -> float | None:
     return total
 
 
+def delta_part(event: _ev.DpEvent) -> float:
+    """``1 - prod (1 - delta_i)`` over the :class:`DeltaDpEvent` leaves of ``event`` (0 without any),
+    rounded up."""
+    parts = []
+    for leaf, count in _leaves(event):
+        if isinstance(leaf, DeltaDpEvent):
+            d = float(leaf.delta)
+            if not 0.0 <= d < 1.0:
+                raise ParameterError(f"A DeltaDpEvent needs a delta in [0, 1). Got {d!r}.")
+            if d > 0.0:
+                parts.append((d, count))
+    if not parts:
+        return 0.0
+    if len(parts) == 1 and parts[0][1] == 1:
+        return parts[0][0]  # exact
+    return math.nextafter(-math.expm1(math.fsum(n * math.log1p(-d) for d, n in parts)), math.inf)
+
+
 def epsilon_of(event: _ev.DpEvent | Sequence[_ev.DpEvent], delta: float) -> float:
     """Epsilon of ``event`` at ``delta``, by dp_accounting's PLD accountant.
 
@@ -159,6 +200,18 @@ def epsilon_of(event: _ev.DpEvent | Sequence[_ev.DpEvent], delta: float) -> floa
         event = compose(event)
     if not (0.0 <= delta < 1.0):
         raise ParameterError(f"The 'delta' parameter must be in [0, 1). Got {delta!r} instead.")
+    dx = delta_part(event)
+    if dx > 0.0:  # the delta events take their share first (module docstring)
+        if delta < dx:
+            return math.inf
+        rest = [leaf if count == 1 else _ev.SelfComposedDpEvent(leaf, count) for leaf, count in _leaves(event)
+                if not isinstance(leaf, (DeltaDpEvent, _ev.NoOpDpEvent))]
+        if not rest:
+            return 0.0
+        rest_delta = max(0.0, (delta - dx) / (1.0 - dx))
+        if rest_delta == 0.0 and pure_epsilon_of(compose(rest)) is None:
+            return math.inf  # approximate-DP events with no delta left
+        return epsilon_of(compose(rest), rest_delta)
     pure = pure_epsilon_of(event)
     if delta == 0.0:
         if pure is None:
@@ -337,6 +390,8 @@ def describe_event(event: _ev.DpEvent) -> str:
             parts.append(f"Laplace(b/Delta={leaf.noise_multiplier:.6g}) x {count}")
         elif isinstance(leaf, _ev.GaussianDpEvent):
             parts.append(f"Gaussian(sigma/Delta={leaf.noise_multiplier:.6g}) x {count}")
+        elif isinstance(leaf, DeltaDpEvent):
+            parts.append(f"Delta(delta={leaf.delta:.6g}) x {count}")
         else:
             parts.append(f"{type(leaf).__name__} x {count}")
     return "; ".join(parts)

@@ -53,8 +53,9 @@ def _check_columns(events_df, person: str, domain: KeyDomain) -> None:
         raise ParameterError(f"Key columns cannot be named like an output column: {sorted(clash)}; rename them.")
 
 
-def key_index_events(events_df, *, person: str, domain: KeyDomain):
-    """``(person, _kidx)`` per event, ``_kidx`` (int) the key's domain index or null outside (lazy)."""
+def key_index_events(events_df, *, person: str, domain: KeyDomain, extra=()):
+    """``(person, _kidx)`` per event, ``_kidx`` (int) the key's domain index or null outside (lazy);
+    ``extra``: columns passed through as ``_x0, _x1, ...`` (the value columns of an aggregates release)."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import IntegralType, StringType
 
@@ -62,7 +63,9 @@ def key_index_events(events_df, *, person: str, domain: KeyDomain):
     spark = events_df.sparkSession
     types = {f.name: f.dataType for f in events_df.schema.fields}
     ev = events_df.select(F.col(person).alias("_p"),
-                          *[F.col(c).alias(f"_c{j}") for j, c in enumerate(domain.columns)])
+                          *[F.col(c).alias(f"_c{j}") for j, c in enumerate(domain.columns)],
+                          *[F.col(c).alias(f"_x{j}") for j, c in enumerate(extra)])
+    xs = [f"_x{j}" for j in range(len(extra))]
     if domain.vocabularies is not None:
         parts = []
         for j, (c, v, s) in enumerate(zip(domain.columns, domain.vocabularies, domain.strides)):
@@ -84,7 +87,7 @@ def key_index_events(events_df, *, person: str, domain: KeyDomain):
         idx = parts[0]
         for p in parts[1:]:
             idx = idx + p
-        return ev.select("_p", idx.cast("int").alias(_KIDX))
+        return ev.select("_p", idx.cast("int").alias(_KIDX), *xs)
     # declared key tuples: one broadcast join on every key column
     kinds = []
     for j, c in enumerate(domain.columns):
@@ -99,7 +102,7 @@ def key_index_events(events_df, *, person: str, domain: KeyDomain):
     for j in range(len(kinds)):
         e = F.col(f"_c{j}") == F.col(f"_v{j}")
         cond = e if cond is None else cond & e
-    return ev.join(F.broadcast(vdf), cond, "left").select("_p", _KIDX)
+    return ev.join(F.broadcast(vdf), cond, "left").select("_p", _KIDX, *xs)
 
 
 def _try_cast(col: str, kind: str):

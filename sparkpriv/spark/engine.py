@@ -115,12 +115,22 @@ class SparkEngine:
     name = "spark"
 
     def open(self, data, *, columns: Sequence[str] | None, fill: float | None, caller: str,
-             labels: tuple | None = None, missing: bool = False, keep: Sequence[str] = ()):
+             labels: tuple | None = None, missing: bool = False, keep: Sequence[str] = (), events=None):
         """A source, schema only. ``labels``, ``missing``, ``keep``: as the local engine's ``open``
-        (ignored for bounded event records: the mechanism refuses them by name)."""
+        (ignored for bounded event records: the mechanism refuses them by name). ``events``: an
+        :class:`~sparkpriv.mechanisms.aggregates.EventSpec`: the DataFrame is an event table, grouped by
+        person into :class:`~sparkpriv.mechanisms.protocol.EventRows` blocks (aggregates)."""
         from sparkpriv.errors import ParameterError
         from sparkpriv.spark.schema import check_present_columns
 
+        if events is not None:
+            from sparkpriv.spark.aggregates import EventsSource
+
+            if isinstance(data, (BoundedRecords, ParquetInput)):
+                raise ParameterError(f"{caller} takes the event table itself (a DataFrame of events), not "
+                                     f"{type(data).__name__}.")
+            self._spark = data.sparkSession
+            return EventsSource(data, events)
         if isinstance(data, BoundedRecords):
             self._spark = data.grouped.sparkSession
             return RecordsSource(data, make_counters(self._spark))
@@ -172,6 +182,10 @@ class SparkEngine:
             return acc
 
         with spark_errors():
+            if source.kind == "events":  # aggregates: the groupBy(person) and the core's bounding run here
+                blocks = source.batch_fn(fn)
+                with self.watch(BOUNDING):
+                    return sum_partials(source.grouped, sparkpriv_partial, size)
             if source.kind == "records":  # the event bounding pass (groupBy person, cap) runs here
                 blocks = source.batch_fn(fn, counted=count)
                 with self.watch(BOUNDING):
@@ -508,6 +522,63 @@ class SparkEngine:
                 yield from emit(cur, keys, vals)
 
         return map_batches(parts, sparkpriv_key_blocks, out_schema)
+
+    def key_table(self, source, partial_fn, width: int, finish_fn, columns: Sequence[tuple]):
+        """A table over keys found in the data (private key selection; an ``events`` source), built in
+        the tasks: ``partial_fn(block) -> (key ids (u,), totals (u, width))`` per block of people; the
+        totals are summed per key id in the JVM (``groupBy``), joined to the key columns' values, and
+        hash-partitioned by key id into the session's ``spark.sql.shuffle.partitions`` (a PUBLIC number;
+        an explicit count, which adaptive execution does not coalesce), each partition sorted by key
+        id. ``finish_fn(pid, totals (k, width)) -> (released (k,) bool, columns of the released keys)``
+        runs once per partition on its keys in that order: open its noise stream from ``pid`` (a retried
+        task sees the same keys in the same order and redraws the same noise). ``columns``: the output
+        columns after the key columns, ``(name, type)``. Returns the lazy DataFrame; nothing passes
+        through the driver."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import DoubleType, LongType, StructField, StructType
+
+        from sparkpriv.spark.aggregates import KEY_ID, event_rows
+
+        if source.kind != "events":
+            raise TypeError("key_table needs an event table source")
+        W = int(width)
+        nv = len(source.spec.values)
+        by = list(source.spec.by)
+        pairs_schema = StructType([StructField(KEY_ID, LongType(), False)]
+                                  + [StructField(f"_s{j}", DoubleType(), False) for j in range(W)])
+        names = [KEY_ID] + [f"_s{j}" for j in range(W)]
+
+        def sparkpriv_key_partials(batches, pid):
+            for b in batches:
+                if not b.num_rows:
+                    continue
+                ids, tot = partial_fn(event_rows(b, nv))
+                if len(ids):
+                    yield pa.RecordBatch.from_arrays([pa.array(np.asarray(ids, np.int64))]
+                                                     + [pa.array(tot[:, j]) for j in range(W)], names)
+
+        pairs = map_batches(source.grouped, sparkpriv_key_partials, pairs_schema)
+        totals = pairs.groupBy(KEY_ID).agg(*[F.sum(f"_s{j}").alias(f"_s{j}") for j in range(W)])
+        keyed = totals.join(source.key_values, KEY_ID)
+        parts = int(self._spark.conf.get("spark.sql.shuffle.partitions"))
+        ordered = keyed.repartition(parts, KEY_ID).sortWithinPartitions(KEY_ID)
+        key_fields = [StructField(c, t, True) for c, t in zip(by, source.key_types())]
+        out_schema = StructType(key_fields + [StructField(n, self._type(t), False) for n, t in columns])
+        out_names = by + [n for n, _ in columns]
+
+        def sparkpriv_key_finish(batches, pid):
+            bs = [b for b in batches if b.num_rows]
+            if not bs:
+                return
+            t = pa.Table.from_batches(bs)
+            tot = np.column_stack([t.column(f"_s{j}").to_numpy() for j in range(W)]) if W else np.zeros((t.num_rows, 0))
+            keep, cols = finish_fn(pid, tot)
+            idx = pa.array(np.flatnonzero(keep))
+            arrays = [t.column(c).take(idx).combine_chunks() for c in by] + [pa.array(np.asarray(v)) for v in cols]
+            if len(idx):
+                yield pa.RecordBatch.from_arrays(arrays, out_names)
+
+        return map_batches(ordered, sparkpriv_key_finish, out_schema)
 
     def columns_table(self, columns: Sequence[tuple]):
         """A table built on the driver from ``(name, type, values)`` columns (numpy arrays), through
