@@ -98,6 +98,8 @@ def coerce(opt: Option, value: Any, where: str) -> Any:
     t = opt.type
     try:
         if t == "str":
+            if isinstance(value, int) and not isinstance(value, bool):
+                value = str(value)  # a TOML number for an option that also takes words (max_keys = 16 or "auto")
             if not isinstance(value, str):
                 raise TypeError
             out = value

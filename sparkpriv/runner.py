@@ -38,6 +38,7 @@ class MechanismSpec:
     row_level: bool = True  # its table is computed in Python (the Arrow writer can write it); False: an aggregate
     plan_without_data: Callable | None = None  # (cfg) -> the events, or None when they need the input
     table_fields: Callable | None = None  # () -> the names of its parameters (which table options apply)
+    event_table: bool = False  # its input is always an event table, bounded by Spark SQL (Spark reads it)
 
 
 MECHANISMS: dict[str, MechanismSpec] = {}
@@ -339,10 +340,10 @@ def run_release(cfg: ReleaseConfig, spark=None, on_step=None) -> RunResult:
     out_q = check_output_path(spark, cfg.get("output"), bool(cfg.get("overwrite")))
     check_writer(spark, out_q, spec.row_level, cfg.get("writer") or "auto")  # before any data is read
     # event tables are bounded by Spark SQL (bound_contributions): always Spark's reader
-    if cfg.get("events") and cfg.get("reader") == "arrow":
+    if (cfg.get("events") or spec.event_table) and cfg.get("reader") == "arrow":
         raise ParameterError("--reader arrow does not apply to --events: an event table is bounded by Spark "
                              "SQL, so Spark reads it. Leave --reader out (auto) or use --reader spark.")
-    reader = "spark" if cfg.get("events") else cfg.get("reader", "auto")
+    reader = "spark" if (cfg.get("events") or spec.event_table) else cfg.get("reader", "auto")
     used = [c for c in (*(cfg.get("columns") or ()), *(cfg.get("keep_columns") or ()), cfg.get("label"),
                         cfg.get("target"), cfg.get("person_col"), cfg.get("item_col")) if c]
     df = read_table(spark, cfg.get("input"), cfg.get("input_format"), null_value=cfg.get("null_value"),
@@ -400,7 +401,7 @@ def _option_of(s) -> Option:
 
 
 def register_protocol(name: str, summary: str, *, row_level: bool, extra: tuple[Option, ...] = (),
-                      adapt=None) -> None:
+                      adapt=None, prepare=None, event_table: bool = False) -> None:
     """Register a protocol mechanism: options from its parameters class, one release call.
 
     A parameter that is also a common option (columns, fill, epsilon, delta)
@@ -411,7 +412,9 @@ def register_protocol(name: str, summary: str, *, row_level: bool, extra: tuple[
     are first needed (commands that do not release do not pay for it);
     ``summary`` is its one-line help and ``row_level`` whether its table is
     computed in Python (the Arrow writer can write it); a test checks both
-    against the mechanism.
+    against the mechanism. ``prepare(df, cfg, params)``: a last step once the input is read (Spark
+    runs), e.g. reading a public table that a parameter names. ``event_table``: the input is always
+    an event table (Spark reads it; ``--reader arrow`` is refused).
     """
     from functools import lru_cache
 
@@ -438,8 +441,11 @@ def register_protocol(name: str, summary: str, *, row_level: bool, extra: tuple[
 
         if resolved()[2] and cfg.get("events"):
             df = _event_records(df, cfg, source)
+        params = params_of(cfg)
+        if prepare is not None:
+            params = prepare(df, cfg, params)
         return release(name, df, ledger=cfg.get("ledger"), table_id=cfg.get("table_id"), source=source,
-                       caller=f"sparkpriv release {name}", on_step=on_step, **params_of(cfg))
+                       caller=f"sparkpriv release {name}", on_step=on_step, **params)
 
     def precheck(cfg: ReleaseConfig) -> None:
         """The parameters' own checks, before Spark starts (public parameters only)."""
@@ -476,7 +482,7 @@ def register_protocol(name: str, summary: str, *, row_level: bool, extra: tuple[
 
     register(MechanismSpec(name=name, summary=summary, options=(), release=run, precheck=precheck,
                            lazy_options=lambda: resolved()[3], row_level=row_level,
-                           plan_without_data=plan_without_data,
+                           plan_without_data=plan_without_data, event_table=event_table,
                            table_fields=lambda: ({s.name for s in resolved()[0].specs()}
                                                  if "table" in resolved()[0].inputs else set())))
 
@@ -543,6 +549,32 @@ def _events_only(cfg: ReleaseConfig, params: dict) -> dict:
 register_protocol("synthetic", "a DP synthetic table of an event table (each person's set of items): the histogram "
                   "of items per person and the per-item counts, released once; synthetic people drawn from them",
                   row_level=False, adapt=_events_only)
+
+
+def _aggregates_prepare(df, cfg: ReleaseConfig, params: dict) -> dict:
+    """``--domain col=table:PATH[:column]``: the column's domain read from a PUBLIC table (Spark runs)."""
+    from sparkpriv.mechanisms.aggregates import table_specs
+
+    tables = table_specs(params.get("domain"))
+    if not tables:
+        return params
+    from sparkpriv.io.inputs import read_table
+    from sparkpriv.spark.aggregates import public_column_vocabulary
+
+    domain = {}
+    for part in params["domain"]:
+        col, spec = (x.strip() for x in part.split("=", 1))
+        if col in tables:
+            path, column = tables[col]
+            domain[col] = public_column_vocabulary(read_table(df.sparkSession, path, None), column)
+        else:
+            domain[col] = spec
+    return {**params, "domain": domain}
+
+
+register_protocol("aggregates", "DP aggregates per key of an event table (count, count_distinct, sum, mean, "
+                  "variance, quantiles), every cell with its std and interval; public key domains or private key "
+                  "selection", row_level=False, prepare=_aggregates_prepare, event_table=True)
 
 
 def _projection_adapt(cfg: ReleaseConfig, params: dict) -> dict:

@@ -23,6 +23,9 @@ DEFAULT_LEDGER_ENV = "SPARKPRIV_LEDGER"
 DEFAULT_LEDGER_URL = "sqlite:///~/.sparkpriv/ledger.sqlite"
 _TABLE_ID = re.compile(r"[A-Za-z0-9_.:/-]+")
 _SECRET_WORDS = ("seed", "secret", "key", "matrix")
+# public parameter names that contain one of those words in another sense (the keys of a group-by)
+_PUBLIC_NAMES = frozenset({"max_keys", "max_keys_limit", "key_columns", "max_events_per_key", "key_domain",
+                           "keys", "max_keys_share"})
 _MAX_DEPTH = 64  # of recorded parameters
 
 
@@ -153,7 +156,7 @@ def _walk_plain(value: Any, name: str, caller: str) -> list[str]:
                                          f"{where} has a {type(k).__name__} key.")
                 _check_text(k, f"{where} key", caller, 1024)
                 sub = f"{where}.{k}"
-                if any(word in k.lower() for word in _SECRET_WORDS):
+                if k not in _PUBLIC_NAMES and any(word in k.lower() for word in _SECRET_WORDS):
                     secret.append(sub)
                 stack.append((x, sub, depth + 1))
         elif isinstance(v, (list, tuple)):
