@@ -146,16 +146,19 @@ def _nanosecond_columns(source: str) -> list[str]:
     """The nanosecond timestamp columns of a local Parquet file or directory (its schema, by pyarrow);
     empty where pyarrow cannot see the files (a remote path)."""
     try:
-        import pyarrow as pa
         import pyarrow.dataset as ds
+        import pyarrow.parquet as pq
 
         path = source[len("file:"):] if source.startswith("file:") else source
         if ":" in path or not os.path.exists(path):
             return []
-        schema = ds.dataset(path, format="parquet").schema
+        files = ds.dataset(path, format="parquet").files
+        if not files:
+            return []
+        schema = pq.ParquetFile(files[0]).schema  # the Parquet types: INT96 (Spark's) is read fine
     except Exception:
         return []
-    return [f.name for f in schema if pa.types.is_timestamp(f.type) and f.type.unit == "ns"]
+    return [c.name for c in schema if c.physical_type == "INT64" and "NANOS" in str(c.logical_type).upper()]
 
 
 def _parquet_input(spark, df, source: str, reader: str, filesystem):

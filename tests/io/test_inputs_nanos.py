@@ -38,3 +38,18 @@ def test_used_nanosecond_column_is_refused_naming_it(spark, nanos_file):
 
     with pytest.raises(InputError, match="column 'ts' \\(used by this release\\) holds nanosecond timestamps.*coerce_timestamps='us'"):
         read_table(spark, nanos_file, columns=["a", "ts"])
+
+
+@pytest.mark.spark
+def test_sparks_own_timestamps_are_read_after_a_nanosecond_file(spark, nanos_file, tmp_path):
+    """Spark writes timestamps as INT96, which pyarrow shows as nanoseconds: such a file is read (with
+    its timestamp column) even after a nanosecond file set the session's nanosAsLong."""
+    from sparkpriv.io.inputs import read_table
+
+    read_table(spark, nanos_file, columns=["a"])  # the unused nanosecond column: the session reads it as long
+    path = str(tmp_path / "spark_ts")
+    spark.sql("SELECT 1 AS a, TIMESTAMP '2026-01-01 00:00:00' AS ts").write.parquet(path)
+    assert pq.read_schema(next(p for p in (tmp_path / "spark_ts").iterdir() if p.suffix == ".parquet")
+                          ).field("ts").type.unit == "ns"  # INT96, seen by pyarrow as nanoseconds
+    df = read_table(spark, path)
+    assert df.count() == 1 and "timestamp" in dict(df.dtypes)["ts"]

@@ -30,8 +30,13 @@ def _user() -> str:
 
 @pytest.fixture
 def no_scheduler(monkeypatch):
+    """No scheduler's job id: neither the variables nor the test session's own SparkContext (whose
+    application id the ledger would record when the suite's Spark fixture runs in this process)."""
+    import sparkpriv.ledger.checks as checks
+
     for name in ("SPARKPRIV_JOB_ID", "SPARK_APPLICATION_ID", *AIRFLOW):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(checks, "_spark_application_id", lambda: None)
     return monkeypatch
 
 
