@@ -65,6 +65,8 @@ for _noise, _fn in ((LAP, "test_counts_laplace"), (GAU, "test_counts_gaussian"))
 
 for _rel in ("replace-one", "add-remove"):
     AUDITED[("synthetic-counts", GAU, _rel, "counts")] = "test_synthetic::test_item_counts"
+AUDITED[("aggregates-sum", LAP, "replace-one", "sum")] = "test_aggregates::test_sum_replace_one"
+AUDITED[("aggregates-count-distinct", LAP, "add-remove", "people")] = "test_aggregates::test_count_distinct_add_remove"
 for _rel in ("replace-one", "add-remove"):  # max_items='auto' on bounded event records
     AUDITED[("contribution-bound", LAP, _rel, "histogram")] = "test_quantile::test_contribution_bound_histogram"
 
@@ -81,6 +83,7 @@ FUNCTIONS = {
                            "regression-sketch", "regression-additive"),
     "release_counts": ("counts", "contribution-bound"),
     "release_synthetic": ("synthetic-counts", "contribution-bound"),
+    "release_aggregates": ("aggregates-sum", "aggregates-count-distinct"),
     "release_dpgm_array": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths", "dpgm-item-counts"),
     "release_dpgm": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths", "dpgm-item-counts", "contribution-bound"),
 }
@@ -92,6 +95,7 @@ CLI_MECHANISMS = {
                    "regression-additive"),
     "counts": ("counts", "contribution-bound"),
     "synthetic": ("synthetic-counts", "contribution-bound"),
+    "aggregates": ("aggregates-sum", "aggregates-count-distinct"),
     "dpgm": ("kmeans-linear", "dpsgd", "dpsgd-quantile-clip", "dpgm-lengths", "dpgm-item-counts", "contribution-bound"),
 }
 SAMPLERS = {"sample_discrete_laplace": "test_samplers::test_sampler_matches_exact_pmf",

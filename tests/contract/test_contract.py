@@ -169,7 +169,20 @@ def _synthetic_records(df):
     return bound_contributions(df, person="caller", item="tower", max_items=2, vocabulary="0..5")
 
 
+def _aggregate_events(spark):
+    rng = np.random.default_rng(4)
+    rows = [(int(p), int(t), float(rng.uniform(0, 60))) for p in range(400)
+            for t in rng.choice(6, rng.integers(1, 4), replace=False)]
+    return spark.createDataFrame(rows, "caller long, tower long, duration double")
+
+
 RECORD_CASES = {
+    # aggregates read the raw event table (Spark engine only): their bounding is part of the release
+    "aggregates": RecordsCase(_aggregate_events, lambda df: df,
+                              dict(epsilon=1.0, person="caller", by=("tower",), domain={"tower": "0..5"},
+                                   aggregates="count_distinct, count, mean(duration), median(duration)",
+                                   bounds={"duration": (0.0, 60.0)}, max_keys=2, max_events_per_key=2),
+                              {"aggregates": "count, nonsense(duration)"}),
     "counts": RecordsCase(_count_events, _count_records,
                           dict(epsilon=1.0, domain=_count_domain()), {"noise": "gaussian"}),
     "synthetic": RecordsCase(_count_events, _synthetic_records, dict(epsilon=1.0, delta=1e-5),
