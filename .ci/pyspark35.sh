@@ -8,7 +8,7 @@
 # project (editable) and the `test` extra of pyproject.toml, with pyspark
 # pinned to 3.5.*. The extra's `pyspark[connect]` entry is left out: pyspark
 # 3.5's connect extra pins numpy<2, and its pip package ships no Spark Connect
-# server to test against (README.md, "Supported versions"). So this leg runs
+# server to test against (docs/running.md, "Supported versions"). So this leg runs
 # on numpy 2, as `pip install sparkpriv 'pyspark==3.5.*'` gives a user.
 set -euo pipefail
 cd "$(dirname "$0")/.."

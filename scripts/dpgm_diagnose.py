@@ -1,5 +1,5 @@
 """Where a DPGM model's counting-query error is, on a generated event table, in memory
-(docs/dpgm.md, "Where the model's error is").
+(docs/research/dpgm.md, "Where the model's error is").
 
 The people of ``sparkpriv generate cdr|transit --people N --seed 0`` capped at ``L`` items and the
 paper's query protocol, as scripts/dpgm_model_study.py has them (the same people, caps, queries

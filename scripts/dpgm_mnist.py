@@ -1,5 +1,5 @@
 """MNIST with the DPGM (VAE per cluster): synthetic digits and the accuracy of a classifier
-trained on them, against DP-SGD on the real digits and the non-private classifier (docs/dpgm.md,
+trained on them, against DP-SGD on the real digits and the non-private classifier (docs/research/dpgm.md,
 section "MNIST: samples and classifier accuracy").
 
 One DPGM release per label (``sparkpriv.api.release_dpgm`` on the label's training digits,
@@ -22,7 +22,7 @@ same ``(epsilon, delta)``). diffprivlib's LogisticRegression is added when it im
 
 Fixed seeds (``insecure_fixed_seed``): these are measurements, not private releases.
 
-    python scripts/dpgm_mnist.py                 # the full run (docs/dpgm.md)
+    python scripts/dpgm_mnist.py                 # the full run (docs/research/dpgm.md)
     python scripts/dpgm_mnist.py --small         # a few thousand digits, 1 epoch (seconds)
 """
 

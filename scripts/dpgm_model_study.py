@@ -1,4 +1,4 @@
-"""A study of the DPGM's model on event tables, in memory (docs/dpgm.md "Training: a second study").
+"""A study of the DPGM's model on event tables, in memory (docs/research/dpgm.md "Training: a second study").
 
 The people of ``sparkpriv generate cdr|transit --people N --seed 0`` (the same generator and
 blocks, so the same people), their item sets capped at ``L`` (a uniformly random subset), the
@@ -95,7 +95,7 @@ def exact_kmeans(X, params, plan, d: int, seed: int, previous: bool = True):
 
 
 class SharedRBM:
-    """A study model (docs/dpgm.md, "One model for all clusters"): ONE Bernoulli RBM for all
+    """A study model (docs/research/dpgm.md, "One model for all clusters"): ONE Bernoulli RBM for all
     clusters, its weights ``W`` (d, m), hidden biases ``c`` and length-strata offsets ``A`` (S, d)
     shared, and a visible bias ``B_j`` per cluster. A record ``v`` of cluster ``j`` (its training
     cluster, internal) and stratum ``s(|v|)`` has the free energy
@@ -342,7 +342,7 @@ def calibrate_marginals(model, current, target, shrink: float):
     """Post-processing: every cluster's visible biases shifted by one common vector
     ``log((target + shrink) / (current + shrink))``, so that the mixture's per-item marginals move
     to ``target`` (a Newton step of the exponential tilt that the length-conditioned sampler
-    makes). This is the study's form (docs/dpgm.md, "Calibrating the marginals to DP per-item
+    makes). This is the study's form (docs/research/dpgm.md, "Calibrating the marginals to DP per-item
     counts"); the release's :func:`dpgm.marginal_shift` now moves each item only as far as its
     count is more precise than the models (posterior mean), with :func:`dpgm.shift_visible_biases`."""
     import dataclasses
@@ -360,7 +360,7 @@ def oracle_sample(X, labels, k: int, S: int, rng, strata=None) -> np.ndarray:
     cluster's real marginals (the conditional Bernoulli): what clusters, lengths and marginals
     alone give, with no model of which items go together. ``strata`` (interior edges of record
     lengths): the groups are (cluster, length stratum) instead, each with its own marginals
-    (docs/dpgm.md, "Length strata")."""
+    (docs/research/dpgm.md, "Length strata")."""
     from sparkpriv.mechanisms.rbm import conditional_bernoulli
 
     n, d = X.shape

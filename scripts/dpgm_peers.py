@@ -1,5 +1,5 @@
 """Peers of the DPGM release (MST, AIM, MWEM) on the counting-query protocol of
-scripts/dpgm_utility.py (docs/dpgm.md, "Peers: MST, AIM, MWEM").
+scripts/dpgm_utility.py (docs/research/dpgm.md, "Peers: MST, AIM, MWEM").
 
 The table, the 1,000 queries and the truth are those of dpgm_utility.py (its
 functions are imported, not copied): people drawn by the Spark event tables'
@@ -10,7 +10,7 @@ the paper's relative error in 5 length groups.
 
 The peers are smartnoise-synth's wrappers of private-pgm (package ``mbi``):
 benchmark-only, installed in their own environment, never a sparkpriv
-dependency (docs/dpgm.md says how to install them):
+dependency (docs/research/dpgm.md says how to install them):
 
 * ``mst``: ``MSTSynthesizer.MST`` as shipped (1-way marginals, domain
   compression, maximum-spanning-tree selection of 2-way marginals by the
@@ -41,12 +41,12 @@ rounds on 1,303 columns, so the same people are kept on the N most popular
 towers of the PUBLIC map (``dpgm_utility.popular_towers``: the generator's
 popularity, not a count of the table), each holding those of their own towers,
 then capped; ``dpgm_utility.py --towers N`` gives the DPGM and the baselines
-on the same table and queries (docs/dpgm.md, "AIM on a column sample"):
+on the same table and queries (docs/research/dpgm.md, "AIM on a column sample"):
 
     python scripts/dpgm_peers.py --people 20000 --max-items 16 --towers 32 --epsilons 1 \
         --peers aim --aim-pairs 496 --aim-rounds 64
 
-Event tables at scale (``--kind cdr|transit``; docs/dpgm.md, "At the paper's
+Event tables at scale (``--kind cdr|transit``; docs/research/dpgm.md, "At the paper's
 size"): the table, queries and truth of scripts/dpgm_model_study.py (its
 ``people``, ``cap`` and ``answers`` are imported, not copied): the people of
 ``sparkpriv generate cdr|transit --people N --seed 0``, each person's items

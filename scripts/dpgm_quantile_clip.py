@@ -1,4 +1,4 @@
-"""Declared clip against quantile clipping for DPGM (the table of docs/dpgm.md, "Quantile clipping").
+"""Declared clip against quantile clipping for DPGM (the table of docs/research/dpgm.md, "Quantile clipping").
 
 Three binary clusters (4,000 records of 20 columns, column probabilities uniform in
 [0.05, 0.9] per cluster, numpy seed 0), an RBM with 8 hidden units per cluster, epsilon 1,

@@ -1,4 +1,4 @@
-"""DPGM at the paper's sizes on Spark: counting-query error and wall time (docs/dpgm.md "At scale").
+"""DPGM at the paper's sizes on Spark: counting-query error and wall time (docs/research/dpgm.md "At scale").
 
 On a generated event table (``sparkpriv generate cdr|transit``), for each epsilon:
 a DPGM release of the people's capped item sets (``release_dpgm`` on bounded

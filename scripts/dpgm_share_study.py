@@ -1,5 +1,5 @@
 """The share of epsilon the DPGM's per-item counts take (``marginal_share``), in memory
-(docs/dpgm.md, "Calibrating the marginals", "The share").
+(docs/research/dpgm.md, "Calibrating the marginals", "The share").
 
 The people of ``sparkpriv generate cdr|transit --people N --seed 0`` capped at ``L`` items and the
 paper's query protocol, as scripts/dpgm_model_study.py has them. For each share: the plan at that

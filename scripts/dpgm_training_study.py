@@ -1,4 +1,4 @@
-"""A study of the per-cluster RBM training (docs/dpgm.md "Training: a first study"), not a release.
+"""A study of the per-cluster RBM training (docs/research/dpgm.md "Training: a first study"), not a release.
 
 On a generated CDR event table (``sparkpriv generate cdr``): the people's tower sets capped at
 L = 128 (random towers kept), the paper's 1,000 counting queries against the uncapped truth,

@@ -1,4 +1,4 @@
-"""Counting-query error of the DPGM release on a generated CDR-like table (docs/dpgm.md).
+"""Counting-query error of the DPGM release on a generated CDR-like table (docs/research/dpgm.md).
 
 numpy only: people are drawn with the same generator as the Spark event tables
 (sparkpriv.spark.generate_events.person_items on the public map), each person's

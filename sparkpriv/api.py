@@ -146,7 +146,7 @@ release_dprp_array = release_dprp  # the same function: in-memory data runs on t
 
 def release_dpgm(data, *, ledger=None, table_id: str | None = None, source: str | None = None,
                  on_step=None, **params) -> Release:
-    """DP mixture of generative models of ``data`` (docs/dpgm.md; docs/math.md section 5).
+    """DP mixture of generative models of ``data`` (docs/research/dpgm.md; docs/math.md section 5).
 
     ``data``: a Spark DataFrame or in-memory data (numpy array, pandas or
     Arrow table), one row per person, columns with values in the declared box

@@ -276,7 +276,7 @@ class DPLogisticRegression(ClassifierMixin, _DPRegressionBase):
 
 
 class DPGMSynthesizer(BaseEstimator):
-    """A private synthetic-data generator (the DPGM mixture, docs/dpgm.md) as an estimator.
+    """A private synthetic-data generator (the DPGM mixture, docs/research/dpgm.md) as an estimator.
 
     ``fit(X)`` is one release of the ``dpgm`` mechanism on the local engine
     (:func:`sparkpriv.api.release_dpgm`): DP k-means, then one generative model
@@ -401,7 +401,7 @@ class DPGMSynthesizer(BaseEstimator):
         """``n`` synthetic rows from the released model (post-processing: no budget), of the type
         ``fit`` was given: a numpy array (the input's dtype), a pandas DataFrame or a pyarrow Table
         with the modelled columns in their source types (integer and boolean columns get the
-        model's 0/1 values; docs/dpgm.md). ``seed`` makes it reproducible; by default fresh OS
+        model's 0/1 values; docs/research/dpgm.md). ``seed`` makes it reproducible; by default fresh OS
         entropy."""
         from sparkpriv.errors import ParameterError
         from sparkpriv.mechanisms.dpgm import synthesize, synthesize_table

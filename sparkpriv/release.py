@@ -250,7 +250,7 @@ class Release:
           (per class with public labels) in the column's units, and the std of
           DP fill values (docs/dprp.md, "Uncertainty").
         * DPGM: ``cluster_size_std`` and how the spread of counting queries over
-          repeated syntheses is obtained (``model.query_spread``; docs/dpgm.md).
+          repeated syntheses is obtained (``model.query_spread``; docs/research/dpgm.md).
         """
         u = self.public.get("uncertainty")
         if u is None:

@@ -1,6 +1,6 @@
 """scripts/dpgm_peers.py: argument parsing and the protocol helpers, without the
 peer packages (smartnoise-synth, mbi); the peer runs themselves are skipped
-unless those are installed (docs/dpgm.md, "Peers: MST, AIM, MWEM")."""
+unless those are installed (docs/research/dpgm.md, "Peers: MST, AIM, MWEM")."""
 
 from __future__ import annotations
 

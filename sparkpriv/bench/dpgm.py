@@ -249,7 +249,7 @@ def run(*, items: int = 1303, rbm_hidden: int = 32, vae_cols: int = 784, vae_hid
     rows = []
     with threadpool_limits(1):
         rng = np.random.default_rng(0)
-        # the rbm with the default length strata: chains of fixed lengths, 1-20 items (docs/dpgm.md,
+        # the rbm with the default length strata: chains of fixed lengths, 1-20 items (docs/research/dpgm.md,
         # "Length strata"); its non-private step has the same negative phase
         strata = RBM(items, rbm_hidden, strata=DEFAULT_LENGTH_STRATA,
                      chain_lengths=tuple(int(v) for v in np.random.default_rng(1).integers(1, min(items, 20) + 1, 100)))

@@ -48,7 +48,7 @@ __all__ = ["Method", "REGISTRY", "register", "ProductMixture", "bernoulli_rows",
 
 INDEPENDENCE_CAPS = (1, 2, 4, 8, 16, 32, 64)
 KMEANS_CAPS = (8, 32)
-DPGM_CAP = 32  # docs/dpgm.md's event-table examples (--max-items 32)
+DPGM_CAP = 32  # docs/research/dpgm.md's event-table examples (--max-items 32)
 KMEANS_K = 10
 
 

@@ -1,4 +1,4 @@
-"""``sparkpriv synthesize``: a synthetic table from a released DPGM model (docs/dpgm.md).
+"""``sparkpriv synthesize``: a synthetic table from a released DPGM model (docs/research/dpgm.md).
 
 :func:`synthesize_dpgm` reads a DPGM release (the directory the ``dpgm``
 mechanism published: its ``_dpgm_model.npz`` and ``_privacy_receipt.json``),

@@ -1,4 +1,4 @@
-"""The column types of a synthetic table (DPGM, docs/dpgm.md "Synthesizing a table").
+"""The column types of a synthetic table (DPGM, docs/research/dpgm.md "Synthesizing a table").
 
 A release records the SQL type of each source column (``InputFacts.types``,
 its schema: public); a synthetic column gets the same type for boolean,

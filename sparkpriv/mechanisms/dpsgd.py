@@ -284,7 +284,7 @@ def train(model, X: np.ndarray, theta: np.ndarray, *, clip: float, sampling_rate
     """``steps`` DP-SGD base steps with Adam (post-processing); returns the final ``theta``, or
     with ``average`` the mean of the last iterates.
 
-    ``batches`` (``m``, a cluster's own sampling rate ``m q``; docs/dpgm.md, "Per-cluster
+    ``batches`` (``m``, a cluster's own sampling rate ``m q``; docs/research/dpgm.md, "Per-cluster
     sampling rates"): each update makes ``m`` base steps at once (:func:`dp_step`'s
     ``base_steps``): ``ceil(steps / m)`` updates, update ``t`` over base steps ``(t - 1) m + 1
     .. min(t m, steps)``. The released noisy sums are those of the ``steps`` base steps of rate

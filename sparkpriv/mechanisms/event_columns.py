@@ -1,4 +1,4 @@
-"""Synthetic event tables of a model released on bounded event records (DPGM; docs/dpgm.md
+"""Synthetic event tables of a model released on bounded event records (DPGM; docs/research/dpgm.md
 "Synthesizing a table").
 
 A release on event records (:class:`~sparkpriv.spark.events.BoundedRecords`)

@@ -27,7 +27,7 @@ so ``||grad F(v)||^2 = ||v||^2 ||h||^2 + ||v||^2 + ||h||^2``; the clipped sum is
 
 Parameters are one flat float64 vector ``theta = [W.ravel(), b, c]``.
 
-Sampling with given record lengths (docs/dpgm.md, "Record lengths"): given the
+Sampling with given record lengths (docs/research/dpgm.md, "Record lengths"): given the
 hidden units, the visible units are independent Bernoullis; given also their
 number of ones ``m``, they follow the conditional Bernoulli distribution
 ``P(v) ∝ prod_i o_i^{v_i}`` over the ``v`` with ``|v| = m`` (``o_i`` the odds).
@@ -38,7 +38,7 @@ Bernoullis and keeps the rows whose sum is ``m``: an exact draw, whatever ``t``.
 Block Gibbs sweeps ``h | v``, ``v | h, |v| = m`` then leave ``p(v, h | |v| = m)``
 invariant.
 
-Length strata (docs/dpgm.md, "Length strata"; docs/math.md section 5.3): with public
+Length strata (docs/research/dpgm.md, "Length strata"; docs/math.md section 5.3): with public
 interior edges ``e_1 < ... < e_{S-1}`` (``strata``), a record of length ``m = |v|``
 lies in stratum ``s(m)`` (``[0, e_1)``, ``[e_1, e_2)``, ..., ``[e_{S-1}, inf)``) and
 its visible bias is ``b + A_{s(m)}``:
@@ -65,7 +65,7 @@ from sparkpriv.mechanisms.dpsgd import clip_factors
 __all__ = ["RBM", "conditional_bernoulli", "inclusion_probabilities"]
 
 LENGTH_SWEEPS = 3  # Gibbs sweeps with the record lengths fixed, after the free burn-in
-STRATA_LR = 10.0  # the Adam rate of the strata offsets A, a multiple of the model's rate (docs/dpgm.md)
+STRATA_LR = 10.0  # the Adam rate of the strata offsets A, a multiple of the model's rate (docs/research/dpgm.md)
 CB_TRIES = 400  # rejection rounds of conditional_bernoulli before its approximate fallback
 CB_TABLE_VALUES = 1 << 23  # inclusion_probabilities holds at most this many float64 (64 MiB) at once
 
@@ -361,7 +361,7 @@ class RBM:
         ``means``: instead of each record's last ``v``, its mean given the last ``h`` (and its
         length): ``sigmoid(b + W h)``, or :func:`inclusion_probabilities` given the length. The
         same expectation as the records' (the records' law is unchanged), without the variance of
-        the last draw: the mixture's marginals from far fewer records (docs/dpgm.md,
+        the last draw: the mixture's marginals from far fewer records (docs/research/dpgm.md,
         "Calibrating the marginals")."""
         if self.strata:
             if lengths is None:

@@ -1,4 +1,4 @@
-"""DPGM on Spark: one task per cluster (docs/dpgm.md).
+"""DPGM on Spark: one task per cluster (docs/research/dpgm.md).
 
 The release (``sparkpriv.api.release_dpgm``) runs the mechanism of
 :mod:`sparkpriv.mechanisms.dpgm` through the engine interface; its per-cluster
@@ -9,7 +9,7 @@ each row of the declared columns to its cluster of the k-means' last round
 the rows of cluster ``j`` go to their own partition (``repartition(k, key)``,
 one task per cluster, largest noisy size first, clusters in parallel), a
 table's rows there in their canonical order (sorted by their contents:
-``canonical_order``, docs/dpgm.md "Row order", so a retried task samples the
+``canonical_order``, docs/research/dpgm.md "Row order", so a retried task samples the
 same batches whatever order the source gives), and the numpy DP-SGD of that
 cluster runs alone (its keyed streams ``(seed, stage, j, step)``). Only the
 ``k`` parameter vectors reach the driver.

@@ -1,4 +1,4 @@
-"""Audit of DPGM's length histograms (docs/dpgm.md, "Record lengths").
+"""Audit of DPGM's length histograms (docs/research/dpgm.md, "Record lengths").
 
 The release noises the ``k`` clusters' histograms of record lengths once, on the driver
 (``LengthPlan.release``), as one vector of ``k B`` counts. Worst-case replace-one neighbours:

@@ -1,4 +1,4 @@
-"""Audit of DPGM's per-item counts (docs/dpgm.md, "Calibrating the marginals").
+"""Audit of DPGM's per-item counts (docs/research/dpgm.md, "Calibrating the marginals").
 
 The release noises the ``d`` column sums of the bounded records once, on the driver
 (``MarginalPlan.release``). Worst-case replace-one neighbours: the replaced record has ``L``

@@ -18,7 +18,7 @@ before the trials (from the known mixtures) is the optimal test.
   analyses for ``PoissonSampledDpEvent``: mixture game, positive control.
 * replace-one at ``q = 0.5``: the recorded event (an add/remove step of
   sensitivity ``2C``) dominates the true pair with slack (about 2x in epsilon,
-  docs/dpgm.md), so only the mechanism side is asserted (no power to detect a
+  docs/research/dpgm.md), so only the mechanism side is asserted (no power to detect a
   0.7x control under the claim: that is the slack, not a leak).
 """
 

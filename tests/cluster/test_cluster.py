@@ -436,7 +436,7 @@ def test_driver_killed_before_publishing(cluster, shipped, big_table, tmp_path):
     assert status.spent_epsilon == pytest.approx(entry["epsilon"])
     assert 0.99 < status.spent_epsilon <= 1.0
     assert entry["label"] == "unfinished" and status.unfinished == 1  # ... and shown as unfinished
-    # a hard-killed driver cannot delete its staging directory (documented in README.md)
+    # a hard-killed driver cannot delete its staging directory (documented in docs/running.md)
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".release.sparkpriv-staging-")]
     assert len(leftovers) <= 1
 

@@ -5,7 +5,7 @@ class of the connect jar that the pyspark package ships) bound to 127.0.0.1
 on a free port, and drives it from a ``SparkSession.builder.remote(...)``
 client in this process. A Connect client has no SparkContext, no RDDs and no
 JVM: the library must work through DataFrame operations only, and publishes to
-local paths (see README.md, "Running on a cluster").
+local paths (see docs/running.md, "Spark Connect").
 
 Skipped, with the reason, when the Connect client's dependencies (grpcio,
 grpcio-status, googleapis-common-protos, zstandard: ``pip install

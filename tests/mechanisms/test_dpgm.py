@@ -307,7 +307,7 @@ def test_a_release_records_each_clusters_learning_rate():
 def test_schedule_and_tail_mean_reach_every_clusters_trainer(monkeypatch):
     """``lr_schedule`` and ``average_tail`` are passed to DP-SGD for every cluster (their effect on
     the iterates is checked against a plain loop in test_dpsgd.py); by default the rbm is the mean of
-    the last half of its iterates, the vae its last iterate (docs/dpgm.md, "MNIST")."""
+    the last half of its iterates, the vae its last iterate (docs/research/dpgm.md, "MNIST")."""
     import dataclasses
 
     assert dpgm.DPGMParams().average_tail is None and dpgm.DPGMParams().lr_schedule == "constant"

@@ -1,5 +1,5 @@
 """DPGM's record lengths: the conditional Bernoulli sampler, the length histograms' plan and
-noise, their release on both paths, the model file and synthesis (docs/dpgm.md, "Record lengths")."""
+noise, their release on both paths, the model file and synthesis (docs/research/dpgm.md, "Record lengths")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """DPGM's per-item counts and the shift of the mixture's marginals towards them: the plan and its
 noise, the composed event, the release on both engines, the closed forms of the shift, and the
-model file (docs/dpgm.md, "Calibrating the marginals")."""
+model file (docs/research/dpgm.md, "Calibrating the marginals")."""
 
 from __future__ import annotations
 

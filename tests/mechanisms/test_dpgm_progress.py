@@ -1,4 +1,4 @@
-"""The spend-so-far of the in-process training's progress steps (docs/dpgm.md, "Progress")."""
+"""The spend-so-far of the in-process training's progress steps (docs/research/dpgm.md, "Progress")."""
 import math
 import re
 from types import SimpleNamespace

@@ -1,4 +1,4 @@
-"""Per-cluster sampling rates of the DPGM (``min_batch``; docs/dpgm.md, "Per-cluster sampling rates").
+"""Per-cluster sampling rates of the DPGM (``min_batch``; docs/research/dpgm.md, "Per-cluster sampling rates").
 
 A cluster of noisy size ``n_j`` makes ``m_j = min(max(ceil(min_batch / (q n_j)), 1), T)`` of the
 ``T`` base steps at once. Each base step keeps its own batch and noise, so the release's event

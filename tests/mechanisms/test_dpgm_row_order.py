@@ -1,5 +1,5 @@
 """A cluster's DP-SGD trains on its rows in an order fixed by their contents
-(``canonical_order``, docs/dpgm.md "Row order"): the model does not depend on the order the
+(``canonical_order``, docs/research/dpgm.md "Row order"): the model does not depend on the order the
 rows arrive in."""
 
 from __future__ import annotations

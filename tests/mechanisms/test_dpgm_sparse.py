@@ -1,4 +1,4 @@
-"""Event records kept sparse through the DPGM (docs/dpgm.md "Event tables"): the blocks' byte
+"""Event records kept sparse through the DPGM (docs/research/dpgm.md "Event tables"): the blocks' byte
 layout, row selection and stacking against dense references built by hand, the sparse
 assignment and Lloyd statistics against the dense functions, and DP-SGD on a CSR matrix against
 the same steps on the dense matrix (the same bits)."""

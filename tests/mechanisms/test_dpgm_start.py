@@ -1,4 +1,4 @@
-"""Where each cluster's RBM starts (docs/dpgm.md, "The RBM's starting point"; docs/math.md section 5):
+"""Where each cluster's RBM starts (docs/research/dpgm.md, "The RBM's starting point"; docs/math.md section 5):
 the released centre projected onto ``{p in [0, 1]^d : sum(p) <= s_j}``, ``s_j`` the mean length
 synthesis draws from the cluster's released length histogram."""
 

@@ -1,4 +1,4 @@
-"""The DPGM's length strata (docs/dpgm.md, "Length strata"): the parameter, the chains' public
+"""The DPGM's length strata (docs/research/dpgm.md, "Length strata"): the parameter, the chains' public
 lengths, the model file, and a release that learns what a record's length says about its items."""
 
 from __future__ import annotations

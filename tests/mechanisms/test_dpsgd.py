@@ -52,7 +52,7 @@ def test_replace_one_dominates_the_true_replace_pair():
     """Our replace-one event (an add/remove step of sensitivity 2C, proven to dominate) states at
     least dp_accounting's own REPLACE_ONE analysis of the scalar Poisson-sampled Gaussian (which we
     do not use: its vector case is not established here). The price of the proof: about 2x in
-    epsilon at q = 0.05 (docs/dpgm.md)."""
+    epsilon at q = 0.05 (docs/research/dpgm.md)."""
     import dp_accounting
     from dp_accounting.pld import pld_privacy_accountant
 

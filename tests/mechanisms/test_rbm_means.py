@@ -1,6 +1,6 @@
 """The RBM's record means (Rao-Blackwell) behind the DPGM's marginal calibration: the exact
 inclusion probabilities of the conditional Bernoulli, and ``RBM.sample(means=True)`` against the
-model's marginals by enumeration (docs/dpgm.md, "Calibrating the marginals"; docs/math.md 5.4)."""
+model's marginals by enumeration (docs/research/dpgm.md, "Calibrating the marginals"; docs/math.md 5.4)."""
 
 from __future__ import annotations
 

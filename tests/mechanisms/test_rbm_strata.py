@@ -1,4 +1,4 @@
-"""The RBM with length strata (docs/dpgm.md, "Length strata"): the energy, the clipped sum across
+"""The RBM with length strata (docs/research/dpgm.md, "Length strata"): the energy, the clipped sum across
 strata, chains of fixed lengths, the strata rates, and that training learns what a record's length
 says about its items. Per-example gradients against finite differences and the clipped sum against
 the materialised gradients: test_rbm.py, parametrized over strata."""

@@ -1,6 +1,6 @@
 """Uncertainty of DPGM releases: the spread of counting queries over repeated syntheses.
 
-The claim (docs/dpgm.md, "Uncertainty"): the interval of ``query_spread`` (R syntheses from the
+The claim (docs/research/dpgm.md, "Uncertainty"): the interval of ``query_spread`` (R syntheses from the
 released model) holds the answer of ANOTHER, independent synthesis from the same model with
 probability at least ``coverage = 1 - 2 r / (R + 1)`` (exactly 0.95 for R = 39 or 199 at 95%,
 for answers without ties). The simulation draws exactly that: a fresh spread and a fresh

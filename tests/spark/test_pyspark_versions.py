@@ -1,4 +1,4 @@
-"""The same code on PySpark 3.5 and 4.x (README.md, "Supported versions").
+"""The same code on PySpark 3.5 and 4.x (docs/running.md, "Supported versions").
 
 CI runs this directory on both (``.ci/run``, ``.ci/pyspark35.sh``). The test
 here is about a difference between them that sparkpriv must absorb: in

@@ -12,10 +12,10 @@
    at ONE public sampling rate ``q`` and ONE number of steps ``T`` for every
    cluster, normalised by the cluster's noisy size (public). An RBM starts from
    its cluster's released centre projected onto the box points of mass at most
-   the cluster's released mean length (:func:`visible_init`; docs/dpgm.md,
+   the cluster's released mean length (:func:`visible_init`; docs/research/dpgm.md,
    "The RBM's starting point"). With ``min_batch``
    a cluster makes ``m_j`` of its ``T`` steps at once (its own rate ``m_j q``,
-   ``m_j`` from its noisy size; docs/dpgm.md, "Per-cluster sampling rates"):
+   ``m_j`` from its noisy size; docs/research/dpgm.md, "Per-cluster sampling rates"):
    each step keeps its own batch and noise, so the event is the same.
 3. Released: the k models' parameters, the noisy cluster sizes
    (:func:`cluster_sizes`), the k-means centres and (rbm, by default) each cluster's noisy
@@ -28,7 +28,7 @@
    column types.
 4. With ``marginal_share`` (rbm): the noisy per-item counts (:class:`MarginalPlan`), and
    every cluster's visible biases shifted by one vector so that the mixture's per-item
-   marginals move to them (post-processing; docs/dpgm.md, "Calibrating the marginals").
+   marginals move to them (post-processing; docs/research/dpgm.md, "Calibrating the marginals").
 
 Privacy (replace-one; ``n`` public)
 -----------------------------------

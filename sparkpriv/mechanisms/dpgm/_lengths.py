@@ -1,5 +1,5 @@
 """Record lengths of the DPGM: the noisy per-cluster histograms, drawing lengths from them,
-the clusters' sizes as trained and the persistent chains' lengths (docs/dpgm.md, "Record
+the clusters' sizes as trained and the persistent chains' lengths (docs/research/dpgm.md, "Record
 lengths", "Cluster sizes")."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def gaussian_alone(epsilon: float, delta: float, cells: int, sensitivity: float,
 
 @dataclass(frozen=True)
 class LengthPlan:
-    """The per-cluster histograms of record lengths (docs/dpgm.md, "Record lengths"): ``k`` rows of
+    """The per-cluster histograms of record lengths (docs/research/dpgm.md, "Record lengths"): ``k`` rows of
     counts of the records of each length bin (``edges``), a vector of ``k B`` counts released
     ONCE with discrete Gaussian noise (``noise``, drawn on the driver from ``stream(seed,
     LENGTH_STAGE)``). Replace-one moves one record out of one cell and into one: L2 sensitivity
@@ -215,7 +215,7 @@ def draw_lengths(noisy: np.ndarray, edges: np.ndarray, std: float, j: int, n: in
 def cluster_sizes(kmeans_counts, noisy_lengths: np.ndarray | None, kmeans_std: float = 0.0,
                   lengths_std: float = 0.0) -> np.ndarray:
     """The public size of each cluster as its model trains on it: ``(k,)``, clamped at 0
-    (post-processing of released values; docs/dpgm.md, "Cluster sizes"; docs/math.md section 5,
+    (post-processing of released values; docs/research/dpgm.md, "Cluster sizes"; docs/math.md section 5,
     "Which ``n_j``").
 
     A model trains on the k-means' last round's cluster (:func:`last_round_centres`), which the
@@ -247,7 +247,7 @@ def cluster_size_std(kmeans_std: float, bins: int = 0, lengths_std: float = 0.0)
 
 def reliable_clusters(sizes, size_std: float, n: int, reliability_stds: float, min_share: float) -> np.ndarray:
     """``(k,)`` bool: cluster ``j`` is reliable when its noisy size is at least ``reliability_stds``
-    noise stds AND at least ``min_share`` of the ``n`` people (docs/dpgm.md, "Unreliable clusters").
+    noise stds AND at least ``min_share`` of the ``n`` people (docs/research/dpgm.md, "Unreliable clusters").
 
     A public rule on released sizes and public parameters (post-processing). Below it a cluster's
     size is indistinguishable from noise, or its model trains on so few records (an expected batch
@@ -264,7 +264,7 @@ def last_round_centres(iteration_stats):
     """``(stats, seen)``: ``iteration_stats`` that keeps, in ``seen["centres"]``, the centres of its
     last call, i.e. the centres the k-means' last round assigned with. Its clusters (the people
     nearest to them) are the ones each model trains on: the released centre is their noisy mean
-    and the k-means' released count their noisy size (docs/dpgm.md, "Cluster sizes"). Internal,
+    and the k-means' released count their noisy size (docs/research/dpgm.md, "Cluster sizes"). Internal,
     never released: with one k-means round they are the data-independent initial centres."""
     seen: dict = {}
 

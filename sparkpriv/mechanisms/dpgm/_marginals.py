@@ -1,5 +1,5 @@
 """The DPGM's per-item counts and the calibration of the mixture's marginals to them
-(docs/dpgm.md, "Calibrating the marginals"; docs/math.md section 5.4).
+(docs/research/dpgm.md, "Calibrating the marginals"; docs/math.md section 5.4).
 
 With ``marginal_share > 0`` (rbm only) the release also noises, once on the driver, the vector of
 the ``d`` column sums of the records as the k-means bounds them (for binary event records: the
@@ -42,7 +42,7 @@ BAND_ITEMS = 25  # ... of at least this many items each (fewer bands for fewer i
 
 @dataclass(frozen=True)
 class MarginalPlan:
-    """The per-item counts (docs/dpgm.md, "Calibrating the marginals"): the ``d`` column sums of
+    """The per-item counts (docs/research/dpgm.md, "Calibrating the marginals"): the ``d`` column sums of
     the bounded records, released ONCE with discrete Gaussian noise (``noise``, drawn on the
     driver from ``stream(seed, MARGINAL_STAGE)``), L2 sensitivity ``sqrt(2) row_bound``, the noise
     calibrated alone to ``(share epsilon, delta)``; ``samples`` synthetic records measure the
@@ -265,7 +265,7 @@ def shift_visible_biases(thetas: np.ndarray, shift: np.ndarray, d: int, hidden: 
 
 
 def calibration(item_counts, sums, samples_per_cluster, sizes, n: int, noise_var: float) -> tuple:
-    """``(shift, public)``: the driver's part of the calibration (docs/dpgm.md, "Calibrating the
+    """``(shift, public)``: the driver's part of the calibration (docs/research/dpgm.md, "Calibrating the
     marginals"). ``(m, v)`` the mixture's marginals and their sampling variance from each cluster's
     sampled sums (:func:`mixture_marginals`; ``samples_per_cluster[j]`` records of cluster ``j``),
     ``tau^2`` each item's (:func:`banded_model_error`), ``shift = marginal_shift(c, m, sigma^2, v,

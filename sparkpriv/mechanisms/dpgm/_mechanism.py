@@ -1,5 +1,5 @@
 """The DPGM as a mechanism of the release protocol (sparkpriv.mechanisms.protocol): plan, the
-k-means and the lengths on the engine, one training task per cluster (docs/dpgm.md)."""
+k-means and the lengths on the engine, one training task per cluster (docs/research/dpgm.md)."""
 
 from __future__ import annotations
 
@@ -190,7 +190,7 @@ def _training_progress(progress, dplan: DPGMPlan, reserved: float):
     first cluster trains, the spend so far is at most ``epsilon(k-means + lengths + item counts + t
     steps)`` (the events released before training: :meth:`DPGMPlan.base_events`); every cluster
     runs the same ``(q, sigma, T)`` on disjoint rows (parallel composition), so once one cluster has
-    made its ``T`` steps the whole reserved epsilon counts as spent (docs/dpgm.md "Progress").
+    made its ``T`` steps the whole reserved epsilon counts as spent (docs/research/dpgm.md "Progress").
     """
     k, steps = dplan.params.k, dplan.steps
     base = list(dplan.base_events())  # released before training: the k-means, lengths, item counts
@@ -243,7 +243,7 @@ def _column_types(facts: _proto.InputFacts) -> tuple:
 
 
 class DPGM(_proto.Mechanism):
-    """DP mixture of generative models: DP k-means (linear), then DP-SGD per cluster (docs/dpgm.md)."""
+    """DP mixture of generative models: DP k-means (linear), then DP-SGD per cluster (docs/research/dpgm.md)."""
 
     name = "dpgm"
     title = "DPGM"

@@ -1,4 +1,4 @@
-"""Parameters and constants of the DP mixture of generative models (docs/dpgm.md)."""
+"""Parameters and constants of the DP mixture of generative models (docs/research/dpgm.md)."""
 
 from __future__ import annotations
 
@@ -34,23 +34,23 @@ LENGTH_STAGE = 25  # stream(seed, LENGTH_STAGE): the noise of the length histogr
 CHAIN_STAGE = 26  # stream(seed, CHAIN_STAGE, j): the fixed lengths of cluster j's persistent chains (public draw)
 MARGINAL_STAGE = 27  # stream(seed, MARGINAL_STAGE): the noise of the per-item counts, drawn once on the driver
 MARGINAL_SAMPLE_STAGE = 28  # stream(seed, MARGINAL_SAMPLE_STAGE, j, b): batch b of cluster j's records that
-# measure the mixture's marginals (docs/dpgm.md, "Calibrating the marginals")
+# measure the mixture's marginals (docs/research/dpgm.md, "Calibrating the marginals")
 DEFAULT_MARGINAL_SAMPLES = 20_000
-# the rbm's default length strata (interior edges; docs/dpgm.md, "Length strata")
+# the rbm's default length strata (interior edges; docs/research/dpgm.md, "Length strata")
 DEFAULT_LENGTH_STRATA = (3, 6, 13)
 # a cluster trains its strata offsets when the noise of its averaged gradient is at most this
 STRATA_NOISE_MAX = 0.03
-# share of epsilon the histograms of record lengths are calibrated to (docs/dpgm.md, "Record lengths")
+# share of epsilon the histograms of record lengths are calibrated to (docs/research/dpgm.md, "Record lengths")
 DEFAULT_LENGTH_SHARE = {"rbm": 0.1, "vae": 0.0}
-DEFAULT_MARGINAL_SHARE = {"rbm": 0.3, "vae": 0.0}  # the per-item counts (docs/dpgm.md, "Calibrating the marginals")
+DEFAULT_MARGINAL_SHARE = {"rbm": 0.3, "vae": 0.0}  # the per-item counts (docs/research/dpgm.md, "Calibrating the marginals")
 LENGTH_KEEP_STDS = 2.0  # synthesis: a noisy bin below this many noise stds counts as empty
 _POS = Interval("real", 0, None, "neither")
-DEFAULT_LEARNING_RATE = {"rbm": 0.002, "vae": 0.01}  # docs/dpgm.md, "Training: a first study"
-# the share of the last iterates each model is released as the mean of (docs/dpgm.md, "Training: a second
+DEFAULT_LEARNING_RATE = {"rbm": 0.002, "vae": 0.01}  # docs/research/dpgm.md, "Training: a first study"
+# the share of the last iterates each model is released as the mean of (docs/research/dpgm.md, "Training: a second
 # study"; the vae's last iterate: "MNIST: samples and classifier accuracy")
 DEFAULT_AVERAGE_TAIL = {"rbm": 0.5, "vae": 0.0}
 # the rbm's default rate grows with the noise of a cluster's averaged gradient, tau = sigma C / (q n_j),
-# from LR_NOISE_REF up, by at most LR_MAX_FACTOR (docs/dpgm.md, "Training: a first study")
+# from LR_NOISE_REF up, by at most LR_MAX_FACTOR (docs/research/dpgm.md, "Training: a first study")
 LR_NOISE_REF = 0.03
 LR_MAX_FACTOR = 5.0
 
@@ -79,7 +79,7 @@ class DPGMParams(_proto.Params):
         None, help="share of epsilon the per-item counts (the column sums of the bounded records) are calibrated "
         "to, in [0, 1); after training every cluster's visible biases are shifted so that the mixture's "
         "per-item marginals move towards them, as far as the counts are more precise than the models (rbm "
-        "only; docs/dpgm.md, 'Calibrating the marginals'); 0: none", doc_default="rbm: 0.3; vae: 0",
+        "only; docs/research/dpgm.md, 'Calibrating the marginals'); 0: none", doc_default="rbm: 0.3; vae: 0",
         constraints=[Interval("real", 0, 1, "left")])
     marginal_samples: int = _proto.option(
         DEFAULT_MARGINAL_SAMPLES, help="with marginal_share: synthetic records (over all clusters, by noisy "
@@ -88,7 +88,7 @@ class DPGMParams(_proto.Params):
     length_strata: tuple | None = _proto.option(
         None, help="rbm with length histograms: interior edges e_1 < e_2 < ... (integers >= 1, at most the "
         "longest record L) of the record-length strata [0, e_1), [e_1, e_2), ..., [e_last, L]; each stratum "
-        "adds its own offset to the visible biases and the model is trained given the lengths (docs/dpgm.md, "
+        "adds its own offset to the visible biases and the model is trained given the lengths (docs/research/dpgm.md, "
         "'Length strata'); 0: none", doc_default="3,6,13 (rbm with length histograms); none otherwise",
         kind="floats")
     kmeans_iterations: int = _proto.option(8, help="Lloyd iterations of the k-means",
@@ -122,17 +122,17 @@ class DPGMParams(_proto.Params):
     min_batch: int | None = _proto.option(
         None, help="per-cluster sampling rates: a cluster whose expected batch q n_j (n_j its noisy size) is "
         "below this makes m_j = ceil(min_batch / (q n_j)) of the T steps at once (at most T): rate m_j q, "
-        "ceil(T / m_j) updates, the same privacy (docs/dpgm.md, 'Per-cluster sampling rates'); unset: every "
+        "ceil(T / m_j) updates, the same privacy (docs/research/dpgm.md, 'Per-cluster sampling rates'); unset: every "
         "cluster at q", doc_default="every cluster at q", constraints=[Interval("integer", 1, None, "left")])
     learning_rate: float | None = _proto.option(
         None, help="Adam learning rate, every cluster; unset: for rbm 0.002, raised up to 0.01 for a noisy "
-        "(small) cluster (docs/dpgm.md, 'Training: a first study'); for vae 0.01",
+        "(small) cluster (docs/research/dpgm.md, 'Training: a first study'); for vae 0.01",
         doc_default="rbm: 0.002 .. 0.01 by cluster; vae: 0.01", constraints=[_POS])
     lr_schedule: str = _proto.option("constant", help="the learning rate over the steps: constant, or falling "
                                      "linearly or along a half cosine towards 0", constraints=[Options(dpsgd.SCHEDULES)])
     average_tail: float | None = _proto.option(
         None, help="release each model as the mean of its last ceil(average_tail T) iterates (Polyak-Ruppert; "
-        "post-processing), in [0, 1); 0: the last iterate; unset: the model's default (docs/dpgm.md, "
+        "post-processing), in [0, 1); 0: the last iterate; unset: the model's default (docs/research/dpgm.md, "
         "'Training: a second study')", doc_default="rbm: 0.5; vae: 0",
         constraints=[Interval("real", 0, 1, "left")])
     hidden: int = _proto.option(64, help="hidden units (rbm) or hidden layer width (vae; the paper: 200)",

@@ -1,5 +1,5 @@
 """The DPGM's plan: calibration of the noise multiplier, the accounted events, the per-cluster
-rates (docs/dpgm.md, "Privacy in one paragraph"; docs/math.md section 5)."""
+rates (docs/research/dpgm.md, "Privacy in one paragraph"; docs/math.md section 5)."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ class DPGMPlan:
 
     def batches_for(self, n_pub: float) -> int:
         """``m``, the base steps a cluster of public (noisy) size ``n_pub`` makes at once (its
-        rate ``m q``; docs/dpgm.md, "Per-cluster sampling rates"): 1 without ``min_batch``, else
+        rate ``m q``; docs/research/dpgm.md, "Per-cluster sampling rates"): 1 without ``min_batch``, else
         ``ceil(min_batch / (q max(n_pub, 1)))`` clamped to ``[1, T]``. Public: a function of the
         released size and declared parameters; the release's event does not depend on it."""
         p = self.params
@@ -136,7 +136,7 @@ class DPGMPlan:
         """Whether a cluster of public size ``n_pub`` trains its length strata: the model has strata
         and the cluster's gradient noise ``tau`` (:meth:`gradient_noise_for`) is at most
         :data:`STRATA_NOISE_MAX`. A noisier cluster trains the plain RBM (its offsets stay 0, its
-        chains are free): there the offsets would be mostly noise (docs/dpgm.md, "Length strata").
+        chains are free): there the offsets would be mostly noise (docs/research/dpgm.md, "Length strata").
         Public: a function of released sizes and declared parameters."""
         return bool(length_strata(self.params, self.d)) and self.gradient_noise_for(n_pub) <= STRATA_NOISE_MAX
 

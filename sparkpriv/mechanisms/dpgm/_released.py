@@ -1,5 +1,5 @@
 """The released DPGM model (its file) and synthesis from it, with the spread of synthetic counts
-(docs/dpgm.md, "Synthesizing a table", "Uncertainty"). Post-processing: no budget."""
+(docs/research/dpgm.md, "Synthesizing a table", "Uncertainty"). Post-processing: no budget."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ class DPGMModel:
 
     @property
     def reliable(self) -> np.ndarray:
-        """``(k,)`` bool: the clusters synthesis draws from (docs/dpgm.md, "Unreliable clusters"); every
+        """``(k,)`` bool: the clusters synthesis draws from (docs/research/dpgm.md, "Unreliable clusters"); every
         cluster for a model written before the flags, or when none is reliable."""
         rec = (self.plan_public or {}).get("clusters")
         if not rec or not rec.get("reliable"):
@@ -105,7 +105,7 @@ class DPGMModel:
     def query_spread(self, queries, n: int, *, repeats: int = 199, confidence: float = 0.95,
                      threshold: float = 0.5, seed: int | None = None) -> "QuerySpread":
         """The spread of counting queries over ``repeats`` syntheses of ``n`` records
-        (:func:`query_spread`; post-processing, no budget; docs/dpgm.md, "Uncertainty")."""
+        (:func:`query_spread`; post-processing, no budget; docs/research/dpgm.md, "Uncertainty")."""
         return query_spread(self, queries, n, repeats=repeats, confidence=confidence, threshold=threshold,
                             seed=seed)
 
@@ -290,7 +290,7 @@ def query_spread(model: "DPGMModel", queries, n: int, *, repeats: int = DEFAULT_
     answers inside it with probability at least ``coverage = 1 - 2 r / (R + 1)``
     (exchangeability; exactly 0.95 at the default R = 199). It is the spread
     of the synthesis only: the noise in the released model and the model's
-    error against the real data are not in it (docs/dpgm.md, "Uncertainty").
+    error against the real data are not in it (docs/research/dpgm.md, "Uncertainty").
     ``seed`` makes it reproducible; by default fresh OS entropy.
     """
     caller = "query_spread"
@@ -326,6 +326,6 @@ def uncertainty_public(kplan: KMeansPlan) -> dict:
             "default_repeats": DEFAULT_SPREAD_REPEATS,
             "covers": "the answer of another synthesis from the same model: the spread of the synthesis "
                       "only, not the noise in the model nor its error against the real data",
-            "docs": "docs/dpgm.md",
+            "docs": "docs/research/dpgm.md",
         },
     }

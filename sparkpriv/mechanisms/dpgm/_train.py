@@ -1,5 +1,5 @@
 """Training the DPGM's models in memory: the RBM's start, the assignment of records to clusters,
-DP-SGD per cluster (docs/dpgm.md, "The RBM's starting point")."""
+DP-SGD per cluster (docs/research/dpgm.md, "The RBM's starting point")."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def visible_init(centre: np.ndarray, mass: float) -> np.ndarray:
     ``{p in [0, 1]^d : sum(p) <= mass}`` (:func:`project_capped`), kept within
     ``[INIT_FLOOR, 1 - INIT_FLOOR]``. A noisy centre clipped to the box keeps every positive
     noise, which at small clusters puts most of its mass on items nobody in the cluster has;
-    the projection removes it (docs/dpgm.md, "The RBM's starting point")."""
+    the projection removes it (docs/research/dpgm.md, "The RBM's starting point")."""
     p = np.clip(project_capped(centre, mass), INIT_FLOOR, 1.0 - INIT_FLOOR)
     return np.log(p / (1.0 - p))
 
@@ -148,7 +148,7 @@ def calibrate_marginals(plan: DPGMPlan, thetas: np.ndarray, sums: np.ndarray, si
     """``(thetas, shift, public)``: every cluster's visible biases plus the shift of
     :func:`._marginals.calibration` (the mixture's marginals from each cluster's sampled sums,
     ``plan.marginals.cluster_samples(sizes)`` records each, moved towards the noisy counts), and the
-    model file's record of it. Post-processing of released values (docs/dpgm.md, "Calibrating the
+    model file's record of it. Post-processing of released values (docs/research/dpgm.md, "Calibrating the
     marginals")."""
     mp = plan.marginals
     shift, public = calibration(item_counts, sums, mp.cluster_samples(sizes), sizes, plan.n, mp.noise_var)
@@ -243,7 +243,7 @@ def _row_hashes(U: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
 def canonical_order(X: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
     """A permutation that puts the rows of ``X`` (n, w) in an order fixed by their contents alone:
     ``X[canonical_order(X)]`` is the same matrix for every order of the same rows (the rows as a
-    multiset). A cluster's DP-SGD trains on its rows in this order (docs/dpgm.md, "Row order"), so
+    multiset). A cluster's DP-SGD trains on its rows in this order (docs/research/dpgm.md, "Row order"), so
     its model does not depend on the order the rows arrive in: a retried Spark task, a source whose
     partitions come back in another order, and the in-memory engine all train the same model.
     ``rows`` (indices into ``X``): order those rows only, without copying them; the result then
