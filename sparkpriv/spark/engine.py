@@ -160,12 +160,13 @@ class SparkEngine:
         self._spark = None  # the session of the opened source
         self.progress = None  # (what, i, n, message) of the running release (release() sets it)
 
-    def watch(self, what: str):
+    def watch(self, what: str, units: tuple | None = None):
         """A context reporting the task progress of the Spark jobs run inside it as ``what``
-        steps to :attr:`progress` (nothing when there is none): :class:`~sparkpriv.spark.progress.TaskProgress`."""
+        steps to :attr:`progress` (nothing when there is none): :class:`~sparkpriv.spark.progress.TaskProgress`
+        (``units``: its ``(label, total, counter)``)."""
         from sparkpriv.spark.progress import TaskProgress
 
-        return TaskProgress(self._spark, what, self.progress)
+        return TaskProgress(self._spark, what, self.progress, units=units)
 
     def counters(self, names: Sequence[str]):
         """Accumulators for owner diagnostics (None under Spark Connect: no diagnostics)."""
@@ -274,7 +275,7 @@ class SparkEngine:
         secret-keyed layout and the same on a retry; their ``group_fn`` returns the rows as the
         :class:`SparseRows` it got (they travel sparse) and ``train_fn`` gets a scipy CSR matrix.
         """
-        from pyspark.sql.types import BinaryType, LongType, StructField, StructType
+        from pyspark.sql.types import BinaryType, BooleanType, LongType, StructField, StructType
 
         from sparkpriv.spark.events import in_person_hash_order
 
@@ -305,7 +306,9 @@ class SparkEngine:
         split_schema = StructType([StructField("key", LongType(), False), StructField("group", LongType(), False),
                                    StructField("pid", LongType(), False), StructField("block", LongType(), False),
                                    StructField("z", BinaryType(), False)])
-        out_schema = StructType([StructField("group", LongType(), False), StructField("theta", BinaryType(), False)])
+        out_schema = StructType([StructField("group", LongType(), False), StructField("theta", BinaryType(), False),
+                                 StructField("empty", BooleanType(), False)])
+        slot_group = [int(j) for j in order]  # partition p trains group order[p]
 
         def sparkpriv_groups(batches, pid):
             for b, block in enumerate(blocks_of(batches)):
@@ -324,6 +327,13 @@ class SparkEngine:
                          pa.array([pid], pa.int64()), pa.array([b], pa.int64()), pa.array([z], pa.binary())],
                         ["key", "group", "pid", "block", "z"])
 
+        trained = None  # clusters trained, for the progress (public: a count of the k groups)
+        if self.progress is not None:
+            try:
+                trained = frame.sparkSession.sparkContext.accumulator(0)
+            except Exception:  # Spark Connect: no accumulators, and no progress either
+                trained = None
+
         def sparkpriv_train_slot(batches, pid):
             got: dict = {}
             for rb in batches:  # normally one group per partition; any group found trains here
@@ -339,20 +349,37 @@ class SparkEngine:
                     X = np.concatenate([np.frombuffer(z, dtype=np.float64).reshape(-1, width) for z in zs])
                 del zs
                 theta = np.asarray(train_fn(j, X), dtype=np.float64)
-                yield pa.RecordBatch.from_arrays(
-                    [pa.array([j], pa.int64()), pa.array([theta.tobytes()], pa.binary())], ["group", "theta"])
+                if trained is not None:
+                    trained.add(1)
+                yield _theta_batch(j, theta, False)
+            own = slot_group[pid] if pid < k else None
+            if own is not None and own not in got:
+                # the partition's group has no rows: it trains here on an empty matrix, as the local
+                # engine does (noise only), side by side with the others instead of after them on the
+                # driver; if Spark's hashing ever sent its rows elsewhere, that result wins (below)
+                theta = np.asarray(train_fn(own, np.zeros((0, width))), dtype=np.float64)
+                if trained is not None:
+                    trained.add(1)
+                yield _theta_batch(own, theta, True)
+
+        def _theta_batch(j, theta, empty):
+            return pa.RecordBatch.from_arrays(
+                [pa.array([int(j)], pa.int64()), pa.array([theta.tobytes()], pa.binary()),
+                 pa.array([bool(empty)], pa.bool_())], ["group", "theta", "empty"])
 
         parts = map_batches(frame, sparkpriv_groups, split_schema).repartition(k, "key")
-        with spark_errors(), self.watch(what):
+        units = None if trained is None else ("models trained (one Spark task each)", k, trained)
+        with spark_errors(), self.watch(what, units):
             rows = map_batches(parts, sparkpriv_train_slot, out_schema).collect()
-        out = [(int(r["group"]), r["theta"]) for r in rows]
         thetas = np.zeros((k, dim))
         seen = set()
-        for j, theta in out:
-            seen.add(int(j))
-            thetas[int(j)] = np.frombuffer(theta, dtype=np.float64)
+        for r in sorted(rows, key=lambda r: bool(r["empty"])):  # a group trained on its rows wins
+            j = int(r["group"])
+            if j not in seen:
+                seen.add(j)
+                thetas[j] = np.frombuffer(r["theta"], dtype=np.float64)
         for j in range(k):
-            if j not in seen:  # no rows: the same call on an empty matrix, as the local engine makes
+            if j not in seen:  # no task made it (not expected): the same call on the driver
                 thetas[j] = train_fn(j, np.zeros((0, width)))
         return thetas
 

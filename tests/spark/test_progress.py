@@ -25,10 +25,51 @@ def test_task_progress_reports_tasks_and_a_final_step(spark):
     steps = []
     with TaskProgress(spark, "pass", lambda *a: steps.append(a), interval=0.1) as p:
         assert spark.sparkContext.parallelize(range(60), 6).mapPartitions(_slow).sum() == 60
-    assert steps[-1] == ("pass", 6, 6, "Spark tasks")  # the job's 6 tasks, then the final i == n
+    assert steps[-1] == ("pass", 6, 6, "Spark tasks of stage 1 of the pass")  # the job's 6 tasks, then i == n
     assert all(0 <= i <= n for _, i, n, _ in steps) and len(steps) == p.steps
     assert len(set(steps)) == len(steps)  # a step only when the count changed
     assert not _progress_threads()
+
+
+def test_the_total_never_moves_within_a_stage_and_each_stage_is_named(spark):
+    """Two jobs of 2 and then 5 tasks (and a shuffle stage of 3): the steps never show a total that
+    grows while a stage runs (the old sum over stages seen so far went 0/2, 2/5, 3/16, 11/37); each
+    stage's tasks are reported against that stage's own count, with the stage's ordinal."""
+    steps = []
+    with TaskProgress(spark, "pass", lambda *a: steps.append(a), interval=0.05):
+        spark.sparkContext.parallelize(range(20), 2).mapPartitions(_slow).count()
+        rdd = spark.sparkContext.parallelize(range(50), 5).mapPartitions(_slow).map(lambda x: (x % 3, 1))
+        rdd.reduceByKey(lambda a, b: a + b, 3).mapPartitions(_slow).count()
+    by_stage: dict = {}
+    for _, i, n, msg in steps:
+        by_stage.setdefault(msg, set()).add(n)
+        assert 0 <= i <= n
+    assert all(len(ns) == 1 for ns in by_stage.values()), by_stage  # one total per stage
+    assert {n for ns in by_stage.values() for n in ns} <= {2, 5, 3}
+    assert steps[-1] == ("pass", 3, 3, f"Spark tasks of stage {len(by_stage)} of the pass")
+    assert len(by_stage) >= 2  # at least the first and the last stage were seen
+
+
+def test_declared_units_give_one_total_from_start_to_end(spark):
+    """With ``units`` the steps count what the tasks report (an accumulator), out of the declared
+    total, and a heartbeat repeats the last step while one long task runs."""
+    acc = spark.sparkContext.accumulator(0)
+
+    def work(it):
+        import time
+
+        time.sleep(0.4)
+        acc.add(1)
+        yield sum(1 for _ in it)
+
+    steps = []
+    with TaskProgress(spark, "fit", lambda *a: steps.append(a), interval=0.05, heartbeat=0.2,
+                      units=("models trained", 4, acc)):
+        spark.sparkContext.parallelize(range(8), 4).mapPartitions(work).count()
+    assert {n for _, _, n, _ in steps} == {4}
+    assert [i for _, i, _, _ in steps] == sorted(i for _, i, _, _ in steps) and steps[-1][1] == 4
+    assert all(m.startswith("models trained") for *_, m in steps)
+    assert any("still running" in m for *_, m in steps)  # 0.4 s tasks, a 0.2 s heartbeat
 
 
 def test_task_progress_only_counts_its_own_jobs(spark):
@@ -127,8 +168,9 @@ def test_spark_training_reports_its_tasks_and_not_the_in_process_callback(spark)
     steps, calls = [], []
     eng.progress = lambda *a: steps.append(a)
     out = eng.train_groups(src, _groups, _train, 3, 2, 2, on_train=lambda *a: calls.append(a), what="training")
-    np.testing.assert_array_equal(out, [[0.0, 20.0], [1.0, 20.0], [2.0, 0.0]])  # group 2: no rows
-    assert steps and steps[-1][0] == "training" and steps[-1][1] == steps[-1][2] > 0
+    np.testing.assert_array_equal(out, [[0.0, 20.0], [1.0, 20.0], [2.0, 0.0]])  # group 2: no rows, its own task
+    assert steps and steps[-1][0] == "training" and steps[-1][1] == steps[-1][2] == 3  # out of k = 3 models
+    assert {s[2] for s in steps} == {3} and all(s[3].startswith("models trained") for s in steps)
     assert calls == []
 
 
@@ -195,10 +237,9 @@ def test_spark_training_runs_each_group_in_its_own_task_in_the_given_order(spark
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", prev)
     np.testing.assert_array_equal(out[:, 0], [0, 1, 2, 3, 4, 5])
-    np.testing.assert_array_equal(out[5], [5, 0, -1, -1])  # group 5 has no rows: trained on the driver
-    np.testing.assert_array_equal(out[:5, 1], [20] * 5)
-    np.testing.assert_array_equal(out[:5, 2], [2, 1, 3, 0, 4])  # slot of each group
-    assert len(set(out[:5, 3])) == 1  # one stage: the groups trained side by side
+    np.testing.assert_array_equal(out[:, 1], [20] * 5 + [0])  # group 5 has no rows: trained on none
+    np.testing.assert_array_equal(out[:, 2], [2, 1, 3, 0, 4, 5])  # slot of each group, the empty one too
+    assert len(set(out[:, 3])) == 1  # one stage: the groups trained side by side, none after on the driver
     with pytest.raises(ValueError, match="permutation"):
         eng.train_groups(src, groups, _train_where, 6, 4, 2, order=[0, 0, 1, 2, 3, 4])
 
