@@ -2,7 +2,7 @@
 
 ``sparkpriv demo`` (the default) generates a call-detail table (people x cell
 towers) under ``<workdir>/input``, releases a DPGM model of it (DP k-means,
-then one RBM per cluster trained with DP-SGD; docs/dpgm.md) and a synthetic
+then one RBM per cluster trained with DP-SGD; docs/research/dpgm.md) and a synthetic
 release (``sparkpriv release synthetic``: a DP length profile and per-tower
 counts; docs/utility.md) with a budget ledger, generates a synthetic table of
 the same number of people from each released model (post-processing), and
@@ -51,7 +51,7 @@ PROJECTION_DEMO_OPTIONS = (
     Option("pairs", "int", "random pairs of rows for the utility summary", default=5000),
 )
 
-FEW_PEOPLE = 5_000  # below this the demo says most of an answer is noise (measured at epsilon 1: README.md, "Set-up")
+FEW_PEOPLE = 5_000  # below this the demo says most of an answer is noise (measured at epsilon 1: docs/dpgm.md, "Current figures")
 DELTA = 1e-5  # the DPGM's delta (DP-SGD's Gaussian steps); the counts release is pure epsilon
 
 
@@ -61,6 +61,14 @@ def _reset(paths) -> None:
             shutil.rmtree(p)
         elif os.path.exists(p):
             os.remove(p)
+
+
+DEMO_STEPS = 5
+
+
+def _demo_step(i: int, what: str) -> None:
+    """One line per stage of the demo, out of a fixed total, so a long stage is never silent."""
+    _log.info("demo step %d/%d: %s", i, DEMO_STEPS, what)
 
 
 def run_demo(*, workdir: str, people: int, epsilon: float, max_items: int = 32, k: int = 10,
@@ -100,14 +108,17 @@ def run_demo(*, workdir: str, people: int, epsilon: float, max_items: int = 32, 
         led.set_budget("demo.cdr", epsilon=10.0, delta=DELTA)
 
     # 1. the DPGM release: each person's set of towers (at most max_items), a model file and receipt
+    _demo_step(1, f"the DPGM release of {people} people (epsilon {epsilon:g})")
     records = bound_contributions(events, person="caller_id", item="tower_id", max_items=max_items,
                                   vocabulary=vocabulary)
     rel = release_dpgm(records, epsilon=epsilon, delta=DELTA, k=k, ledger=url, table_id="demo.cdr", source=src)
     rel.write(out)
     receipt_path = os.path.join(out, "_privacy_receipt.json")
     # 2. a synthetic table of as many people from the released model (post-processing: no budget)
+    _demo_step(2, f"a synthetic table of {people} people from the released model (no budget)")
     syn = synthesize_dpgm(out, rows=people, output=synthetic)
     # 3. the simplest DP answer at the same epsilon: noisy per-tower counts (their own release)
+    _demo_step(3, f"DP counts per tower (epsilon {epsilon:g})")
     domain = KeyDomain.product("tower_id", range(0, d))
     crec = bound_contributions(events, person="caller_id", item="tower_id", max_items=max_items,
                                vocabulary=vocabulary)
@@ -115,12 +126,14 @@ def run_demo(*, workdir: str, people: int, epsilon: float, max_items: int = 32, 
                           table_id="demo.cdr", source=src)
     crel.write(counts_out)
     # 4. the synthetic release at its defaults (max_items="auto": a DP quantile of the towers per person)
+    _demo_step(4, f"the synthetic release (epsilon {epsilon:g}) and a table of {people} people from it")
     srec = bound_contributions(events, person="caller_id", item="tower_id", max_items="auto", vocabulary=vocabulary)
     srel = release_synthetic(srec, epsilon=epsilon, delta=DELTA, ledger=url, table_id="demo.cdr", source=src)
     srel.write(syn_release)
     syn2 = synthesize_items(syn_release, rows=people, output=syn_items)
 
     # utility (owner side): the paper's counting queries against the real (uncapped) table
+    _demo_step(5, f"{queries} counting queries on the real table and on each release")
     truth = bound_contributions(events, person="caller_id", item="tower_id", max_items=1 << 30,
                                 vocabulary=vocabulary).df.persist()
     try:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -120,6 +121,8 @@ def test_demo_command(tmp_path):
     empty = float(out.split("empty release")[1].split()[0])
     assert empty == pytest.approx(1.0, abs=0.01)  # answering 0 to every query: relative error 1
     assert "note:          3000 people is few for a private release" in out  # below the demo's FEW_PEOPLE
+    # every stage says so, out of a fixed total (the demo was once silent for minutes after training)
+    assert re.findall(r"demo step (\d)/5:", r.stdout + r.stderr) == ["1", "2", "3", "4", "5"]
     assert (tmp_path / "d" / "release" / "_privacy_receipt.json").exists()
     assert (tmp_path / "d" / "release" / "_dpgm_model.npz").exists()
     assert (tmp_path / "d" / "synthetic" / "_privacy_receipt.json").exists()
