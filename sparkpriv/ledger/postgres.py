@@ -72,6 +72,16 @@ class _PostgresTx:
         """A statement whose result is not needed: queued, sent with the next one that is read."""
         self._cursor.execute(sql.replace("?", "%s"), tuple(params))
 
+    def defer(self, sql: str, params: Sequence[Any] = ()):
+        """A SELECT queued now whose rows the returned callable reads: queries deferred one after another
+        travel in one round trip (pipeline mode; without it, each is run at once)."""
+        if not self._pipelined:
+            rows = self.execute(sql, params)
+            return lambda: rows
+        cursor = self._conn.cursor()
+        cursor.execute(sql.replace("?", "%s"), tuple(params))
+        return cursor.fetchall
+
 
 class PostgresLedger(Ledger):
     """A ledger in the PostgreSQL database of ``url`` (tables ``sparkpriv_*``)."""

@@ -41,6 +41,11 @@ class _SQLiteTx:
     def send(self, sql: str, params: Sequence[Any] = ()) -> None:
         self._conn.execute(sql, tuple(params))
 
+    def defer(self, sql: str, params: Sequence[Any] = ()):
+        """A query whose rows are read later (:meth:`_PostgresTx.defer`); here: at once."""
+        rows = self.execute(sql, params)
+        return lambda: rows
+
 
 class SQLiteLedger(Ledger):
     """A ledger in the SQLite file ``path`` (created with its parent directories)."""

@@ -387,3 +387,35 @@ def test_no_public_option_of_a_mechanism_is_refused_as_a_secret_by_the_ledger():
         recorded = {f.name: 0 for f in dataclasses.fields(mech.Params)
                     if "help" in f.metadata and f.metadata.get("recorded", True)}
         assert _walk_plain(recorded, "parameters", "test") == [], name
+
+
+def test_a_short_history_reserves_in_one_transaction_a_long_one_composes_outside_the_lock(ledger_url, monkeypatch):
+    """A process that last saw the table's history short composes under the write lock at once (no
+    snapshot read first); a longer history is composed on a snapshot outside the lock, then checked
+    under it. The spend is exact either way."""
+    from sparkpriv.ledger import base
+
+    monkeypatch.setattr(base, "_SMALL_HISTORY", 3)
+    with open_ledger(ledger_url) as led:
+        led.set_budget("t.short", epsilon=100.0, delta=0.0)
+        calls: list = []
+        cls = type(led)
+        orig = cls._transaction
+
+        def counting(self, *, write):
+            calls.append(write)
+            return orig(self, write=write)
+
+        monkeypatch.setattr(cls, "_transaction", counting)
+
+        def cycle():
+            calls.clear()
+            r = led.reserve("t.short", event=laplace(0.25), mechanism="m", parameters={}, output_path="/o")
+            led.commit(r.id)
+            return list(calls)
+
+        assert cycle() == [False, True, True]  # not seen before: a snapshot read, the reserve, the commit
+        for _ in range(4):  # it saw 0, 1, 2, 3 entries: each reserve is one write transaction
+            assert cycle() == [True, True]
+        assert cycle() == [False, True, True]  # it saw 4 > 3 entries: the snapshot comes back
+        assert led.status("t.short").spent_epsilon == pytest.approx(6 * 0.25)
