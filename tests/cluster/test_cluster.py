@@ -71,6 +71,10 @@ MECHANISM_OPTIONS = {
     "synthetic": {"options": {"columns": None, "epsilon": 2.0, "delta": 1e-5, "events": True, "person_col": "id",
                               "item_col": "label", "vocabulary": "0..1", "max_items": "auto"},
                   "per_row": False},
+    "aggregates": {"options": {"columns": None, "epsilon": 1.0, "person": "id", "by": "label", "domain": "label=0..1",
+                               "aggregates": "count_distinct, count, mean(f0), median(f0)", "bounds": "f0=-10:10",
+                               "max_keys": 1, "max_events_per_key": 1},
+                   "per_row": False},
 }
 
 

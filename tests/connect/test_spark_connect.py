@@ -44,6 +44,14 @@ MECHANISM_OPTIONS = {
     "regression": {"columns": ["f0", "f1", "f2"], "target": "f3", "row_bound": 8.0, "epsilon": 1.0,
                    "target_lower": -8.0, "target_upper": 8.0,
                    "delta": 1e-5},
+    # event-table releases: each row an event of person ``id`` at key ``label``
+    "counts": {"epsilon": 1.0, "events": True, "person_col": "id", "item_col": "label", "vocabulary": "0..1",
+               "max_items": 1},
+    "synthetic": {"epsilon": 2.0, "delta": 1e-5, "events": True, "person_col": "id", "item_col": "label",
+                  "vocabulary": "0..1", "max_items": "auto"},
+    "aggregates": {"epsilon": 1.0, "person": "id", "by": "label", "domain": "label=0..1",
+                   "aggregates": "count_distinct, count, mean(f0), median(f0)", "bounds": "f0=-10:10", "max_keys": 1,
+                   "max_events_per_key": 1},
 }
 
 
@@ -134,7 +142,8 @@ def table(tmp_path_factory):
         ids = np.arange(i * 200, (i + 1) * 200, dtype=np.int64)
         lab = rng.integers(0, 2, ids.size)
         X = np.where(lab[:, None] == 1, 2.0, -2.0) + rng.standard_normal((ids.size, 4))
-        pq.write_table(pa.table({"id": ids, **{c: X[:, j] for j, c in enumerate(COLS)}}),
+        pq.write_table(pa.table({"id": ids, **{c: X[:, j] for j, c in enumerate(COLS)},
+                                 "label": lab.astype(np.int32)}),  # the key of the event-table releases
                        path / f"part-{i}.parquet")
     return path
 
@@ -199,11 +208,14 @@ def test_failed_write_under_connect_keeps_the_reservation(remote, tmp_path):
 
 
 @pytest.mark.parametrize("mechanism", _registered())
-def test_every_mechanism_runs_under_connect(remote, table, tmp_path, mechanism):
+def test_every_mechanism_runs_under_connect(remote, table, tmp_path, mechanism, monkeypatch):
     """The same run_release the CLI and jobs/release.py use, on a Connect session."""
     if mechanism not in MECHANISM_OPTIONS:
         pytest.skip(f"no Connect config for mechanism {mechanism!r}: add it to MECHANISM_OPTIONS in "
                     "tests/connect/test_spark_connect.py")
+    # as in a Connect client process (SparkSession.builder.remote sets it): pyspark.sql.functions then
+    # build Connect columns; this test process also runs a classic session, so the fixture cannot set it
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
     from sparkpriv.config import build_config
     from sparkpriv.runner import options_for, run_release
 
