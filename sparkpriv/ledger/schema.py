@@ -1,4 +1,4 @@
-"""The ledger's SQL schema (version 2) and the upgrade of a version-1 ledger (docs/ledger.md).
+"""The ledger's SQL schema (version 2) and the upgrade of a version-1 ledger (docs/ledger-internals.md).
 
 The same statements run on SQLite and PostgreSQL (``?`` placeholders; a
 backend translates them). Version 1 (sparkpriv before the journal) had
