@@ -74,7 +74,13 @@ COMMON_OPTIONS = (
     Option("job_id", "str", "id of this run, recorded in its ledger entry (default: $SPARKPRIV_JOB_ID, or the "
            "scheduler's: Airflow's dag/run/task, the Spark application id)"),
     Option("owner_report", "str", "write data-owner diagnostics (NOT private) to this local JSON file"),
+    Option("run_date", "str", "the date that {date} (YYYY-MM-DD) and {date_nodash} (YYYYMMDD) stand for in input, "
+           "output and table_id, for schedulers without templating (a Kubernetes schedule) and backfills "
+           "(default: today, UTC)"),
 )
+
+#: Options whose values may hold the run date's placeholders (:func:`expand_run_date`).
+DATED_OPTIONS = ("input", "output", "table_id", "owner_report")
 
 # Options of releases of a table's columns; a mechanism offers those that apply to it
 # (sparkpriv.runner.options_for): --columns where it takes a table, --keep-columns, --fill and
@@ -252,8 +258,36 @@ def build_config(
             flag = "--" + name.replace("_", "-")
             raise ParameterError(f"The {name!r} option is required: give {flag} or set {name} in the config file.")
         values[name] = v
+    if "run_date" in known:
+        values = expand_run_date(values)
     return ReleaseConfig(mechanism=mechanism, values=values,
                          spark={str(k): str(v) for k, v in spark_conf.items()})
+
+
+def expand_run_date(values: dict) -> dict:
+    """``{date}`` and ``{date_nodash}`` in the :data:`DATED_OPTIONS` replaced by ``run_date`` (default:
+    today's UTC date), so that one config releases each day's table to each day's output: ``input =
+    "s3a://lake/cdr/date={date}"``. Other braces are left as they are."""
+    import datetime as _dt
+    import re
+
+    given = values.get("run_date")
+    if given is None:
+        day = _dt.datetime.now(_dt.timezone.utc).date()
+    else:
+        try:
+            if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", str(given)):
+                raise ValueError
+            day = _dt.date.fromisoformat(str(given))
+        except ValueError:
+            raise ParameterError(f"The 'run_date' option must be a date YYYY-MM-DD, e.g. 2026-12-04. Got "
+                                 f"{given!r} instead.") from None
+    out = dict(values, run_date=day.isoformat())
+    for name in DATED_OPTIONS:
+        v = out.get(name)
+        if isinstance(v, str) and "{date" in v:
+            out[name] = v.replace("{date_nodash}", day.strftime("%Y%m%d")).replace("{date}", day.isoformat())
+    return out
 
 
 def read_bounds_file(path: str) -> dict[str, tuple[float, float]]:
