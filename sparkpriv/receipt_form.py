@@ -24,8 +24,8 @@ import os
 import re
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["DETAILS_FILE", "LONG_LIST", "public_ledger", "public_path", "public_source", "split_long_lists",
-           "summary_of"]
+__all__ = ["DETAILS_FILE", "LONG_LIST", "public_ledger", "public_path", "public_source", "restore_lists",
+           "split_long_lists", "summary_of", "with_details"]
 
 #: The side file of long lists, published beside ``_privacy_receipt.json``.
 DETAILS_FILE = "_privacy_receipt_details.json"
@@ -105,6 +105,28 @@ def split_long_lists(receipt: dict) -> tuple[dict, dict | None]:
         return out, None
     return out, {"format": "sparkpriv.receipt_details/1", "receipt": "_privacy_receipt.json",
                  "mechanism": receipt.get("mechanism"), "lists": lists}
+
+
+def restore_lists(receipt: dict, lists: dict | None) -> dict:
+    """``receipt`` with every side-file stub replaced by its list (stubs kept when ``lists`` lacks it)."""
+    def walk(obj):
+        if isinstance(obj, dict):
+            if obj.get("in_file") == DETAILS_FILE and lists and obj.get("key") in lists:
+                return lists[obj["key"]]
+            return {k: walk(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [walk(v) for v in obj]
+        return obj
+
+    return walk(receipt)
+
+
+def with_details(receipt_bytes: bytes, details_bytes: bytes | None) -> bytes:
+    """A published receipt's bytes with its side file's lists put back (as readers of the whole receipt want)."""
+    if not details_bytes:
+        return receipt_bytes
+    lists = json.loads(details_bytes.decode()).get("lists")
+    return json.dumps(restore_lists(json.loads(receipt_bytes.decode()), lists)).encode()
 
 
 def summary_of(receipt: dict) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 from sparkpriv.errors import LedgerError, ParameterError
 from sparkpriv.ledger.checks import _printable
 from sparkpriv.ledger.events import InvalidEvent, spend_of_dict
-from sparkpriv.receipt_form import DETAILS_FILE, public_ledger, public_path
+from sparkpriv.receipt_form import DETAILS_FILE, public_ledger, public_path, restore_lists
 
 __all__ = ["RECEIPT_FILE", "ReceiptCheck", "check_receipt", "describe_receipt", "load_details", "load_receipt",
            "restore_lists"]
@@ -209,16 +209,3 @@ def describe_receipt(receipt: dict) -> str:
     ]
     return "\n".join(_printable(line) for line in lines) + "\n"
 
-
-def restore_lists(receipt: dict, lists: dict | None) -> dict:
-    """``receipt`` with every side-file stub replaced by its list (stubs kept when ``lists`` lacks it)."""
-    def walk(obj):
-        if isinstance(obj, dict):
-            if obj.get("in_file") == DETAILS_FILE and lists and obj.get("key") in lists:
-                return lists[obj["key"]]
-            return {k: walk(v) for k, v in obj.items()}
-        if isinstance(obj, list):
-            return [walk(v) for v in obj]
-        return obj
-
-    return walk(receipt)
