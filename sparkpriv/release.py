@@ -30,6 +30,8 @@ from sparkpriv import __version__
 from sparkpriv.errors import InputError
 from sparkpriv.privacy.accounting import describe_event, epsilon_of, event_to_dict
 from sparkpriv.privacy.random import active_fixed_seed
+from sparkpriv.receipt_form import (DETAILS_FILE, public_ledger, public_path, public_source, split_long_lists,
+                                     summary_of)
 
 __all__ = ["Release", "BudgetHold", "reserve", "release", "choose_engine", "RECEIPT_FORMAT"]
 
@@ -297,8 +299,10 @@ class Release:
         """The privacy receipt (JSON-ready dict). It never holds secrets or data statistics."""
         # fixed when the secrets were drawn (reserve) or now: either way, no guarantee
         test_seed = self.hold.fixed_seed or active_fixed_seed() is not None
+        shown, local = public_path(output_path)
         r = {
             "format": RECEIPT_FORMAT,
+            "summary": "",
             "mechanism": self.mechanism,
             "library": {"name": "sparkpriv", "version": __version__, "python": platform.python_version()},
             "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -315,18 +319,29 @@ class Release:
             "events": event_to_dict(self.event),
             "events_summary": describe_event(self.event),
             "mechanism_details": self.public,
-            "input": self.input_info,
+            "input": dict(self.input_info, source=public_source(self.input_info.get("source")))
+            if "source" in self.input_info else self.input_info,
             "output": {
-                "path": output_path,
+                "path": shown,
+                **({"local": True} if local else {}),
                 "schema": _schema_of(self.df),
             },
-            "ledger": self.hold.to_public_dict(),
+            "ledger": _public_ledger_info(self.hold.to_public_dict()),
             "insecure_test_seed": test_seed,
         }
         if test_seed:
             r["guarantee"]["statement"] = NO_GUARANTEE
             r["WARNING"] = "made with a fixed test seed (insecure_fixed_seed): NOT PRIVATE, no privacy guarantee"
+        r["summary"] = summary_of(r)
         return r
+
+    def _receipt_and_files(self, output_path: str) -> tuple[dict, dict[str, bytes]]:
+        """The receipt as published (long lists in its side file) and the files published with it."""
+        main, details = split_long_lists(self.receipt(output_path))
+        files = self.extra_files()
+        if details is not None:
+            files[DETAILS_FILE] = json.dumps(details, sort_keys=True).encode()
+        return main, files
 
     def write(self, path: str, *, overwrite: bool = False, owner_report: str | None = None,
               writer: str = "auto") -> str:
@@ -371,8 +386,9 @@ class Release:
 
             watch = TaskProgress(self.df.sparkSession, *self.write_progress)
         with watch:
-            return publish(self.df, path, receipt=self.receipt(path_q), overwrite=overwrite, rows=self.rows,
-                           writer=how, extra_files=self.extra_files(), if_no_rows=refuse_empty_input)
+            receipt, files = self._receipt_and_files(path_q)
+            return publish(self.df, path, receipt=receipt, overwrite=overwrite, rows=self.rows,
+                           writer=how, extra_files=files, if_no_rows=refuse_empty_input)
 
     def _publish_local(self, path: str, overwrite: bool, writer: str) -> str:
         from sparkpriv.io.local_writer import publish_local
@@ -382,8 +398,7 @@ class Release:
 
             raise ParameterError(f"An in-memory release is written by this process (pyarrow); "
                                  f"writer={writer!r} does not apply. Leave writer out.")
-        return publish_local(self.df, path, receipt_for=self.receipt, overwrite=overwrite,
-                             extra_files=self.extra_files())
+        return publish_local(self.df, path, receipt_for=self._receipt_and_files, overwrite=overwrite)
 
     def extra_files(self) -> dict[str, bytes]:
         """Public files published with the table (name -> bytes), inside the same atomic step."""
@@ -461,6 +476,12 @@ class Release:
                    "note": "data-owner diagnostics; NOT private, never publish with the release"}
             with open(owner_report, "w") as f:
                 json.dump(doc, f, indent=2, sort_keys=True)
+
+
+def _public_ledger_info(info: dict | None) -> dict | None:
+    if isinstance(info, dict) and info.get("ledger"):
+        info = dict(info, ledger=public_ledger(info["ledger"]))
+    return info
 
 
 def _as_rows(Z):

@@ -34,9 +34,10 @@ def _local(path: str) -> str:
     return os.path.abspath(path[len("file://"):] if path.startswith("file://") else path)
 
 
-def publish_local(table, path: str, *, receipt_for: Callable[[str], dict], overwrite: bool = False,
-                  extra_files: dict[str, bytes] | None = None) -> str:
-    """Write ``table`` and its receipt (``receipt_for(qualified_path)``) to ``path`` atomically."""
+def publish_local(table, path: str, *, receipt_for: Callable[[str], tuple[dict, dict[str, bytes]]],
+                  overwrite: bool = False) -> str:
+    """Write ``table``, its receipt and files (``receipt_for(qualified_path)`` gives both: the
+    receipt's side file and the mechanism's files, name -> bytes) to ``path`` atomically."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -45,7 +46,7 @@ def publish_local(table, path: str, *, receipt_for: Callable[[str], dict], overw
         raise OutputExistsError(f"The output {out!r} already exists. Choose another path or pass "
                                 "overwrite=True to replace it.")
     qualified = "file:" + out
-    receipt = receipt_for(qualified)
+    receipt, extra_files = receipt_for(qualified)
     text = json.dumps(receipt, sort_keys=True)
     parent, name = os.path.split(out.rstrip("/"))
     os.makedirs(parent or ".", exist_ok=True)

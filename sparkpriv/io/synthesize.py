@@ -94,7 +94,17 @@ def _read_release(spark, model: str):
         if not fs.exists(p):
             raise InputError(f"The model {model!r} is not a DPGM release: its {what} {p} is missing. Give the "
                              "output directory of a `sparkpriv release dpgm` run (--model).")
-    return directory, fs.read_bytes(model_path), fs.read_bytes(receipt_path)
+    return directory, fs.read_bytes(model_path), _whole_receipt(fs, directory)
+
+
+def _whole_receipt(fs, directory: str) -> bytes:
+    """The receipt's bytes with the lists of its side file (when published) put back."""
+    from sparkpriv.io.writer import RECEIPT_FILE
+    from sparkpriv.receipt_form import DETAILS_FILE, with_details
+
+    details = f"{directory}/{DETAILS_FILE}"
+    return with_details(fs.read_bytes(f"{directory}/{RECEIPT_FILE}"),
+                        fs.read_bytes(details) if fs.exists(details) else None)
 
 
 def _check_model(model, receipt: dict, where: str):
@@ -362,7 +372,7 @@ def synthesize_items(model: str, *, rows: int, output: str, overwrite: bool = Fa
     fs = _store_for_check(spark, directory)
     directory = fs.qualify(directory)
     model_bytes = fs.read_bytes(f"{directory}/{SYN_FILE}")
-    receipt_bytes = fs.read_bytes(f"{directory}/{RECEIPT_FILE}")
+    receipt_bytes = _whole_receipt(fs, directory)
     try:
         mdl = SyntheticModel.load(io.BytesIO(model_bytes))
         receipt = json.loads(receipt_bytes.decode())

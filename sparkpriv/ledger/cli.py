@@ -27,8 +27,8 @@ from sparkpriv.ledger.base import _printable
 from sparkpriv.ledger.history import describe
 
 __all__ = ["add_ledger_subparsers", "add_receipt_subparsers", "cmd_abort", "cmd_history", "cmd_report",
-           "cmd_set_budget", "cmd_show", "cmd_upgrade", "cmd_verify", "cmd_receipt_verify", "format_status",
-           "format_report"]
+           "cmd_set_budget", "cmd_show", "cmd_upgrade", "cmd_verify", "cmd_receipt_show", "cmd_receipt_verify",
+           "format_status", "format_report"]
 
 _WINDOW_HELP = ("lifetime (every spend ever; the default for a new budget), Nd such as 30d (any N consecutive "
                 "days) or month (any calendar month, UTC); default: keep the current window")
@@ -155,7 +155,20 @@ def add_ledger_subparsers(commands) -> None:
 
 
 def add_receipt_subparsers(commands) -> None:
-    """Add ``verify`` to ``commands``, the sub-commands of ``receipt``."""
+    """Add ``show`` and ``verify`` to ``commands``, the sub-commands of ``receipt``."""
+    s = commands.add_parser(
+        "show",
+        help="print a release's receipt in short: what it guarantees, its ledger entry, its output",
+        description="Print a published release's receipt in short: its summary, the mechanism, the guarantee "
+        "(epsilon, delta, neighbour relation, what it protects, and whether it holds: a fixed test seed means "
+        "none), the events, the ledger entry, the output's schema, library version and time. Reads no ledger. "
+        "Exit code 0, or 2 when PATH holds no readable receipt.",
+    )
+    s.add_argument("path", metavar="PATH", help="a published release's directory (local or mounted) or its "
+                   "_privacy_receipt.json")
+    s.add_argument("--json", action="store_true", help="the whole receipt as JSON, its long lists put back "
+                   "from _privacy_receipt_details.json when it is there")
+    s.set_defaults(_handler=cmd_receipt_show, func=cmd_receipt_show)
     v = commands.add_parser(
         "verify",
         help="check a release's receipt against the ledger that recorded it",
@@ -217,6 +230,11 @@ def cmd_history(args: argparse.Namespace) -> int:
 def cmd_upgrade(args: argparse.Namespace) -> int:
     """Handler of ``sparkpriv ledger upgrade``; returns the exit code."""
     return _run(_upgrade, args)
+
+
+def cmd_receipt_show(args: argparse.Namespace) -> int:
+    """Handler of ``sparkpriv receipt show``; returns the exit code."""
+    return _run(_receipt_show, args)
 
 
 def cmd_receipt_verify(args: argparse.Namespace) -> int:
@@ -432,6 +450,16 @@ def _upgrade(args: argparse.Namespace, out: TextIO) -> None:
     from sparkpriv.ledger import upgrade_ledger
 
     out.write(upgrade_ledger(args.ledger, key_file=args.key_file) + "\n")
+
+
+def _receipt_show(args: argparse.Namespace, out: TextIO) -> None:
+    from sparkpriv.ledger.receipts import describe_receipt, load_details, load_receipt, restore_lists
+
+    file, receipt = load_receipt(args.path, "receipt show")
+    if args.json:
+        _dump(restore_lists(receipt, load_details(file)), out)
+    else:
+        out.write(describe_receipt(receipt))
 
 
 def _receipt_verify(args: argparse.Namespace, out: TextIO) -> int:

@@ -22,8 +22,10 @@ from typing import Any
 from sparkpriv.errors import LedgerError, ParameterError
 from sparkpriv.ledger.checks import _printable
 from sparkpriv.ledger.events import InvalidEvent, spend_of_dict
+from sparkpriv.receipt_form import DETAILS_FILE, public_ledger, public_path, restore_lists
 
-__all__ = ["RECEIPT_FILE", "ReceiptCheck", "check_receipt", "load_receipt"]
+__all__ = ["RECEIPT_FILE", "ReceiptCheck", "check_receipt", "describe_receipt", "load_details", "load_receipt",
+           "restore_lists"]
 
 #: The receipt's file name in a published release (sparkpriv.io.writer.RECEIPT_FILE; a test keeps them equal).
 RECEIPT_FILE = "_privacy_receipt.json"
@@ -51,10 +53,10 @@ class ReceiptCheck:
                 "state": self.state, "problems": list(self.problems), "notes": list(self.notes)}
 
 
-def load_receipt(path: str) -> tuple[str, dict]:
+def load_receipt(path: str, command: str = "receipt verify") -> tuple[str, dict]:
     """The receipt at ``path`` (the file, or a published release's directory holding it)."""
     if "://" in path and not path.startswith("file:"):
-        raise ParameterError(f"receipt verify reads local or mounted paths; copy the {RECEIPT_FILE} of "
+        raise ParameterError(f"{command} reads local or mounted paths; copy the {RECEIPT_FILE} of "
                              f"{path!r} here first.")
     path = path[len("file:"):] if path.startswith("file:") else path
     file = os.path.join(path, RECEIPT_FILE) if os.path.isdir(path) else path
@@ -66,9 +68,23 @@ def load_receipt(path: str) -> tuple[str, dict]:
                              f"{RECEIPT_FILE}.") from None
     except (OSError, ValueError) as exc:
         raise ParameterError(f"Cannot read the receipt {file!r}: {exc}.") from None
-    if not isinstance(receipt, dict):
-        raise ParameterError(f"The receipt {file!r} is not a JSON object.")
+    if not isinstance(receipt, dict) or "guarantee" not in receipt or "events" not in receipt:
+        raise ParameterError(f"{file!r} is not a sparkpriv privacy receipt (a JSON object with its guarantee and "
+                             f"events): give a published release's directory or its {RECEIPT_FILE}.")
     return file, receipt
+
+
+def load_details(receipt_file: str) -> dict | None:
+    """The lists of the side file beside ``receipt_file`` (key -> list), or None when it has none."""
+    file = os.path.join(os.path.dirname(receipt_file), DETAILS_FILE)
+    try:
+        with open(file, encoding="utf-8") as f:
+            lists = json.load(f).get("lists")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ParameterError(f"Cannot read the receipt's side file {file!r}: {exc}.") from None
+    return lists if isinstance(lists, dict) else None
 
 
 def _figure(event: Any, delta: float) -> float:
@@ -87,7 +103,7 @@ def check_receipt(ledger, receipt: dict, path: str = "") -> ReceiptCheck:
                             "(made without a table id)")
         return out
     out.entry_id, out.table_id = info["entry_id"], info.get("table_id")
-    if info.get("ledger") and info.get("ledger") != ledger.public_url:
+    if info.get("ledger") and info.get("ledger") not in (ledger.public_url, public_ledger(ledger.public_url)):
         out.notes.append(f"the receipt was recorded in ledger {_printable(info.get('ledger'))}; checked against "
                          f"{ledger.public_url}")
     try:
@@ -129,8 +145,13 @@ def check_receipt(ledger, receipt: dict, path: str = "") -> ReceiptCheck:
             out.problems.append(f"the ledger's events for the entry cannot be accounted: {exc}")
     else:
         out.problems.append("the receipt states no guarantee (epsilon and delta)")
-    receipt_path = (receipt.get("output") or {}).get("path")
-    if receipt_path and entry["state"] == "committed" and receipt_path != entry["output_path"]:
+    output = receipt.get("output") or {}
+    receipt_path, ledger_path = output.get("path"), entry["output_path"]
+    if output.get("local") and ledger_path:  # the receipt shows a local path without its directories
+        ledger_path = public_path(ledger_path)[0]
+        if receipt_path != ledger_path and os.path.basename(str(receipt_path)) == os.path.basename(ledger_path):
+            ledger_path = receipt_path  # shown relative to another directory: the same output
+    if receipt_path and entry["state"] == "committed" and receipt_path != ledger_path:
         out.notes.append(f"the receipt's output path {_printable(receipt_path)} differs from the ledger's "
                          f"{_printable(entry['output_path'])}")
     head = info.get("chain_head")
@@ -150,3 +171,41 @@ def _inner(text: str):
     """A stored event's dict without its format envelope."""
     obj = json.loads(text)
     return obj.get("event") if isinstance(obj, dict) and "event_format" in obj else obj
+
+
+def describe_receipt(receipt: dict) -> str:
+    """The short readable account ``sparkpriv receipt show`` prints: the summary, then the facts."""
+    g = receipt.get("guarantee") or {}
+    ledger = receipt.get("ledger") or {}
+    output = receipt.get("output") or {}
+    lines = []
+    if not g.get("holds", False) or receipt.get("insecure_test_seed"):
+        lines.append("*** NO PRIVACY GUARANTEE: made with a fixed test seed (insecure_fixed_seed). NOT PRIVATE. ***")
+    if receipt.get("summary"):
+        lines.append(str(receipt["summary"]))
+    lines.append("")
+    holds = "yes" if g.get("holds", False) and not receipt.get("insecure_test_seed") else "NO (fixed test seed)"
+    lines += [
+        f"  mechanism    {receipt.get('mechanism')}",
+        f"  guarantee    epsilon = {g.get('epsilon')}, delta = {g.get('delta')}, neighbours: {g.get('neighbors')}",
+        f"  protects     {g.get('protects')}",
+        f"  holds        {holds}",
+        f"  accountant   {g.get('accountant')}",
+        f"  events       {receipt.get('events_summary')}",
+    ]
+    if ledger.get("entry_id"):
+        lines.append(f"  ledger       entry {ledger.get('entry_id')} of table {ledger.get('table_id')}"
+                     + (f" in {ledger.get('ledger')}" if ledger.get("ledger") else ""))
+    else:
+        lines.append("  ledger       none (made without a table id: not recorded in any budget ledger)")
+    schema = output.get("schema") or []
+    names = [str(c.get("name")) + ":" + str(c.get("type")) for c in schema if isinstance(c, dict)]
+    shown = ", ".join(names[:8]) + (f", ... ({len(names)} columns)" if len(names) > 8 else "")
+    lines += [
+        f"  output       {output.get('path')}",
+        f"  schema       {shown or '-'}",
+        f"  library      sparkpriv {(receipt.get('library') or {}).get('version')}",
+        f"  created_at   {receipt.get('created_at')}",
+    ]
+    return "\n".join(_printable(line) for line in lines) + "\n"
+

@@ -178,7 +178,10 @@ def missing_values_rule(fill, missing: bool) -> str:
     """The public rule for nulls, NaN and infinities, as receipts state it."""
     if missing:
         return "nulls, NaN and infinite values are missing values, filled by the mechanism (fill)"
-    f = "0.0" if fill is None else repr(fill if np.ndim(fill) == 0 else [float(v) for v in np.ravel(fill)])
+    if fill is not None and np.size(fill) > 8:  # a long vector is in the receipt once, as input.fill_for_nulls
+        f = f"their column's value of input.fill_for_nulls ({np.size(fill)} values)"
+    else:
+        f = "0.0" if fill is None else repr(fill if np.ndim(fill) == 0 else [float(v) for v in np.ravel(fill)])
     return f"nulls, NaN and infinite values are replaced by {f} before clipping (a public rule; never an error)"
 
 

@@ -78,7 +78,8 @@ def test_write_is_atomic_with_receipt_in_the_footer(tmp_path):
     assert {"_privacy_receipt.json", "_kmeans_model.json", "_SUCCESS", "part-00000.parquet"} <= files
     rec = json.loads((tmp_path / "rel" / "_privacy_receipt.json").read_text())
     footer = json.loads(pq.read_metadata(tmp_path / "rel" / "part-00000.parquet").metadata[b"sparkpriv.receipt"])
-    assert footer["events"] == rec["events"] and rec["output"]["path"] == out
+    assert footer["events"] == rec["events"] and out == f"file:{tmp_path}/rel"
+    assert rec["output"]["path"] == "rel" and rec["output"]["local"]  # never the absolute path
     assert [f["name"] for f in rec["output"]["schema"]] == ["cluster", "count", "reliable", "center",
                                                             "feature_center"]
     with pytest.raises(OutputExistsError):
