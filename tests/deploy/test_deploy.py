@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import importlib.util
 import os
 import re
@@ -408,3 +409,93 @@ def test_build_script_is_valid_bash_and_executable():
 def test_every_target_has_a_readme(target):
     text = (DEPLOY / target / "README.md").read_text()
     assert len(text) > 500
+
+
+# ------------------------------------------------ dated input and the receipt through pyarrow
+
+
+def _render(template: str, ds: str, variables: dict) -> str:
+    """Render an op_kwargs template as Airflow does (Jinja, ``var.value.get``, ``ds``)."""
+    jinja2 = pytest.importorskip("jinja2")
+
+    class _Value:
+        def get(self, name, default=None):
+            return variables.get(name, default)
+
+    return jinja2.Environment().from_string(template).render(ds=ds, var=types.SimpleNamespace(value=_Value()))
+
+
+def _release_kwargs(dag_module):
+    task = next(t for t in dag_module.dag.tasks if t.task_id == "release")
+    return getattr(task, "kw", {}).get("op_kwargs") or task.op_kwargs
+
+
+def test_dag_dates_both_the_input_and_the_output(dag_module):
+    kw = _release_kwargs(dag_module)
+    variables = {"sparkpriv_input_template": "s3a://lake/cdr/date={ds}", "sparkpriv_output_root": "s3a://out/towers"}
+    assert _render(kw["input"], "2026-03-04", variables) == "s3a://lake/cdr/date=2026-03-04"
+    assert _render(kw["output"], "2026-03-04", variables) == "s3a://out/towers/2026-03-04"
+    assert _render(kw["input"], "2026-03-05", variables) == "s3a://lake/cdr/date=2026-03-05"
+
+
+def test_the_dated_input_reaches_the_job_as_input(dag_module, tmp_path):
+    dag_module.run_release(str(tmp_path / "out"), "s3a://lake/cdr/date=2026-03-04", config="/etc/n.toml",
+                           job="/opt/jobs/release.py", submit_args="", ledger_url="sqlite:////l.sqlite",
+                           spark_submit=_fake_submit(tmp_path, 0))
+    args = (tmp_path / "args").read_text().split()
+    assert args[args.index("--input") + 1] == "s3a://lake/cdr/date=2026-03-04"
+
+
+def _receipt(entry_id="e-123"):
+    return json.dumps({"ledger": {"entry_id": entry_id}, "epsilon": 1.0}).encode()
+
+
+def test_check_receipt_reads_a_local_release(dag_module, tmp_path):
+    from airflow.exceptions import AirflowFailException
+
+    out = tmp_path / "2026-03-04"
+    out.mkdir()
+    with pytest.raises(AirflowFailException, match="no readable privacy receipt"):
+        dag_module.check_receipt(str(out))
+    (out / "_privacy_receipt.json").write_bytes(_receipt())
+    dag_module.check_receipt(str(out))
+    dag_module.check_receipt(f"file:{out}")
+    (out / "_privacy_receipt.json").write_bytes(json.dumps({"ledger": None}).encode())
+    with pytest.raises(AirflowFailException, match="names no ledger entry"):
+        dag_module.check_receipt(str(out))
+
+
+@pytest.fixture
+def s3_endpoint():
+    pytest.importorskip("moto", reason="moto[server] is in the test extra")
+    import socket
+
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"127.0.0.1:{port}"
+    server.stop()
+
+
+def test_check_receipt_reads_an_s3a_release(dag_module, s3_endpoint, monkeypatch):
+    import boto3
+    from airflow.exceptions import AirflowFailException
+
+    for k, v in {"AWS_ENDPOINT_URL": f"http://{s3_endpoint}", "AWS_ACCESS_KEY_ID": "testing",
+                 "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                 "AWS_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    client = boto3.client("s3", endpoint_url=f"http://{s3_endpoint}", region_name="us-east-1")
+    client.create_bucket(Bucket="releases")
+    with pytest.raises(AirflowFailException, match="no readable privacy receipt"):
+        dag_module.check_receipt("s3a://releases/towers/2026-03-04")
+    client.put_object(Bucket="releases", Key="towers/2026-03-04/_privacy_receipt.json", Body=_receipt())
+    dag_module.check_receipt("s3a://releases/towers/2026-03-04")
+    dag_module.check_receipt("s3://releases/towers/2026-03-04/")
+    client.put_object(Bucket="releases", Key="towers/2026-03-05/_privacy_receipt.json", Body=b'{"ledger": {}}')
+    with pytest.raises(AirflowFailException, match="names no ledger entry"):
+        dag_module.check_receipt("s3a://releases/towers/2026-03-05")
