@@ -21,7 +21,7 @@ nightly.toml --table-id cdr.calls.<ds_nodash> --job-id <run_id> --output
 retried); ``check_receipt`` runs ``sparkpriv receipt verify`` on the output.
 
 Settings as in sparkpriv_nightly.py (Airflow Variables ``sparkpriv_config``,
-``sparkpriv_output_root``, ``sparkpriv_job``, ``sparkpriv_spark_submit_args``;
+``sparkpriv_input_template`` (the night's input, ``{ds}`` replaced, as ``--input``), ``sparkpriv_output_root``, ``sparkpriv_job``, ``sparkpriv_spark_submit_args``;
 the Connection ``sparkpriv_ledger`` becomes ``SPARKPRIV_LEDGER`` in the
 environment, never a command-line argument).
 """
@@ -78,7 +78,7 @@ def verify_ledger(previous_head: str | None = None, *, ledger_url: str | None = 
     return report["head"]  # to XCom: the next run pins it
 
 
-def run_release(output: str, table_id: str, job_id: str, *, config: str | None = None, job: str | None = None,
+def run_release(output: str, table_id: str, job_id: str, input: str | None = None, *, config: str | None = None, job: str | None = None,
                 submit_args: str | None = None, ledger_url: str | None = None,
                 spark_submit: str = "spark-submit") -> str:
     """Release the night's table on the unit's budget; map the exit code to Airflow's retries."""
@@ -87,6 +87,8 @@ def run_release(output: str, table_id: str, job_id: str, *, config: str | None =
     submit_args = submit_args if submit_args is not None else _setting("sparkpriv_spark_submit_args", "")
     cmd = [spark_submit, *shlex.split(submit_args), job, "--config", config, "--table-id", table_id,
            "--job-id", job_id, "--output", output]
+    if input:  # the night's input (overrides the config's ``input``)
+        cmd += ["--input", input]
     code = subprocess.run(cmd, env=_env(ledger_url)).returncode
     if code == 0:
         return output
@@ -123,7 +125,8 @@ with DAG(
         task_id="release",
         python_callable=run_release,
         op_kwargs={"output": "{{ var.value.get('sparkpriv_output_root', 'releases/calls') }}/{{ ds }}",
-                   "table_id": "cdr.calls.{{ ds_nodash }}", "job_id": "{{ run_id }}"},
+                   "table_id": "cdr.calls.{{ ds_nodash }}", "job_id": "{{ run_id }}",
+                   "input": "{{ var.value.get('sparkpriv_input_template', '') | replace('{ds}', ds) }}"},
         execution_timeout=dt.timedelta(hours=4),
     )
     receipt = PythonOperator(

@@ -499,3 +499,12 @@ def test_check_receipt_reads_an_s3a_release(dag_module, s3_endpoint, monkeypatch
     client.put_object(Bucket="releases", Key="towers/2026-03-05/_privacy_receipt.json", Body=b'{"ledger": {}}')
     with pytest.raises(AirflowFailException, match="names no ledger entry"):
         dag_module.check_receipt("s3a://releases/towers/2026-03-05")
+
+
+def test_unit_dag_dates_the_input_and_output_but_not_the_unit(monkeypatch):
+    mod = _import_dag(monkeypatch, UNIT_DAG_FILE)
+    kw = _release_kwargs(mod)
+    variables = {"sparkpriv_input_template": "s3a://lake/cdr/date={ds}", "sparkpriv_output_root": "s3a://out/calls"}
+    assert _render(kw["input"], "2026-03-04", variables) == "s3a://lake/cdr/date=2026-03-04"
+    assert _render(kw["output"], "2026-03-04", variables) == "s3a://out/calls/2026-03-04"
+    assert _render(kw["input"], "2026-03-04", {}) == ""  # unset: the config's input (no --input)
