@@ -252,8 +252,36 @@ def build_config(
             flag = "--" + name.replace("_", "-")
             raise ParameterError(f"The {name!r} option is required: give {flag} or set {name} in the config file.")
         values[name] = v
+    for name in ("input", "output"):
+        if isinstance(values.get(name), str) and RUN_DATE_PLACEHOLDER in values[name]:
+            values[name] = values[name].replace(RUN_DATE_PLACEHOLDER, run_date())
     return ReleaseConfig(mechanism=mechanism, values=values,
                          spark={str(k): str(v) for k, v in spark_conf.items()})
+
+
+RUN_DATE_PLACEHOLDER = "{run_date}"
+
+
+def run_date() -> str:
+    """The date that ``{run_date}`` in ``input`` and ``output`` stands for: the environment
+    variable ``SPARKPRIV_RUN_DATE`` (``YYYY-MM-DD``) if set, else today's date in UTC.
+
+    For schedulers without date templating (the Kubernetes operator's
+    ScheduledSparkApplication): ``input = "s3a://lake/cdr/date={run_date}"``.
+    """
+    import datetime as dt
+    import os
+
+    value = os.environ.get("SPARKPRIV_RUN_DATE")
+    if not value:
+        return dt.datetime.now(dt.timezone.utc).date().isoformat()
+    try:
+        if len(value) != 10:
+            raise ValueError
+        return dt.date.fromisoformat(value).isoformat()
+    except ValueError:
+        raise ParameterError(f"The SPARKPRIV_RUN_DATE environment variable must be a date YYYY-MM-DD. "
+                             f"Got {value!r} instead. Unset it to use today's date (UTC).") from None
 
 
 def read_bounds_file(path: str) -> dict[str, tuple[float, float]]:
