@@ -47,9 +47,15 @@ def _docs():
         return [d for d in yaml.safe_load_all(f) if d]
 
 
-def _app():
-    (app,) = [d for d in _docs() if d.get("kind") == "SparkApplication"]
+def _scheduled():
+    (app,) = [d for d in _docs() if d.get("kind") == "ScheduledSparkApplication"]
     return app
+
+
+def _app():
+    """The SparkApplication that the schedule creates each night (its ``spec.template``)."""
+    app = _scheduled()
+    return {"apiVersion": app["apiVersion"], "metadata": app["metadata"], "spec": app["spec"]["template"]}
 
 
 def _strings(node):
@@ -84,6 +90,49 @@ def test_sparkapplication_has_the_fields_the_operator_requires():
     assert spec["executor"]["instances"] >= 1
     assert spec["restartPolicy"]["type"] == "Never"  # a refused budget (exit 3) is never retried
     assert int(spec["sparkConf"]["spark.task.maxFailures"]) >= 2
+
+
+def _cron_field_ok(field: str, lo: int, hi: int) -> bool:
+    for part in field.split(","):
+        m = re.fullmatch(r"(\*|(\d+)(?:-(\d+))?)(?:/(\d+))?", part)
+        if not m:
+            return False
+        for n in (m.group(2), m.group(3)):
+            if n is not None and not lo <= int(n) <= hi:
+                return False
+    return True
+
+
+def test_scheduled_application_runs_nightly_one_at_a_time_on_dated_paths(monkeypatch):
+    from sparkpriv.config import build_config
+    from sparkpriv.runner import options_for
+
+    app = _scheduled()
+    assert not [d for d in _docs() if d.get("kind") == "SparkApplication"], "a one-shot app would run once"
+    spec = app["spec"]
+    fields = spec["schedule"].split()
+    assert len(fields) == 5, spec["schedule"]
+    assert all(_cron_field_ok(f, lo, hi) for f, (lo, hi) in
+               zip(fields, [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)])), spec["schedule"]
+    assert spec["concurrencyPolicy"] == "Forbid"
+    assert isinstance(spec["template"], dict) and spec["template"]["type"] == "Python"
+    (cm,) = [d for d in _docs() if d.get("kind") == "ConfigMap"]
+    values = tomllib.loads(cm["data"]["nightly.toml"])
+    mech = values.pop("mechanism")
+    values.pop("spark")
+    nights = {}
+    for day in ("2026-03-04", "2026-03-05"):
+        monkeypatch.setenv("SPARKPRIV_RUN_DATE", day)
+        cfg = build_config(mech, options_for(mech), values, {}, source="ConfigMap nightly.toml")
+        assert day in cfg.get("input") and day in cfg.get("output")
+        nights[day] = (cfg.get("input"), cfg.get("output"))
+    assert nights["2026-03-04"][1] != nights["2026-03-05"][1]  # a second night is not refused as existing
+
+
+def test_kubernetes_readme_documents_the_s3a_connector():
+    text = (K8S / "README.md").read_text()
+    assert "hadoop-aws" in text and "bundle" in text
+    assert "spark.jars.packages" in text
 
 
 def test_secrets_come_from_kubernetes_secrets_never_the_manifest():
