@@ -98,9 +98,29 @@ def run_release(output: str, table_id: str, job_id: str, input: str | None = Non
 
 
 def check_receipt(output: str, *, ledger_url: str | None = None, sparkpriv: tuple = SPARKPRIV) -> None:
-    """Fail unless the published receipt matches the ledger's entry (local or mounted output paths)."""
-    r = subprocess.run([*sparkpriv, "receipt", "verify", output], env=_env(ledger_url), capture_output=True,
-                       text=True)
+    """Fail unless the published receipt matches the ledger's entry. Local paths are verified in
+    place; s3a/s3/gs/hdfs receipts are read through pyarrow (as in sparkpriv_nightly.py) into a
+    temporary file that ``sparkpriv receipt verify`` then checks."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        target = output
+        if "://" in output and not output.startswith("file:"):
+            from pyarrow import fs
+
+            uri = "s3://" + output.split("://", 1)[1] if output.startswith(("s3a://", "s3n://")) else output
+            filesystem, path = fs.FileSystem.from_uri(uri)
+            try:
+                with filesystem.open_input_stream(path.rstrip("/") + "/_privacy_receipt.json") as f:
+                    data = f.read()
+            except OSError as e:
+                raise AirflowFailException(f"no readable privacy receipt at {output}/_privacy_receipt.json "
+                                           f"({type(e).__name__}): check the release task's log.") from None
+            target = os.path.join(tmp, "_privacy_receipt.json")
+            with open(target, "wb") as f:
+                f.write(data)
+        r = subprocess.run([*sparkpriv, "receipt", "verify", target], env=_env(ledger_url), capture_output=True,
+                           text=True)
     if r.returncode != 0:
         raise AirflowFailException(f"the receipt of {output} does not match the ledger:\n{r.stdout}{r.stderr}")
 

@@ -557,3 +557,22 @@ def test_unit_dag_dates_the_input_and_output_but_not_the_unit(monkeypatch):
     assert _render(kw["input"], "2026-03-04", variables) == "s3a://lake/cdr/date=2026-03-04"
     assert _render(kw["output"], "2026-03-04", variables) == "s3a://out/calls/2026-03-04"
     assert _render(kw["input"], "2026-03-04", {}) == ""  # unset: the config's input (no --input)
+
+
+def test_unit_dag_verifies_an_s3a_receipt_through_a_local_copy(monkeypatch, s3_endpoint, tmp_path):
+    import boto3
+
+    mod = _import_dag(monkeypatch, UNIT_DAG_FILE)
+    from airflow.exceptions import AirflowFailException
+
+    for k, v in {"AWS_ENDPOINT_URL": f"http://{s3_endpoint}", "AWS_ACCESS_KEY_ID": "testing",
+                 "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    client = boto3.client("s3", endpoint_url=f"http://{s3_endpoint}", region_name="us-east-1")
+    client.create_bucket(Bucket="calls")
+    fake = (sys.executable, "-c", f"import sys, shutil; shutil.copy(sys.argv[3], {str(tmp_path / 'seen')!r})")
+    with pytest.raises(AirflowFailException, match="no readable privacy receipt"):
+        mod.check_receipt("s3a://calls/2026-03-04", ledger_url="sqlite:////l.sqlite", sparkpriv=fake)
+    client.put_object(Bucket="calls", Key="2026-03-04/_privacy_receipt.json", Body=_receipt("e-9"))
+    mod.check_receipt("s3a://calls/2026-03-04", ledger_url="sqlite:////l.sqlite", sparkpriv=fake)
+    assert json.loads((tmp_path / "seen").read_text())["ledger"]["entry_id"] == "e-9"
