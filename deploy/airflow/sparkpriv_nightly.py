@@ -16,7 +16,9 @@ what Airflow does:
   unfinished, so the retry can never overspend), and it published nothing.
 
 Settings come from Airflow Variables at run time (never at parse time):
-``sparkpriv_config`` (path of nightly.toml on the worker), ``sparkpriv_output_root``
+``sparkpriv_config`` (path of nightly.toml on the worker), ``sparkpriv_input_template``
+(the night's input, ``{ds}`` replaced by the date, e.g. ``s3a://lake/cdr/date={ds}``;
+passed as ``--input``), ``sparkpriv_output_root``
 (the release for day ``ds`` goes to ``<root>/<ds>``), ``sparkpriv_job`` (path of
 jobs/release.py), ``sparkpriv_spark_submit_args`` (master, --py-files/--archives,
 --properties-file ...). The ledger URL is read from the Airflow connection
@@ -60,7 +62,7 @@ def _ledger_url() -> str:
     return BaseHook.get_connection("sparkpriv_ledger").get_uri()
 
 
-def run_release(output: str, *, config: str | None = None, job: str | None = None,
+def run_release(output: str, input: str | None = None, *, config: str | None = None, job: str | None = None,
                 submit_args: str | None = None, ledger_url: str | None = None,
                 spark_submit: str = "spark-submit") -> str:
     """Run the release; map its exit code to Airflow's retry semantics. Returns the output path."""
@@ -69,6 +71,8 @@ def run_release(output: str, *, config: str | None = None, job: str | None = Non
     submit_args = submit_args if submit_args is not None else _setting("sparkpriv_spark_submit_args", "")
     env = dict(os.environ, SPARKPRIV_LEDGER=ledger_url or _ledger_url())
     cmd = [spark_submit, *shlex.split(submit_args), job, "--config", config, "--output", output]
+    if input:  # the night's input (overrides the config's ``input``)
+        cmd += ["--input", input]
     code = subprocess.run(cmd, env=env).returncode
     if code == EXIT_OK:
         return output
@@ -78,12 +82,34 @@ def run_release(output: str, *, config: str | None = None, job: str | None = Non
     raise AirflowException(f"sparkpriv release exited with {code}; Airflow may retry it.")
 
 
+def _filesystem(output: str):
+    """The pyarrow filesystem and path of ``output``: s3a:// and s3n:// are read as s3://
+    (endpoint and credentials from the environment, e.g. AWS_ENDPOINT_URL), gs://, hdfs://
+    and local paths as pyarrow reads them."""
+    from pyarrow import fs
+
+    uri = output
+    for scheme in ("s3a://", "s3n://"):
+        if uri.startswith(scheme):
+            uri = "s3://" + uri[len(scheme):]
+    if "://" not in uri:
+        uri = os.path.abspath(uri[len("file:"):] if uri.startswith("file:") else uri)
+    return fs.FileSystem.from_uri(uri)
+
+
 def check_receipt(output: str) -> None:
-    """Fail unless the published receipt exists and names its ledger entry (local or mounted paths)."""
-    path = output[len("file:"):] if output.startswith("file:") else output
-    with open(os.path.join(path, "_privacy_receipt.json")) as f:
-        receipt = json.load(f)
-    if not receipt.get("ledger") or not receipt["ledger"].get("entry_id"):
+    """Fail unless the published receipt exists and names its ledger entry (local, s3a/s3/gs/hdfs)."""
+    if not output or output == "None":
+        raise AirflowFailException("check_receipt got no output path: the release task pushed none to XCom.")
+    filesystem, path = _filesystem(output)
+    receipt_path = path.rstrip("/") + "/_privacy_receipt.json"
+    try:
+        with filesystem.open_input_stream(receipt_path) as f:
+            receipt = json.loads(f.read())
+    except (FileNotFoundError, OSError) as e:
+        raise AirflowFailException(f"no readable privacy receipt at {output}/_privacy_receipt.json ({type(e).__name__}); "
+                                   "the release published nothing there: check the release task's log.") from None
+    if not isinstance(receipt, dict) or not (receipt.get("ledger") or {}).get("entry_id"):
         raise AirflowFailException(f"the receipt of {output} names no ledger entry")
 
 
@@ -100,7 +126,9 @@ with DAG(
     release = PythonOperator(
         task_id="release",
         python_callable=run_release,
-        op_kwargs={"output": "{{ var.value.get('sparkpriv_output_root', 'releases/towers') }}/{{ ds }}"},
+        op_kwargs={"output": "{{ var.value.get('sparkpriv_output_root', 'releases/towers') }}/{{ ds }}",
+                   # the night's input, e.g. s3a://lake/cdr/date={{ ds }}: without it every night re-releases the config's input
+                   "input": "{{ var.value.get('sparkpriv_input_template', '') | replace('{ds}', ds) }}"},
         execution_timeout=dt.timedelta(hours=4),
     )
     receipt = PythonOperator(

@@ -21,7 +21,7 @@ nightly.toml --table-id cdr.calls.<ds_nodash> --job-id <run_id> --output
 retried); ``check_receipt`` runs ``sparkpriv receipt verify`` on the output.
 
 Settings as in sparkpriv_nightly.py (Airflow Variables ``sparkpriv_config``,
-``sparkpriv_output_root``, ``sparkpriv_job``, ``sparkpriv_spark_submit_args``;
+``sparkpriv_input_template`` (the night's input, ``{ds}`` replaced, as ``--input``), ``sparkpriv_output_root``, ``sparkpriv_job``, ``sparkpriv_spark_submit_args``;
 the Connection ``sparkpriv_ledger`` becomes ``SPARKPRIV_LEDGER`` in the
 environment, never a command-line argument).
 """
@@ -78,7 +78,7 @@ def verify_ledger(previous_head: str | None = None, *, ledger_url: str | None = 
     return report["head"]  # to XCom: the next run pins it
 
 
-def run_release(output: str, table_id: str, job_id: str, *, config: str | None = None, job: str | None = None,
+def run_release(output: str, table_id: str, job_id: str, input: str | None = None, *, config: str | None = None, job: str | None = None,
                 submit_args: str | None = None, ledger_url: str | None = None,
                 spark_submit: str = "spark-submit") -> str:
     """Release the night's table on the unit's budget; map the exit code to Airflow's retries."""
@@ -87,6 +87,8 @@ def run_release(output: str, table_id: str, job_id: str, *, config: str | None =
     submit_args = submit_args if submit_args is not None else _setting("sparkpriv_spark_submit_args", "")
     cmd = [spark_submit, *shlex.split(submit_args), job, "--config", config, "--table-id", table_id,
            "--job-id", job_id, "--output", output]
+    if input:  # the night's input (overrides the config's ``input``)
+        cmd += ["--input", input]
     code = subprocess.run(cmd, env=_env(ledger_url)).returncode
     if code == 0:
         return output
@@ -96,9 +98,29 @@ def run_release(output: str, table_id: str, job_id: str, *, config: str | None =
 
 
 def check_receipt(output: str, *, ledger_url: str | None = None, sparkpriv: tuple = SPARKPRIV) -> None:
-    """Fail unless the published receipt matches the ledger's entry (local or mounted output paths)."""
-    r = subprocess.run([*sparkpriv, "receipt", "verify", output], env=_env(ledger_url), capture_output=True,
-                       text=True)
+    """Fail unless the published receipt matches the ledger's entry. Local paths are verified in
+    place; s3a/s3/gs/hdfs receipts are read through pyarrow (as in sparkpriv_nightly.py) into a
+    temporary file that ``sparkpriv receipt verify`` then checks."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        target = output
+        if "://" in output and not output.startswith("file:"):
+            from pyarrow import fs
+
+            uri = "s3://" + output.split("://", 1)[1] if output.startswith(("s3a://", "s3n://")) else output
+            filesystem, path = fs.FileSystem.from_uri(uri)
+            try:
+                with filesystem.open_input_stream(path.rstrip("/") + "/_privacy_receipt.json") as f:
+                    data = f.read()
+            except OSError as e:
+                raise AirflowFailException(f"no readable privacy receipt at {output}/_privacy_receipt.json "
+                                           f"({type(e).__name__}): check the release task's log.") from None
+            target = os.path.join(tmp, "_privacy_receipt.json")
+            with open(target, "wb") as f:
+                f.write(data)
+        r = subprocess.run([*sparkpriv, "receipt", "verify", target], env=_env(ledger_url), capture_output=True,
+                           text=True)
     if r.returncode != 0:
         raise AirflowFailException(f"the receipt of {output} does not match the ledger:\n{r.stdout}{r.stderr}")
 
@@ -123,7 +145,8 @@ with DAG(
         task_id="release",
         python_callable=run_release,
         op_kwargs={"output": "{{ var.value.get('sparkpriv_output_root', 'releases/calls') }}/{{ ds }}",
-                   "table_id": "cdr.calls.{{ ds_nodash }}", "job_id": "{{ run_id }}"},
+                   "table_id": "cdr.calls.{{ ds_nodash }}", "job_id": "{{ run_id }}",
+                   "input": "{{ var.value.get('sparkpriv_input_template', '') | replace('{ds}', ds) }}"},
         execution_timeout=dt.timedelta(hours=4),
     )
     receipt = PythonOperator(

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import importlib.util
 import os
 import re
@@ -46,9 +47,15 @@ def _docs():
         return [d for d in yaml.safe_load_all(f) if d]
 
 
-def _app():
-    (app,) = [d for d in _docs() if d.get("kind") == "SparkApplication"]
+def _scheduled():
+    (app,) = [d for d in _docs() if d.get("kind") == "ScheduledSparkApplication"]
     return app
+
+
+def _app():
+    """The SparkApplication that the schedule creates each night (its ``spec.template``)."""
+    app = _scheduled()
+    return {"apiVersion": app["apiVersion"], "metadata": app["metadata"], "spec": app["spec"]["template"]}
 
 
 def _strings(node):
@@ -83,6 +90,48 @@ def test_sparkapplication_has_the_fields_the_operator_requires():
     assert spec["executor"]["instances"] >= 1
     assert spec["restartPolicy"]["type"] == "Never"  # a refused budget (exit 3) is never retried
     assert int(spec["sparkConf"]["spark.task.maxFailures"]) >= 2
+
+
+def _cron_field_ok(field: str, lo: int, hi: int) -> bool:
+    for part in field.split(","):
+        m = re.fullmatch(r"(\*|(\d+)(?:-(\d+))?)(?:/(\d+))?", part)
+        if not m:
+            return False
+        for n in (m.group(2), m.group(3)):
+            if n is not None and not lo <= int(n) <= hi:
+                return False
+    return True
+
+
+def test_scheduled_application_runs_nightly_one_at_a_time_on_dated_paths(monkeypatch):
+    from sparkpriv.config import build_config
+    from sparkpriv.runner import options_for
+
+    app = _scheduled()
+    assert not [d for d in _docs() if d.get("kind") == "SparkApplication"], "a one-shot app would run once"
+    spec = app["spec"]
+    fields = spec["schedule"].split()
+    assert len(fields) == 5, spec["schedule"]
+    assert all(_cron_field_ok(f, lo, hi) for f, (lo, hi) in
+               zip(fields, [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)])), spec["schedule"]
+    assert spec["concurrencyPolicy"] == "Forbid"
+    assert isinstance(spec["template"], dict) and spec["template"]["type"] == "Python"
+    (cm,) = [d for d in _docs() if d.get("kind") == "ConfigMap"]
+    values = tomllib.loads(cm["data"]["nightly.toml"])
+    mech = values.pop("mechanism")
+    values.pop("spark")
+    nights = {}
+    for day in ("2026-03-04", "2026-03-05"):
+        cfg = build_config(mech, options_for(mech), values, {"run_date": day}, source="ConfigMap nightly.toml")
+        assert day in cfg.get("input") and day in cfg.get("output")
+        nights[day] = (cfg.get("input"), cfg.get("output"))
+    assert nights["2026-03-04"][1] != nights["2026-03-05"][1]  # a second night is not refused as existing
+
+
+def test_kubernetes_readme_documents_the_s3a_connector():
+    text = (K8S / "README.md").read_text()
+    assert "hadoop-aws" in text and "bundle" in text
+    assert "spark.jars.packages" in text
 
 
 def test_secrets_come_from_kubernetes_secrets_never_the_manifest():
@@ -408,3 +457,121 @@ def test_build_script_is_valid_bash_and_executable():
 def test_every_target_has_a_readme(target):
     text = (DEPLOY / target / "README.md").read_text()
     assert len(text) > 500
+
+
+# ------------------------------------------------ dated input and the receipt through pyarrow
+
+
+def _render(template: str, ds: str, variables: dict) -> str:
+    """Render an op_kwargs template as Airflow does (Jinja, ``var.value.get``, ``ds``)."""
+    jinja2 = pytest.importorskip("jinja2")
+
+    class _Value:
+        def get(self, name, default=None):
+            return variables.get(name, default)
+
+    return jinja2.Environment().from_string(template).render(ds=ds, var=types.SimpleNamespace(value=_Value()))
+
+
+def _release_kwargs(dag_module):
+    task = next(t for t in dag_module.dag.tasks if t.task_id == "release")
+    return getattr(task, "kw", {}).get("op_kwargs") or task.op_kwargs
+
+
+def test_dag_dates_both_the_input_and_the_output(dag_module):
+    kw = _release_kwargs(dag_module)
+    variables = {"sparkpriv_input_template": "s3a://lake/cdr/date={ds}", "sparkpriv_output_root": "s3a://out/towers"}
+    assert _render(kw["input"], "2026-03-04", variables) == "s3a://lake/cdr/date=2026-03-04"
+    assert _render(kw["output"], "2026-03-04", variables) == "s3a://out/towers/2026-03-04"
+    assert _render(kw["input"], "2026-03-05", variables) == "s3a://lake/cdr/date=2026-03-05"
+
+
+def test_the_dated_input_reaches_the_job_as_input(dag_module, tmp_path):
+    dag_module.run_release(str(tmp_path / "out"), "s3a://lake/cdr/date=2026-03-04", config="/etc/n.toml",
+                           job="/opt/jobs/release.py", submit_args="", ledger_url="sqlite:////l.sqlite",
+                           spark_submit=_fake_submit(tmp_path, 0))
+    args = (tmp_path / "args").read_text().split()
+    assert args[args.index("--input") + 1] == "s3a://lake/cdr/date=2026-03-04"
+
+
+def _receipt(entry_id="e-123"):
+    return json.dumps({"ledger": {"entry_id": entry_id}, "epsilon": 1.0}).encode()
+
+
+def test_check_receipt_reads_a_local_release(dag_module, tmp_path):
+    from airflow.exceptions import AirflowFailException
+
+    out = tmp_path / "2026-03-04"
+    out.mkdir()
+    with pytest.raises(AirflowFailException, match="no readable privacy receipt"):
+        dag_module.check_receipt(str(out))
+    (out / "_privacy_receipt.json").write_bytes(_receipt())
+    dag_module.check_receipt(str(out))
+    dag_module.check_receipt(f"file:{out}")
+    (out / "_privacy_receipt.json").write_bytes(json.dumps({"ledger": None}).encode())
+    with pytest.raises(AirflowFailException, match="names no ledger entry"):
+        dag_module.check_receipt(str(out))
+
+
+@pytest.fixture
+def s3_endpoint():
+    pytest.importorskip("moto", reason="moto[server] is in the test extra")
+    import socket
+
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"127.0.0.1:{port}"
+    server.stop()
+
+
+def test_check_receipt_reads_an_s3a_release(dag_module, s3_endpoint, monkeypatch):
+    import boto3
+    from airflow.exceptions import AirflowFailException
+
+    for k, v in {"AWS_ENDPOINT_URL": f"http://{s3_endpoint}", "AWS_ACCESS_KEY_ID": "testing",
+                 "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                 "AWS_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    client = boto3.client("s3", endpoint_url=f"http://{s3_endpoint}", region_name="us-east-1")
+    client.create_bucket(Bucket="releases")
+    with pytest.raises(AirflowFailException, match="no readable privacy receipt"):
+        dag_module.check_receipt("s3a://releases/towers/2026-03-04")
+    client.put_object(Bucket="releases", Key="towers/2026-03-04/_privacy_receipt.json", Body=_receipt())
+    dag_module.check_receipt("s3a://releases/towers/2026-03-04")
+    dag_module.check_receipt("s3://releases/towers/2026-03-04/")
+    client.put_object(Bucket="releases", Key="towers/2026-03-05/_privacy_receipt.json", Body=b'{"ledger": {}}')
+    with pytest.raises(AirflowFailException, match="names no ledger entry"):
+        dag_module.check_receipt("s3a://releases/towers/2026-03-05")
+
+
+def test_unit_dag_dates_the_input_and_output_but_not_the_unit(monkeypatch):
+    mod = _import_dag(monkeypatch, UNIT_DAG_FILE)
+    kw = _release_kwargs(mod)
+    variables = {"sparkpriv_input_template": "s3a://lake/cdr/date={ds}", "sparkpriv_output_root": "s3a://out/calls"}
+    assert _render(kw["input"], "2026-03-04", variables) == "s3a://lake/cdr/date=2026-03-04"
+    assert _render(kw["output"], "2026-03-04", variables) == "s3a://out/calls/2026-03-04"
+    assert _render(kw["input"], "2026-03-04", {}) == ""  # unset: the config's input (no --input)
+
+
+def test_unit_dag_verifies_an_s3a_receipt_through_a_local_copy(monkeypatch, s3_endpoint, tmp_path):
+    import boto3
+
+    mod = _import_dag(monkeypatch, UNIT_DAG_FILE)
+    from airflow.exceptions import AirflowFailException
+
+    for k, v in {"AWS_ENDPOINT_URL": f"http://{s3_endpoint}", "AWS_ACCESS_KEY_ID": "testing",
+                 "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    client = boto3.client("s3", endpoint_url=f"http://{s3_endpoint}", region_name="us-east-1")
+    client.create_bucket(Bucket="calls")
+    fake = (sys.executable, "-c", f"import sys, shutil; shutil.copy(sys.argv[3], {str(tmp_path / 'seen')!r})")
+    with pytest.raises(AirflowFailException, match="no readable privacy receipt"):
+        mod.check_receipt("s3a://calls/2026-03-04", ledger_url="sqlite:////l.sqlite", sparkpriv=fake)
+    client.put_object(Bucket="calls", Key="2026-03-04/_privacy_receipt.json", Body=_receipt("e-9"))
+    mod.check_receipt("s3a://calls/2026-03-04", ledger_url="sqlite:////l.sqlite", sparkpriv=fake)
+    assert json.loads((tmp_path / "seen").read_text())["ledger"]["entry_id"] == "e-9"
