@@ -50,7 +50,7 @@ def test_item_counts(relation, control):
     u, up = np.rint(c_d / g).astype(np.int64), np.rint(c_dp / g).astype(np.int64)
     I_d = grid_integers(nz.add_noise(trials_of(c_d, N_GAUSS), noise, stream(81, 1)), g)
     I_dp = grid_integers(nz.add_noise(trials_of(c_dp, N_GAUSS), noise, stream(82, 1)), g)
-    mu = 1.0 / plan.dp_event().noise_multiplier
+    mu = 1.0 / plan.counts_noise.dp_event().noise_multiplier
     res = gaussian_game(f"synthetic item counts {relation}", I_d, I_dp, u, up, noise.sigma,
                         gdp_epsilon_delta(mu, DELTA), DELTA, mu, control=control)
     check(res)

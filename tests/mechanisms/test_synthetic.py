@@ -118,16 +118,26 @@ def test_accounting_against_dp_accounting(eps, delta):
 
     plan = plan_synthetic(SyntheticParams(epsilon=eps, delta=delta), 500, 8, lengths_given=False, caller="t")
     ev = plan.dp_event()
-    assert isinstance(ev, dpa.ComposedDpEvent) and len(ev.events) == 2
-    assert isinstance(ev.events[0], dpa.LaplaceDpEvent) and isinstance(ev.events[1], dpa.GaussianDpEvent)
+    assert isinstance(ev, dpa.ComposedDpEvent) and len(ev.events) == 3
+    assert isinstance(ev.events[0], dpa.LaplaceDpEvent)
+    g1, g2 = ev.events[1:]  # the per-item counts' Gaussian and the anchor strata's
+    assert isinstance(g1, dpa.GaussianDpEvent) and isinstance(g2, dpa.GaussianDpEvent)
     acc = dpa.pld.PLDAccountant()
-    acc.compose(ev)
+    acc.compose(dpa.ComposedDpEvent([ev.events[0], g1, g2]))
     assert acc.get_epsilon(delta) <= eps * (1 + 1e-9)
     assert epsilon_of(ev, delta) == pytest.approx(acc.get_epsilon(delta), rel=1e-6)
     # the Laplace's epsilon is length_share of the whole (pure: 1 / its multiplier)
     assert 1.0 / ev.events[0].noise_multiplier == pytest.approx(0.15 * eps, rel=1e-9)
-    # the Gaussian's sigma is at least its multiplier times the L2 sensitivity sqrt(2 L)
-    assert plan.counts_noise.std >= ev.events[1].noise_multiplier * math.sqrt(16) * (1 - 1e-9)
+    # the two Gaussians split one Gaussian's budget: 1/z^2 = 1/z1^2 + 1/z2^2, the strata anchor_share of it
+    one = plan_synthetic(SyntheticParams(epsilon=eps, delta=delta, anchors=0), 500, 8, lengths_given=False,
+                         caller="t").dp_event().events[1]
+    assert isinstance(one, dpa.GaussianDpEvent)
+    z = one.noise_multiplier
+    assert 1 / g1.noise_multiplier ** 2 + 1 / g2.noise_multiplier ** 2 == pytest.approx(1 / z ** 2, rel=1e-3)
+    assert (z / g2.noise_multiplier) ** 2 == pytest.approx(0.2, rel=1e-3)
+    # each Gaussian's sigma is at least its multiplier times the L2 sensitivity sqrt(2 L)
+    assert plan.counts_noise.std >= g1.noise_multiplier * math.sqrt(16) * (1 - 1e-9)
+    assert plan.strata_noise.std >= g2.noise_multiplier * math.sqrt(16) * (1 - 1e-9)
 
 
 def _structured(n=6000, d=50, seed=0):
@@ -163,7 +173,8 @@ def test_a_declared_bound_measures_its_own_length_histogram():
     with insecure_fixed_seed(5):
         rel = release("synthetic", bound_items(X, max_items=4), epsilon=2.0, delta=1e-6)
     ev = rel.event
-    assert len(ev.events) == 2 and rel.public["lengths"]["epsilon"] == pytest.approx(0.3)
+    # the length histogram's Laplace, the counts' and the anchor strata's Gaussians
+    assert len(ev.events) == 3 and rel.public["lengths"]["epsilon"] == pytest.approx(0.3)
     assert rel.public["max_items"] == 4 and rel.model.limit == 50  # lengths up to the vocabulary, past L
     assert (rel.model.lengths * np.arange(51)).sum() > 5  # the real lengths (about 6.3), not the capped ones
 

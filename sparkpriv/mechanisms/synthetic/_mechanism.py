@@ -37,7 +37,7 @@ from sparkpriv.privacy.random import new_secret_seed, stream
 __all__ = ["SyntheticParams", "Synthetic", "SYNTHETIC", "plan_synthetic", "item_sums_fn"]
 
 MAX_COUNT = 2**33  # a public clamp of every exact count (never reached by real data)
-COUNTS_STAGE, LENGTHS_STAGE = 1, 2
+COUNTS_STAGE, LENGTHS_STAGE, STRATA_STAGE = 1, 2, 3
 _POS = Interval("real", 0, None, "neither")
 
 
@@ -58,6 +58,13 @@ class SyntheticParams(_p.Params):
     shrink: str = _p.option("eb", help="post-processing of the noisy per-item counts: eb (each count's posterior "
                             "mean under a prior fitted to all of them) or clamp (negative counts to 0)",
                             constraints=[Options(("eb", "clamp"))])
+    anchors: int = _p.option(64, help="at most this many popular items get a stratum of their own (the people whose "
+                             "most popular item it is): their item profile and lengths are measured apart, so the "
+                             "model learns which items go together; the number used is chosen from the first "
+                             "release (strata of at least 10 noise stds of people); 0: one profile for everyone",
+                             constraints=[Interval("integer", 0, 4096, "both")])
+    anchor_share: float = _p.option(0.2, help="with anchors: the share of the counts' budget (after the length "
+                                    "histogram) that measures the strata", constraints=[Interval("real", 0, 1, "neither")])
     neighbors: str = _p.option("replace-one", help="neighbour relation: replace-one (n public) or add-remove",
                                kind="neighbors")
 
@@ -86,15 +93,22 @@ class SyntheticPlan:
     counts_noise: _noise.GaussianNoise
     length_noise: object | None  # LaplaceNoise; None: the auto bound's histogram is used
     length_epsilon: float
+    strata_noise: _noise.GaussianNoise | None = None  # the anchor strata's Gaussian (None: no strata)
+    anchors: int = 0  # the most anchors that may be chosen
 
     @property
     def counts_sensitivity(self) -> float:
         return math.sqrt((2.0 if self.neighbors == "replace-one" else 1.0) * self.L)
 
+    def gaussian_events(self):
+        if self.strata_noise is None:
+            return self.counts_noise.dp_event()
+        return compose([self.counts_noise.dp_event(), self.strata_noise.dp_event()])
+
     def dp_event(self):
         if self.length_noise is None:
-            return self.counts_noise.dp_event()
-        return compose([self.length_noise.dp_event(), self.counts_noise.dp_event()])
+            return self.gaussian_events()
+        return compose([self.length_noise.dp_event(), self.gaussian_events()])
 
     def to_public_dict(self) -> dict:
         out = {"items": self.d, "max_items": self.L, "length_limit": self.limit, "neighbors": self.neighbors,
@@ -106,6 +120,17 @@ class SyntheticPlan:
                            {"sensitivity_l1": 2.0 if self.neighbors == "replace-one" else 1.0,
                             "epsilon": self.length_epsilon, "noise": self.length_noise.to_public_dict(),
                             "std": float(self.length_noise.std)})}
+        if self.strata_noise is not None:
+            from sparkpriv.mechanisms.synthetic._anchors import ANCHOR_STDS, TOP_ITEMS
+
+            out["strata"] = {"sensitivity_l2": self.counts_sensitivity, "noise": self.strata_noise.to_public_dict(),
+                             "std": float(self.strata_noise.std), "anchors_max": self.anchors,
+                             "measured_items": int(min(TOP_ITEMS, self.d)),
+                             "note": f"per stratum (the people whose most popular item is one anchor, or none): "
+                                     f"the number of items per person and each person's at most max_items - 1 "
+                                     f"most popular other items among the {int(min(TOP_ITEMS, self.d))} most "
+                                     f"popular; anchors: the most popular items whose stratum the first release "
+                                     f"implies holds at least {ANCHOR_STDS:g} noise stds of people"}
         return out
 
 
@@ -124,7 +149,24 @@ def plan_synthetic(params: SyntheticParams, d: int, L: int, *, lengths_given: bo
     cnoise = _noise.calibrate_gaussian_noise(sensitivity=math.sqrt(factor * L), epsilon=eps_counts,
                                              delta=float(params.delta), dim=int(min(d, factor * L)),
                                              max_abs=float(MAX_COUNT))
-    return SyntheticPlan(int(d), int(L), int(min(params.length_limit, d)), rel, cnoise, lnoise, float(eps_len))
+    snoise = None
+    anchors = int(min(params.anchors, d))
+    if anchors > 0:  # two Gaussians whose composition is the one above: 1/z^2 = (1 - share)/z^2 + share/z^2
+        from sparkpriv.privacy.accounting import fit_to_epsilon
+
+        z = float(cnoise.dp_event().noise_multiplier)
+        share = float(params.anchor_share)
+
+        def build(r: float):
+            return tuple(_noise.gaussian_noise_from_multiplier(
+                sensitivity=math.sqrt(factor * L), noise_multiplier=z / math.sqrt(w) / r,
+                dim=int(min(d, factor * L)), max_abs=float(MAX_COUNT)) for w in (1.0 - share, share))
+
+        r = fit_to_epsilon(lambda r: compose([g.dp_event() for g in build(r)]), epsilon=eps_counts,
+                           delta=float(params.delta), caller=caller)
+        cnoise, snoise = build(r)
+    return SyntheticPlan(int(d), int(L), int(min(params.length_limit, d)), rel, cnoise, lnoise, float(eps_len),
+                         snoise, anchors)
 
 
 @dataclass
@@ -205,9 +247,13 @@ class Synthetic(_p.Mechanism):
         # n: public under replace-one; under add-remove the noisy histogram's total (DP)
         n = people if sp.neighbors == "replace-one" else int(max(1, round(float(np.asarray(noisy_len).sum()))))
         counts = shrunk_counts(noisy, float(sp.counts_noise.std)) if st_shrink(plan) == "eb" else np.maximum(noisy, 0.0)
+        strata, strata_public = None, None
+        if sp.strata_noise is not None:
+            strata, strata_public = _measure_strata(engine, source, sp, seed, lengths, counts, n, limit, progress)
         model = SyntheticModel(sp.d, n, lengths, counts, noisy,
-                               public={"n_people": n, "max_items": sp.L, "length_limit": limit},
-                               events=st.events)
+                               public={"n_people": n, "max_items": sp.L, "length_limit": limit,
+                                       **({"anchors": strata_public} if strata_public else {})},
+                               events=st.events, strata=strata)
         item = np.arange(sp.d, dtype=np.int64)
         table = engine.columns_table([("item_index", "long", item), ("noisy_count", "double", noisy),
                                       ("count", "double", counts)])
@@ -218,9 +264,47 @@ class Synthetic(_p.Mechanism):
                                   "interval": "noisy_count +- 1.96 std covers each item's count of the BOUNDED "
                                               "records (at most max_items items per person) with probability "
                                               "0.95; count is post-processing (shrunk), not an interval centre"}}
+        if strata_public is not None:
+            public["model"]["anchors"] = strata_public
         if st.events is not None:
             public["model"]["events"] = st.events.to_public_dict()
         return _p.Outcome(table=table, model=model, public=public, files={MODEL_FILE: model.to_bytes()})
+
+
+def _measure_strata(engine, source, sp: SyntheticPlan, seed, lengths, counts, n, limit, progress):
+    """The anchor strata (docs/math.md section 10, "Anchor strata"): anchors chosen from the first
+    release, one pass over the records bounded at the length limit, noise once, the fit."""
+    from sparkpriv.mechanisms.auto_bound import length_edges
+    from sparkpriv.mechanisms.synthetic._anchors import (TOP_ITEMS, choose_anchors, fit_strata, strata_fn,
+                                                         strata_size)
+
+    profile = np.maximum(np.asarray(counts, np.float64), 0.0)
+    profile = profile / max(profile.sum(), 1e-300)
+    order = np.argsort(-profile, kind="stable")  # public: post-processing of the released counts
+    M = int(min(TOP_ITEMS, sp.d))
+    std = float(sp.strata_noise.std)
+    K = choose_anchors(lengths, profile, order, n, std, min(sp.anchors, M))
+    if K == 0:
+        progress.log("synthetic: no item's stratum would hold %g noise stds of people: one profile for everyone "
+                     "(the strata's share of the budget is spent, unused)", 10.0)
+        return None, {"chosen": 0, "note": "no anchor passed the threshold; the strata measurement was not made "
+                                           "(its budget is charged)"}
+    edges = length_edges(limit)
+    rank = np.empty(sp.d, dtype=np.int64)
+    rank[order] = np.arange(sp.d)
+    source.set_max_items(limit)
+    try:
+        exact = engine.aggregate(source, strata_fn(rank, K, M, sp.L, edges), strata_size(K, M, edges.size),
+                                 count=False)
+    finally:
+        source.set_max_items(sp.L)
+    noisy = _noise.add_noise(np.clip(np.asarray(exact, np.float64), 0.0, MAX_COUNT), sp.strata_noise,
+                             stream(seed, STRATA_STAGE))
+    progress.log("synthetic: %d anchor strata over the %d most popular items (noise std %.3g)", K, M, std)
+    V = noisy.reshape(K + 1, M + edges.size)
+    strata = fit_strata(counts_noisy=V[:, :M], lengths_noisy=V[:, M:], std=std, anchors_K=K, order=order,
+                        profile=profile, lengths=lengths, n=float(n), L=sp.L, edges=edges)
+    return strata, {"chosen": K, "measured_items": M, "noise_std": std}
 
 
 def st_shrink(plan: _p.Plan) -> str:

@@ -29,7 +29,8 @@ from sparkpriv.privacy.random import stream
 __all__ = ["SyntheticModel", "MODEL_FILE", "FORMAT_VERSION", "SYNTH_STAGE"]
 
 MODEL_FILE = "_synthetic_model.npz"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: optional anchor strata (format 1 files still load)
+READS = (1, 2)
 SYNTH_STAGE = 0x5E  # keyed stream stage of synthesis (a public constant)
 
 
@@ -45,6 +46,7 @@ class SyntheticModel:
     noisy_counts: np.ndarray
     public: dict = field(default_factory=dict)
     events: object = None
+    strata: object = None  # Strata (docs/math.md section 10, "Anchor strata") or None: one stratum
 
     def __post_init__(self):
         self.lengths = np.asarray(self.lengths, dtype=np.float64)
@@ -71,6 +73,8 @@ class SyntheticModel:
         """The model's expected number of people with at least one item of each query (``queries``: a
         ``(q, d)`` 0/1 sparse or dense matrix), for ``n`` people (default the released ``n``)."""
         n = self.n if n is None else int(n)
+        if self.strata is not None:
+            return n * self._strata_unions(queries)
         W = np.clip(np.asarray(queries @ self.profile, dtype=np.float64).ravel(), 0.0, 1.0)
         m = np.arange(self.lengths.size)
         out = np.empty(W.size)
@@ -79,9 +83,38 @@ class SyntheticModel:
             out[s:s + 4096] = ((1.0 - miss) * self.lengths[None, :]).sum(axis=1)
         return n * out
 
+    def _strata_unions(self, queries) -> np.ndarray:
+        from sparkpriv.mechanisms.synthetic._anchors import _miss
+
+        st = self.strata
+        if hasattr(queries, "tocsc"):
+            Qc = queries.tocsc()
+            top = np.asarray((Qc[:, st.top] != 0).astype(np.float64).toarray())
+            rest = np.asarray(Qc @ st.rest, dtype=np.float64).ravel()
+            anchored = np.asarray((Qc[:, st.anchors] != 0).toarray())
+        else:
+            Qd = np.asarray(queries, dtype=np.float64)
+            top, rest, anchored = (Qd[:, st.top] != 0).astype(np.float64), Qd @ st.rest, Qd[:, st.anchors] != 0
+        W = np.clip(top @ st.top_profile.T + rest[:, None] * st.rest_share[None, :], 0.0, 1.0)  # (q, K+1)
+        hit = 1.0 - _miss(st.draws, W.T)  # (K+1, q)
+        hit[:st.K][anchored.T] = 1.0
+        return st.weights @ hit
+
     def pair_answers(self, pairs: np.ndarray, n: int | None = None) -> np.ndarray:
         """Expected number of people with both items of each pair ``(a, b)`` (``(P, 2)``)."""
         n = self.n if n is None else int(n)
+        pairs = np.asarray(pairs, dtype=np.int64)
+        if self.strata is not None:
+            from sparkpriv.mechanisms.synthetic._anchors import _miss
+
+            st = self.strata
+            pa, pb = st.item_probability(pairs[:, 0]), st.item_probability(pairs[:, 1])
+            ma, mb, mab = _miss(st.draws, pa), _miss(st.draws, pb), _miss(st.draws, np.clip(pa + pb, 0, 1))
+            both = 1.0 - ma - mb + mab
+            anc = st.anchors[:, None]
+            both[:st.K] = np.where(pairs[None, :, 0] == anc, 1.0 - mb[:st.K],
+                                   np.where(pairs[None, :, 1] == anc, 1.0 - ma[:st.K], both[:st.K]))
+            return n * (st.weights @ both)
         p = self.profile
         pa, pb = p[pairs[:, 0]][:, None], p[pairs[:, 1]][:, None]
         m = np.arange(self.lengths.size)[None, :]
@@ -93,6 +126,8 @@ class SyntheticModel:
         and sorted, from the keyed streams ``stream(seed, SYNTH_STAGE, *key, ...)`` (a retried task
         redraws the same rows). Post-processing of the model: no budget."""
         n = int(n)
+        if self.strata is not None:
+            return self._strata_sample(n, seed, key)
         rng_len = stream(seed, SYNTH_STAGE, *key, 0)
         rng_items = stream(seed, SYNTH_STAGE, *key, 1)
         cl = np.cumsum(self.lengths)
@@ -101,11 +136,53 @@ class SyntheticModel:
         cp = np.cumsum(self.profile)
         items = np.minimum(np.searchsorted(cp, rng_items.random(total) * cp[-1], side="right"), self.d - 1)
         rows = np.repeat(np.arange(n, dtype=np.int64), m)
+        return self._distinct(n, rows, items)
+
+    def _distinct(self, n: int, rows: np.ndarray, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         code = np.unique(rows * self.d + items)  # distinct items per person, sorted by (person, item)
         r, i = np.divmod(code, self.d)
         off = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(r, minlength=n), out=off[1:])
         return off, i.astype(np.int64)
+
+    def _strata_sample(self, n: int, seed: int, key) -> tuple[np.ndarray, np.ndarray]:
+        """Each person: a stratum by its weight, the anchor (anchor strata), a number of draws from the
+        stratum's distribution, each draw a measured item or, with the stratum's rest share, another."""
+        st = self.strata
+        u = stream(seed, SYNTH_STAGE, *key, 2).random(n)
+        cw = np.cumsum(st.weights)
+        comp = np.minimum(np.searchsorted(cw, u * cw[-1], side="right"), st.K)
+        rng_len = stream(seed, SYNTH_STAGE, *key, 0)
+        rng_items = stream(seed, SYNTH_STAGE, *key, 1)
+        u_len = rng_len.random(n)
+        m = np.zeros(n, dtype=np.int64)
+        for s in range(st.K + 1):
+            sel = comp == s
+            if sel.any():
+                cd = np.cumsum(st.draws[s])
+                m[sel] = np.minimum(np.searchsorted(cd, u_len[sel] * cd[-1], side="right"), st.draws.shape[1] - 1)
+        rows = np.repeat(np.arange(n, dtype=np.int64), m)
+        rc = comp[rows]
+        u_kind, u_item = rng_items.random(rows.size), rng_items.random(rows.size)
+        items = np.empty(rows.size, dtype=np.int64)
+        crest = np.cumsum(st.rest)
+        for s in range(st.K + 1):
+            sel = np.flatnonzero(rc == s)
+            if not sel.size:
+                continue
+            tmass = float(st.top_profile[s].sum())
+            total = tmass + float(st.rest_share[s])
+            is_top = u_kind[sel] * total < tmass
+            ct = np.cumsum(st.top_profile[s])
+            t = sel[is_top]
+            items[t] = st.top[np.minimum(np.searchsorted(ct, u_item[t] * ct[-1], side="right"), st.top.size - 1)]
+            r = sel[~is_top]
+            if r.size:
+                items[r] = np.minimum(np.searchsorted(crest, u_item[r] * crest[-1], side="right"), self.d - 1)
+        anchored = np.flatnonzero(comp < st.K)
+        rows = np.concatenate([rows, anchored])
+        items = np.concatenate([items, st.anchors[comp[anchored]]])
+        return self._distinct(n, rows, items)
 
     def sample(self, n: int, seed: int):
         """``n`` synthetic people as a ``scipy.sparse`` 0/1 CSR matrix ``(n, d)``."""
@@ -120,8 +197,9 @@ class SyntheticModel:
         header = {"format_version": FORMAT_VERSION, "d": self.d, "n": self.n, "public": self.public,
                   "events": None if self.events is None else self.events.to_header()}
         buf = io.BytesIO()
+        extra = {} if self.strata is None else self.strata.arrays()
         np.savez(buf, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), lengths=self.lengths,
-                 counts=self.counts, noisy_counts=self.noisy_counts)
+                 counts=self.counts, noisy_counts=self.noisy_counts, **extra)
         return buf.getvalue()
 
     @classmethod
@@ -130,10 +208,15 @@ class SyntheticModel:
 
         with np.load(path_or_file, allow_pickle=False) as z:
             header = json.loads(bytes(z["header"]).decode())
-            if header.get("format_version") != FORMAT_VERSION:
+            if header.get("format_version") not in READS:
                 raise ParameterError(f"A synthetic model file of format {header.get('format_version')!r}; this "
-                                     f"sparkpriv reads format {FORMAT_VERSION}.")
+                                     f"sparkpriv reads formats {', '.join(map(str, READS))}.")
             events = header.get("events")
+            strata = None
+            if "s_anchors" in z.files:
+                from sparkpriv.mechanisms.synthetic._anchors import Strata
+
+                strata = Strata.from_arrays(z)
             return cls(int(header["d"]), int(header["n"]), z["lengths"], z["counts"], z["noisy_counts"],
                        header.get("public", {}),
-                       EventColumns.from_header(events, int(header["d"])) if events else None)
+                       EventColumns.from_header(events, int(header["d"])) if events else None, strata)
