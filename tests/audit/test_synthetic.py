@@ -54,3 +54,38 @@ def test_item_counts(relation, control):
     res = gaussian_game(f"synthetic item counts {relation}", I_d, I_dp, u, up, noise.sigma,
                         gdp_epsilon_delta(mu, DELTA), DELTA, mu, control=control)
     check(res)
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["mechanism", "control"])
+@pytest.mark.parametrize("relation", ["replace-one", "add-remove"])
+def test_anchor_strata(relation, control):
+    """The anchor strata's vector (sparkpriv.mechanisms.synthetic._anchors.strata_fn): worst-case
+    neighbours move it by the calibrated sqrt(2 L) (replace-one: a person of anchor 0 with L - 1 other
+    measured items replaced by a person of no anchor, another length, L - 1 other items; add-remove:
+    one of them), checked by the library's own block function, noise from the plan's strata Gaussian."""
+    from sparkpriv.mechanisms.auto_bound import length_edges
+    from sparkpriv.mechanisms.synthetic._anchors import strata_fn
+
+    plan = plan_synthetic(SyntheticParams(epsilon=1.0, delta=DELTA, neighbors=relation), D, L,
+                          lengths_given=True, caller="audit")
+    K, M = 2, 6
+    fn = strata_fn(np.arange(D), K, M, L, length_edges(D))
+
+    def vec(rows):
+        off = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
+        idx = np.asarray([i for r in rows for i in r], np.int32)
+        return fn(SparseRows(off, idx, None, D))
+
+    rest = [[0, 1], [3, 6, 7], [], [1, 4]]
+    c_d = vec(rest + [[0, 2, 3]])
+    c_dp = vec(rest + [[4, 5, 6, 7]]) if relation == "replace-one" else vec(rest)
+    assert np.linalg.norm(c_d - c_dp) == pytest.approx(plan.counts_sensitivity)
+    noise = _scaled(plan.strata_noise, CONTROL_FACTOR) if control else plan.strata_noise
+    g = noise.grid
+    u, up = np.rint(c_d / g).astype(np.int64), np.rint(c_dp / g).astype(np.int64)
+    I_d = grid_integers(nz.add_noise(trials_of(c_d, N_GAUSS), noise, stream(83, 1)), g)
+    I_dp = grid_integers(nz.add_noise(trials_of(c_dp, N_GAUSS), noise, stream(84, 1)), g)
+    mu = 1.0 / plan.strata_noise.dp_event().noise_multiplier
+    res = gaussian_game(f"synthetic anchor strata {relation}", I_d, I_dp, u, up, noise.sigma,
+                        gdp_epsilon_delta(mu, DELTA), DELTA, mu, control=control)
+    check(res)
