@@ -185,3 +185,17 @@ def test_refusals_come_before_anything(kw, msg):
     X = _structured(n=100)
     with pytest.raises(ParameterError, match=msg):
         release("synthetic", bound_items(X, max_items=3), **{"epsilon": 1.0, "delta": 1e-6, **kw})
+
+
+def test_a_large_epsilon_lowers_the_public_count_clamp_instead_of_failing():
+    """With epsilon in the hundreds the Gaussian's grid cannot hold counts up to 2^33: the public clamp
+    is lowered (and stated) and the release runs."""
+    X = _structured(n=2000)
+    with insecure_fixed_seed(3):
+        rel = release("synthetic", bound_items(X, max_items=12), epsilon=200.0, delta=1e-6)
+    clamp = rel.public["count_clamp"]
+    assert 2.0 ** 20 <= clamp < 2.0 ** 33
+    true_counts = np.asarray(X.sum(axis=0)).ravel()
+    assert np.abs(rel.model.noisy_counts - true_counts).max() < 5  # almost no noise; 12 items keep every record
+    top = plan_synthetic(SyntheticParams(epsilon=1e6, delta=1e-6), 50, 6, lengths_given=True, caller="t")
+    assert top.count_clamp >= 2.0 ** 20  # the largest epsilon accepted still holds a million people per item

@@ -37,6 +37,7 @@ from sparkpriv.privacy.random import new_secret_seed, stream
 __all__ = ["SyntheticParams", "Synthetic", "SYNTHETIC", "plan_synthetic", "item_sums_fn"]
 
 MAX_COUNT = 2**33  # a public clamp of every exact count (never reached by real data)
+MIN_COUNT_CLAMP = 2.0**20  # with very little noise (epsilon in the hundreds) the clamp is lowered, not below this
 COUNTS_STAGE, LENGTHS_STAGE, STRATA_STAGE = 1, 2, 3
 _POS = Interval("real", 0, None, "neither")
 
@@ -95,6 +96,7 @@ class SyntheticPlan:
     length_epsilon: float
     strata_noise: _noise.GaussianNoise | None = None  # the anchor strata's Gaussian (None: no strata)
     anchors: int = 0  # the most anchors that may be chosen
+    count_clamp: float = float(MAX_COUNT)  # public clamp of every exact count (lowered for very small noise)
 
     @property
     def counts_sensitivity(self) -> float:
@@ -112,6 +114,7 @@ class SyntheticPlan:
 
     def to_public_dict(self) -> dict:
         out = {"items": self.d, "max_items": self.L, "length_limit": self.limit, "neighbors": self.neighbors,
+               "count_clamp": self.count_clamp,
                "counts": {"sensitivity_l2": self.counts_sensitivity, "noise": self.counts_noise.to_public_dict(),
                           "std": float(self.counts_noise.std),
                           "note": "number of people holding each item, each person's at most max_items items"},
@@ -146,9 +149,19 @@ def plan_synthetic(params: SyntheticParams, d: int, L: int, *, lengths_given: bo
         eps_len, eps_counts = split_epsilon(params.epsilon, params.length_share)
         lnoise = histogram_noise_for(epsilon=eps_len, neighbors=rel, limit=min(params.length_limit, d))
     factor = 2.0 if rel == "replace-one" else 1.0
-    cnoise = _noise.calibrate_gaussian_noise(sensitivity=math.sqrt(factor * L), epsilon=eps_counts,
-                                             delta=float(params.delta), dim=int(min(d, factor * L)),
-                                             max_abs=float(MAX_COUNT))
+    clamp = float(MAX_COUNT)
+    while True:  # the public clamp of the exact counts: as large as the noise's grid can hold
+        try:
+            cnoise = _noise.calibrate_gaussian_noise(sensitivity=math.sqrt(factor * L), epsilon=eps_counts,
+                                                     delta=float(params.delta), dim=int(min(d, factor * L)),
+                                                     max_abs=clamp)
+            break
+        except ParameterError:
+            if clamp <= MIN_COUNT_CLAMP:
+                raise ParameterError(f"The 'epsilon' parameter of {caller} is too large for counts of up to "
+                                     f"{MIN_COUNT_CLAMP:.0e} people per item: the noise is too small for its "
+                                     f"grid. Got {params.epsilon!r}; use a smaller epsilon.") from None
+            clamp /= 4.0
     snoise = None
     anchors = int(min(params.anchors, d))
     if anchors > 0:  # two Gaussians whose composition is the one above: 1/z^2 = (1 - share)/z^2 + share/z^2
@@ -160,13 +173,13 @@ def plan_synthetic(params: SyntheticParams, d: int, L: int, *, lengths_given: bo
         def build(r: float):
             return tuple(_noise.gaussian_noise_from_multiplier(
                 sensitivity=math.sqrt(factor * L), noise_multiplier=z / math.sqrt(w) / r,
-                dim=int(min(d, factor * L)), max_abs=float(MAX_COUNT)) for w in (1.0 - share, share))
+                dim=int(min(d, factor * L)), max_abs=clamp) for w in (1.0 - share, share))
 
         r = fit_to_epsilon(lambda r: compose([g.dp_event() for g in build(r)]), epsilon=eps_counts,
                            delta=float(params.delta), caller=caller)
         cnoise, snoise = build(r)
     return SyntheticPlan(int(d), int(L), int(min(params.length_limit, d)), rel, cnoise, lnoise, float(eps_len),
-                         snoise, anchors)
+                         snoise, anchors, clamp)
 
 
 @dataclass
@@ -239,7 +252,7 @@ class Synthetic(_p.Mechanism):
             progress.log("synthetic: histogram of items per person over 0..%d (noise std %.3g)", limit, len_std)
         sums = engine.aggregate(source, item_sums_fn(sp.d), sp.d + 1, count=True)
         people = int(round(float(sums[-1])))  # exact: public under replace-one only (below)
-        noisy = _noise.add_noise(np.clip(np.asarray(sums[:-1], np.float64), 0.0, MAX_COUNT), sp.counts_noise,
+        noisy = _noise.add_noise(np.clip(np.asarray(sums[:-1], np.float64), 0.0, sp.count_clamp), sp.counts_noise,
                                  stream(seed, COUNTS_STAGE))
         progress.log("synthetic: per-item counts of %d items, at most %d per person (noise std %.3g)", sp.d, sp.L,
                      float(sp.counts_noise.std))
@@ -298,7 +311,7 @@ def _measure_strata(engine, source, sp: SyntheticPlan, seed, lengths, counts, n,
                                  count=False)
     finally:
         source.set_max_items(sp.L)
-    noisy = _noise.add_noise(np.clip(np.asarray(exact, np.float64), 0.0, MAX_COUNT), sp.strata_noise,
+    noisy = _noise.add_noise(np.clip(np.asarray(exact, np.float64), 0.0, sp.count_clamp), sp.strata_noise,
                              stream(seed, STRATA_STAGE))
     progress.log("synthetic: %d anchor strata over the %d most popular items (noise std %.3g)", K, M, std)
     V = noisy.reshape(K + 1, M + edges.size)
