@@ -170,10 +170,14 @@ def plan_synthetic(params: SyntheticParams, d: int, L: int, *, lengths_given: bo
         z = float(cnoise.dp_event().noise_multiplier)
         share = float(params.anchor_share)
 
+        # coordinates a neighbour changes: the counts at most min(d, factor L); the strata vector at most
+        # factor L (a person's at most L - 1 items and one length bin, in one row)
+        dims = (int(min(d, factor * L)), int(factor * L))
+
         def build(r: float):
             return tuple(_noise.gaussian_noise_from_multiplier(
                 sensitivity=math.sqrt(factor * L), noise_multiplier=z / math.sqrt(w) / r,
-                dim=int(min(d, factor * L)), max_abs=clamp) for w in (1.0 - share, share))
+                dim=dim, max_abs=clamp) for w, dim in zip((1.0 - share, share), dims))
 
         r = fit_to_epsilon(lambda r: compose([g.dp_event() for g in build(r)]), epsilon=eps_counts,
                            delta=float(params.delta), caller=caller)
