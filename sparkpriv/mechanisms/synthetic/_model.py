@@ -161,6 +161,8 @@ class SyntheticModel:
             if sel.any():
                 cd = np.cumsum(st.draws[s])
                 m[sel] = np.minimum(np.searchsorted(cd, u_len[sel] * cd[-1], side="right"), st.draws.shape[1] - 1)
+        empty = (st.top_profile.sum(axis=1) + st.rest_share) <= 0  # a stratum with nothing to draw: no draws
+        m[empty[comp]] = 0  # (its closed forms agree: a draw of probability 0 never hits)
         rows = np.repeat(np.arange(n, dtype=np.int64), m)
         rc = comp[rows]
         u_kind, u_item = rng_items.random(rows.size), rng_items.random(rows.size)
