@@ -91,6 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pipelinedp-python", default=None,
                         help="python of a virtual environment with pipeline-dp and pyspark (runs the PipelineDP peer)")
     parser.add_argument("--peer-repeats", type=int, default=None, help="timed runs of each peer [default: --repeats]")
+    parser.add_argument("--peer-warmup-people", type=int, default=None,
+                        help="people in the peers' untimed warm-up table [default: as --warmup-people]")
     parser.add_argument("--peer-timeout", type=int, default=7200,
                         help="seconds before a peer is stopped [default: 7200]")
     parser.add_argument("--nonprivate-form", choices=("split", "single"), default="split",
@@ -113,6 +115,7 @@ def run_from_args(args: argparse.Namespace) -> dict:
                master=args.master, driver_memory=args.driver_memory, shuffle_partitions=args.shuffle_partitions,
                warmup_people=args.warmup_people, tumult_python=args.tumult_python,
                pipelinedp_python=args.pipelinedp_python, peer_repeats=args.peer_repeats,
+               peer_warmup_people=args.peer_warmup_people,
                peer_timeout=args.peer_timeout, nonprivate_form=args.nonprivate_form, utility=args.utility)
 
 
@@ -362,8 +365,8 @@ def run(*, people: int, max_keys: int = 32, max_events_per_key: int = 4, lo: flo
         epsilon: float = 1.0, data_dir: str = "./bench-data", repeats: int = 3, master: str = "local[2]",
         driver_memory: str = "6g", shuffle_partitions: int | None = None, warmup_people: int | None = None,
         tumult_python: str | None = None, pipelinedp_python: str | None = None, peer_repeats: int | None = None,
-        peer_timeout: int = 7200, nonprivate_form: str = "split", utility: bool = True,
-        keep_outputs: bool = False) -> dict:
+        peer_warmup_people: int | None = None, peer_timeout: int = 7200, nonprivate_form: str = "split",
+        utility: bool = True, keep_outputs: bool = False) -> dict:
     """Run the benchmark (module docstring); returns the figures printed as the last line.
     ``keep_outputs``: keep the last repeat's outputs and the table (paths in ``"outputs"``)."""
     import numpy as np
@@ -389,8 +392,9 @@ def run(*, people: int, max_keys: int = 32, max_events_per_key: int = 4, lo: flo
     times, cpu, mcpu, kept = runs["seconds"], runs["cpu"], runs["machine_cpu"], runs["output"]
     owner = runs["result"]["sparkpriv"]  # the bounding's owner diagnostics (never released)
     peers = {}
+    peer_small = _ensure(spark, data_dir, min(people, peer_warmup_people)) if peer_warmup_people else small
     cfg = {"master": master, "driver_memory": driver_memory, "shuffle_partitions": sp, "cells": TOWERS * HOURS,
-           "table": table, "warmup": small, "data_dir": data_dir, "repeats": peer_repeats or repeats,
+           "table": table, "data_dir": data_dir, "warmup": peer_small, "repeats": peer_repeats or repeats,
            "timeout": peer_timeout, **opts}
     for name, py, script in (("tumult", tumult_python, _TUMULT), ("pipelinedp", pipelinedp_python, _PIPELINEDP)):
         if py:
@@ -427,6 +431,8 @@ def run(*, people: int, max_keys: int = 32, max_events_per_key: int = 4, lo: flo
         "load_average": round(os.getloadavg()[0], 1),
         "repeats": repeats,
         "warmup_people": warm,
+        "peer_repeats": peer_repeats or repeats,
+        "peer_warmup_people": min(people, peer_warmup_people) if peer_warmup_people else warm,
         "people_truncated": owner.get("people_truncated"),
         "events_beyond_cap": owner.get("events_beyond_cap"),
         "values_clamped": owner.get("values_clamped"),
