@@ -17,6 +17,8 @@ BENCHMARKS = {
     "synthetic-scale": ("sparkpriv.bench.synthetic_scale", "the synthetic release and synthesis at catalogue sizes "
                         "vs the non-private per-item query"),
     "counts": ("sparkpriv.bench.counts", "DP distinct people per tower vs groupBy.countDistinct and the peers"),
+    "aggregates": ("sparkpriv.bench.aggregates", "DP distinct people, calls, sum, mean and median duration per "
+                   "tower x hour vs the non-private groupBy.agg and the peers"),
 }
 
 

@@ -40,11 +40,9 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
-import time
-import uuid
+
+from sparkpriv.bench._timing import alternate, ensure_table, rounded, run_peer
 
 __all__ = ["add_arguments", "run_from_args", "run"]
 
@@ -87,76 +85,6 @@ def run_from_args(args: argparse.Namespace) -> dict:
                peer_repeats=args.peer_repeats, utility=args.utility)
 
 
-# --------------------------------------------------------------------------- timing helpers
-
-def _machine_cpu() -> tuple[float, float] | None:
-    """(busy, steal) CPU-seconds of the whole machine so far (``/proc/stat``)."""
-    try:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    return (v[0] + v[1] + v[2] + v[5] + v[6]) / hz, v[7] / hz
-
-
-def _tree_cpu(root: int | None = None) -> float | None:
-    """CPU-seconds (user + system, with reaped children) of process ``root`` (default:
-    this one) and all its descendants: here the driver, its JVM and the JVM's Python
-    workers; other processes on the machine are not counted."""
-    root = os.getpid() if root is None else root
-    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    stats = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return None
-    for n in names:
-        if not n.isdigit():
-            continue
-        try:
-            with open(f"/proc/{n}/stat") as f:
-                rest = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        # fields after the name: state ppid ... utime(12) stime(13) cutime(14) cstime(15)
-        stats[int(n)] = (int(rest[1]), sum(int(x) for x in rest[11:15]))
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in stats.items():
-        children.setdefault(ppid, []).append(pid)
-    total, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
-        if pid in stats:
-            total += stats[pid][1]
-        todo.extend(children.get(pid, ()))
-    return total / hz
-
-
-def _timed(fn, out: str) -> tuple[float, float | None, float | None, object]:
-    c0, m0 = _tree_cpu(), _machine_cpu()
-    t = time.perf_counter()
-    res = fn(out)
-    secs = time.perf_counter() - t
-    c1, m1 = _tree_cpu(), _machine_cpu()
-    own = (c1 - c0) if (c0 is not None and c1 is not None) else None
-    if own is not None and own < 0:  # a process of the tree ended and no process of it reaped it
-        own = None
-    return (secs, own,
-            (m1[0] - m0[0]) if (m0 and m1) else None, res)
-
-
-def _ensure_table(spark, data_dir: str, people: int, seed: int = 0) -> str:
-    from sparkpriv.spark.generate_events import generate_cdr
-
-    path = os.path.join(data_dir, f"cdr-{people}-s{seed}")
-    if not os.path.exists(os.path.join(path, "_SUCCESS")):
-        t = time.perf_counter()
-        generate_cdr(spark, people=people, seed=seed).write.mode("overwrite").parquet(path)
-        _log.info("generated %s in %.1f s", path, time.perf_counter() - t)
-    return path
-
-
 # --------------------------------------------------------------------------- the two local pipelines
 
 def _run_sparkpriv(spark, src: str, out: str, max_keys: int, epsilon: float, bound_seed: bytes) -> dict:
@@ -181,57 +109,6 @@ def _run_nonprivate(spark, src: str, out: str) -> None:
 
 
 # --------------------------------------------------------------------------- peers
-
-_PEER_COMMON = r'''
-import json, os, shutil, sys, time, uuid
-os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-os.environ["PYSPARK_PYTHON"] = sys.executable
-args = json.loads(sys.argv[1])
-from pyspark.sql import SparkSession
-spark = (SparkSession.builder.master(args["master"]).appName("peer")
-         .config("spark.driver.memory", args["driver_memory"])
-         .config("spark.sql.shuffle.partitions", str(args["shuffle_partitions"]))
-         .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
-         .config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
-spark.sparkContext.setLogLevel("ERROR")
-
-def cpu():
-    """CPU-seconds of this process and its descendants (its JVM and Python workers)."""
-    stats = {}
-    for n in os.listdir("/proc"):
-        if n.isdigit():
-            try:
-                with open(f"/proc/{n}/stat") as f:
-                    rest = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            stats[int(n)] = (int(rest[1]), sum(int(x) for x in rest[11:15]))
-    kids = {}
-    for pid, (ppid, _) in stats.items():
-        kids.setdefault(ppid, []).append(pid)
-    total, todo = 0, [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        total += stats.get(pid, (0, 0))[1]
-        todo.extend(kids.get(pid, ()))
-    return total / os.sysconf("SC_CLK_TCK")
-
-def timed(src, out):
-    c0, t = cpu(), time.perf_counter()
-    query(src, out)
-    return time.perf_counter() - t, cpu() - c0
-
-query(args["warmup"], os.path.join(args["data_dir"], "peer-warm-" + uuid.uuid4().hex[:8]))
-secs, cpus = [], []
-for r in range(args["repeats"]):
-    out = os.path.join(args["data_dir"], "peer-out-" + uuid.uuid4().hex[:8])
-    s, c = timed(args["table"], out)
-    secs.append(s); cpus.append(c)
-    print("repeat", r, round(s, 2), "s", round(c, 1), "cpu-s", file=sys.stderr, flush=True)
-    if r < args["repeats"] - 1:
-        shutil.rmtree(out, ignore_errors=True)
-print(json.dumps({"seconds_each_repeat": secs, "cpu_seconds_each_repeat": cpus, "output": out}))
-'''
 
 _TUMULT = r'''
 from tmlt.analytics import (AddRowsWithID, KeySet, MaxGroupsPerID, PureDPBudget, QueryBuilder, Session)
@@ -263,38 +140,6 @@ def query(src, out):
     acc.compute_budgets()
     res.map(lambda kv: (int(kv[0]), float(kv[1].privacy_id_count))).toDF(["tower_id", "count"]).write.parquet(out)
 '''
-
-
-def _run_peer(name: str, python: str, script: str, cfg: dict) -> dict:
-    """Run one peer in its own process; returns its timings and output path, or the reason it failed."""
-    if not os.path.exists(python):
-        return {"peer": name, "error": f"no such interpreter {python!r}"}
-    # the peer's query is defined first, then the common driver code runs it
-    with tempfile.NamedTemporaryFile("w", suffix=f"-{name}.py", delete=False) as f:
-        f.write(_PEER_COMMON.split("\nquery(args", 1)[0] + script + "\nquery(args" +
-                _PEER_COMMON.split("\nquery(args", 1)[1])
-        path = f.name
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON", "SPARK_HOME")}
-    t = time.perf_counter()
-    try:
-        p = subprocess.run([python, path, json.dumps(cfg)], capture_output=True, text=True, env=env,
-                           timeout=cfg.get("timeout", 3600), cwd=cfg["data_dir"])  # peers' temp tables there
-    except subprocess.TimeoutExpired:
-        return {"peer": name, "error": f"timed out after {cfg.get('timeout', 3600)} s"}
-    finally:
-        os.unlink(path)
-    for line in p.stderr.splitlines():
-        if line.startswith("repeat"):
-            print(f"{name} {line}", flush=True)
-    if p.returncode != 0:
-        lines = (p.stderr or "").strip().splitlines()
-        first = [ln for ln in lines if any(w in ln for w in ("OutOfMemory", "Killed", "Error:", "Exception:"))][:5]
-        tail = "\n".join(first + lines[-6:])
-        return {"peer": name, "error": f"exit {p.returncode}: {tail}"}
-    res = json.loads(p.stdout.strip().splitlines()[-1])
-    res["peer"] = name
-    res["process_seconds"] = round(time.perf_counter() - t, 1)
-    return res
 
 
 # --------------------------------------------------------------------------- utility
@@ -351,41 +196,18 @@ def run(*, people: int, max_keys: int = 32, epsilon: float = 1.0, data_dir: str 
     sp = shuffle_partitions or max(8, -(-people // 250_000))
     spark = get_spark({"spark.driver.memory": driver_memory, "spark.sql.shuffle.partitions": str(sp)},
                       app_name="sparkpriv-bench-counts", master=master)
-    table = _ensure_table(spark, data_dir, people)
+    table = ensure_table(spark, data_dir, people)
     warm = min(people, warmup_people or _WARMUP_PEOPLE)
-    small = _ensure_table(spark, data_dir, warm)
+    small = ensure_table(spark, data_dir, warm)
     events = spark.read.parquet(table).count()
     bound_seed = os.urandom(16)  # the same keyed choice in every run and in the owner-side totals
     pipes = {"sparkpriv": lambda src, out: _run_sparkpriv(spark, src, out, max_keys, epsilon, bound_seed),
              "nonprivate": lambda src, out: _run_nonprivate(spark, src, out)}
-    for fn in pipes.values():  # warm-up: JVM, JIT, Python workers
-        o = os.path.join(data_dir, f"warm-{uuid.uuid4().hex[:8]}")
-        fn(small, o)
-        shutil.rmtree(o, ignore_errors=True)
-    spark.read.parquet(table).select("caller_id", "tower_id").write.format("noop").mode("overwrite").save()
-    times = {n: [] for n in pipes}
-    cpu = {n: [] for n in pipes}
-    mcpu = {n: [] for n in pipes}
-    kept = {}
-    info = {}
-    for rep in range(repeats):
-        order = list(pipes) if rep % 2 == 0 else list(pipes)[::-1]
-        for name in order:
-            out = os.path.join(data_dir, f"out-{name}-{uuid.uuid4().hex[:8]}")
-            secs, c, mc, res = _timed(lambda o, name=name: pipes[name](table, o), out)
-            times[name].append(secs)
-            cpu[name].append(c)
-            mcpu[name].append(mc)
-            own = "n/a (a process ended unaccounted)" if c is None else f"{c:.1f}"
-            whole = "n/a" if mc is None else f"{mc:.1f}"
-            print(f"repeat {rep} {name}: {secs:.2f} s, {own} CPU-s (own processes), "
-                  f"{whole} CPU-s (whole machine)", flush=True)
-            if name == "sparkpriv":
-                info = res
-            if rep == repeats - 1:
-                kept[name] = out
-            else:
-                shutil.rmtree(out, ignore_errors=True)
+    runs = alternate(pipes, table, small, data_dir, repeats,
+                     prime=lambda: spark.read.parquet(table).select("caller_id", "tower_id")
+                     .write.format("noop").mode("overwrite").save())
+    times, cpu, mcpu, kept = runs["seconds"], runs["cpu"], runs["machine_cpu"], runs["output"]
+    info = runs["result"]["sparkpriv"]
     peers = {}
     cfg = {"master": master, "driver_memory": driver_memory, "shuffle_partitions": sp, "epsilon": epsilon,
            "max_keys": max_keys, "towers": TOWERS, "table": table, "warmup": small, "data_dir": data_dir,
@@ -393,7 +215,7 @@ def run(*, people: int, max_keys: int = 32, epsilon: float = 1.0, data_dir: str 
     for name, py, script in (("tumult", tumult_python, _TUMULT), ("pipelinedp", pipelinedp_python, _PIPELINEDP)):
         if py:
             _log.info("running peer %s", name)
-            peers[name] = _run_peer(name, py, script, cfg)
+            peers[name] = run_peer(name, py, script, cfg)
     med = {n: float(np.median(ts)) for n, ts in times.items()}
     paired = [a / b for a, b in zip(times["sparkpriv"], times["nonprivate"])]
     result = {
@@ -405,11 +227,10 @@ def run(*, people: int, max_keys: int = 32, epsilon: float = 1.0, data_dir: str 
         "epsilon": epsilon,
         "seconds_each_repeat": [round(t, 2) for t in times["sparkpriv"]],
         "nonprivate_seconds_each_repeat": [round(t, 2) for t in times["nonprivate"]],
-        "cpu_seconds_each_repeat": [None if c is None else round(c, 1) for c in cpu["sparkpriv"]],
-        "nonprivate_cpu_seconds_each_repeat": [None if c is None else round(c, 1) for c in cpu["nonprivate"]],
-        "machine_cpu_seconds_each_repeat": [None if c is None else round(c, 1) for c in mcpu["sparkpriv"]],
-        "nonprivate_machine_cpu_seconds_each_repeat": [None if c is None else round(c, 1)
-                                                       for c in mcpu["nonprivate"]],
+        "cpu_seconds_each_repeat": rounded(cpu["sparkpriv"]),
+        "nonprivate_cpu_seconds_each_repeat": rounded(cpu["nonprivate"]),
+        "machine_cpu_seconds_each_repeat": rounded(mcpu["sparkpriv"]),
+        "nonprivate_machine_cpu_seconds_each_repeat": rounded(mcpu["nonprivate"]),
         "median_seconds": round(med["sparkpriv"], 2),
         "nonprivate_median_seconds": round(med["nonprivate"], 2),
         "ratio_each_repeat": [round(r, 3) for r in paired],

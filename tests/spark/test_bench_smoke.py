@@ -140,3 +140,54 @@ def test_bench_synthetic_scale_smoke(spark, tmp_path, capsys):
     t = pq.read_table(str(tmp_path / "zipf-3000x300-10")).to_pandas()
     assert len(t) == res["events"] and t["person"].nunique() == 3000 and t["item"].between(0, 299).all()
     assert pq.read_table(str(tmp_path / "synthetic-scale" / "synthetic")).num_rows == 3000
+
+
+@pytest.mark.main_leg
+def test_bench_aggregates_smoke(spark, tmp_path, capsys):
+    """``bench aggregates`` without peers: its non-private figures and its error figures against an
+    independent pandas computation on the generated table."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from sparkpriv.bench import aggregates
+
+    res = aggregates.run(people=1500, repeats=1, warmup_people=300, data_dir=str(tmp_path), keep_outputs=True)
+    assert _last_json(capsys) == json.loads(json.dumps(res))
+    assert len(res["seconds_each_repeat"]) == len(res["nonprivate_seconds_each_repeat"]) == 1
+    assert res["ratio_each_repeat"][0] == pytest.approx(res["seconds_each_repeat"][0]
+                                                        / res["nonprivate_seconds_each_repeat"][0], rel=0.02)
+    ev = pq.read_table(res["outputs"]["table"]).to_pandas()
+    assert len(ev) == res["events"] and ev["caller_id"].nunique() == 1500
+    assert ev["hour"].between(0, 23).all() and (ev["duration"] >= 1).all()
+    assert (ev["duration"] == ev["duration"].round()).all() and 60 < ev["duration"].median() < 130
+    g = ev.groupby(["tower_id", "hour"])["duration"]
+    ref = {"count_distinct": ev.groupby(["tower_id", "hour"])["caller_id"].nunique(), "count": g.size(),
+           "sum_duration": g.sum(), "mean_duration": g.mean(),
+           "p50_duration": g.quantile(0.5, interpolation="lower")}  # percentile_approx: an element, the lower one
+
+    def dense(t, col):
+        v = np.full(aggregates.TOWERS * aggregates.HOURS, np.nan)
+        v[t["tower_id"].to_numpy() * 24 + t["hour"].to_numpy()] = t[col].to_numpy()
+        return v
+
+    nonpriv = pq.read_table(res["outputs"]["nonprivate"]).to_pandas()
+    assert len(nonpriv) == len(ref["count"])  # the non-private query has a row per cell with calls
+    truth = {}
+    for a, s in ref.items():
+        t = s.rename(a).reset_index()
+        truth[a] = dense(t, a)
+        got = dense(nonpriv, a)
+        assert np.allclose(got[~np.isnan(truth[a])], truth[a][~np.isnan(truth[a])], rtol=1e-9), a
+    # the benchmark's error figures, from the released table and the pandas truth
+    rel = pq.read_table(res["outputs"]["sparkpriv"]).to_pandas()
+    assert len(rel) == aggregates.TOWERS * aggregates.HOURS  # every cell of the public domain
+    for a in ("count_distinct", "count"):
+        t = np.nan_to_num(truth[a])
+        assert res["errors"]["sparkpriv"][a]["mean_abs_error"] == pytest.approx(
+            np.mean(np.abs(dense(rel, a) - t)), rel=1e-9)
+        assert res["errors"]["nonprivate"][a]["mean_abs_error"] == 0
+    busy = ~np.isnan(truth["mean_duration"])
+    assert res["errors"]["sparkpriv"]["mean_duration"]["cells"] == busy.sum()
+    assert res["errors"]["sparkpriv"]["mean_duration"]["mean_abs_error"] == pytest.approx(
+        np.mean(np.abs(dense(rel, "mean_duration") - truth["mean_duration"])[busy]), rel=1e-9)
+    assert res["sparkpriv_stated"]["count_distinct"]["mean_stated_std"] > 0

@@ -1,0 +1,231 @@
+"""What the benchmarks against the non-private query and the peers share (``bench counts``,
+``bench aggregates``): CPU-seconds from ``/proc``, a timed pipeline, the generated CDR table,
+warm-up and alternating repeats on one SparkSession, and a peer run in its own Python and process.
+
+CPU-seconds are counted two ways: of the benchmark's own processes (the driver, its JVM and the
+JVM's Python workers, from ``/proc/<pid>/stat``) and of the whole machine (``/proc/stat``, which on
+a shared machine includes other people's work).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+
+__all__ = ["machine_cpu", "tree_cpu", "timed", "ensure_table", "alternate", "run_peer", "PEER_COMMON",
+           "rounded"]
+
+_log = logging.getLogger(__name__)
+
+
+def machine_cpu() -> tuple[float, float] | None:
+    """(busy, steal) CPU-seconds of the whole machine so far (``/proc/stat``)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    return (v[0] + v[1] + v[2] + v[5] + v[6]) / hz, v[7] / hz
+
+
+def tree_cpu(root: int | None = None) -> float | None:
+    """CPU-seconds (user + system, with reaped children) of process ``root`` (default:
+    this one) and all its descendants: here the driver, its JVM and the JVM's Python
+    workers; other processes on the machine are not counted."""
+    root = os.getpid() if root is None else root
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    stats = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    for n in names:
+        if not n.isdigit():
+            continue
+        try:
+            with open(f"/proc/{n}/stat") as f:
+                rest = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # fields after the name: state ppid ... utime(12) stime(13) cutime(14) cstime(15)
+        stats[int(n)] = (int(rest[1]), sum(int(x) for x in rest[11:15]))
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            total += stats[pid][1]
+        todo.extend(children.get(pid, ()))
+    return total / hz
+
+
+def timed(fn, out: str) -> tuple[float, float | None, float | None, object]:
+    """``fn(out)`` timed: ``(wall seconds, own CPU-seconds, machine CPU-seconds, its result)``; a
+    CPU figure is None when it cannot be read (or a process of the tree ended unaccounted)."""
+    c0, m0 = tree_cpu(), machine_cpu()
+    t = time.perf_counter()
+    res = fn(out)
+    secs = time.perf_counter() - t
+    c1, m1 = tree_cpu(), machine_cpu()
+    own = (c1 - c0) if (c0 is not None and c1 is not None) else None
+    if own is not None and own < 0:  # a process of the tree ended and no process of it reaped it
+        own = None
+    return (secs, own,
+            (m1[0] - m0[0]) if (m0 and m1) else None, res)
+
+
+def ensure_table(spark, data_dir: str, people: int, seed: int = 0, *, name: str = "cdr", build=None) -> str:
+    """The Parquet table ``<data_dir>/<name>-<people>-s<seed>``, written once and reused:
+    ``build(spark, people, seed)`` (default: :func:`~sparkpriv.spark.generate_events.generate_cdr`)."""
+    if build is None:
+        from sparkpriv.spark.generate_events import generate_cdr
+
+        def build(spark, people, seed):
+            return generate_cdr(spark, people=people, seed=seed)
+
+    path = os.path.join(data_dir, f"{name}-{people}-s{seed}")
+    if not os.path.exists(os.path.join(path, "_SUCCESS")):
+        t = time.perf_counter()
+        build(spark, people, seed).write.mode("overwrite").parquet(path)
+        _log.info("generated %s in %.1f s", path, time.perf_counter() - t)
+    return path
+
+
+def alternate(pipes: dict, table: str, small: str, data_dir: str, repeats: int, *, prime=None) -> dict:
+    """Each pipeline ``pipes[name](src, out)`` once untimed on ``small`` (JVM, JIT, Python workers),
+    then ``repeats`` timed runs on ``table``, back to back, the order alternating; every repeat
+    printed. ``prime()`` (e.g. a scan of the table) runs after the warm-up.
+
+    Returns ``{"seconds", "cpu", "machine_cpu": {name: [each repeat]}, "result": {name: the last
+    repeat's return value}, "output": {name: the last repeat's output path}}`` (earlier outputs
+    are deleted).
+    """
+    for fn in pipes.values():
+        o = os.path.join(data_dir, f"warm-{uuid.uuid4().hex[:8]}")
+        fn(small, o)
+        shutil.rmtree(o, ignore_errors=True)
+    if prime is not None:
+        prime()
+    out = {"seconds": {n: [] for n in pipes}, "cpu": {n: [] for n in pipes},
+           "machine_cpu": {n: [] for n in pipes}, "result": {}, "output": {}}
+    for rep in range(repeats):
+        order = list(pipes) if rep % 2 == 0 else list(pipes)[::-1]
+        for name in order:
+            path = os.path.join(data_dir, f"out-{name}-{uuid.uuid4().hex[:8]}")
+            secs, c, mc, res = timed(lambda o, name=name: pipes[name](table, o), path)
+            out["seconds"][name].append(secs)
+            out["cpu"][name].append(c)
+            out["machine_cpu"][name].append(mc)
+            own = "n/a (a process ended unaccounted)" if c is None else f"{c:.1f}"
+            whole = "n/a" if mc is None else f"{mc:.1f}"
+            print(f"repeat {rep} {name}: {secs:.2f} s, {own} CPU-s (own processes), "
+                  f"{whole} CPU-s (whole machine)", flush=True)
+            out["result"][name] = res
+            if rep == repeats - 1:
+                out["output"][name] = path
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+    return out
+
+
+def rounded(xs, digits: int = 1) -> list:
+    """Each figure rounded (None kept: a CPU figure that could not be read)."""
+    return [None if x is None else round(float(x), digits) for x in xs]
+
+
+# --------------------------------------------------------------------------- peers
+
+#: The driver of a peer's process. A peer's script defines ``query(src, out)`` (it may use
+#: ``spark`` and ``args``); :func:`run_peer` puts it before the warm-up and the timed repeats.
+PEER_COMMON = r'''
+import json, os, shutil, sys, time, uuid
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ["PYSPARK_PYTHON"] = sys.executable
+args = json.loads(sys.argv[1])
+from pyspark.sql import SparkSession
+spark = (SparkSession.builder.master(args["master"]).appName("peer")
+         .config("spark.driver.memory", args["driver_memory"])
+         .config("spark.sql.shuffle.partitions", str(args["shuffle_partitions"]))
+         .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
+         .config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
+spark.sparkContext.setLogLevel("ERROR")
+
+def cpu():
+    """CPU-seconds of this process and its descendants (its JVM and Python workers)."""
+    stats = {}
+    for n in os.listdir("/proc"):
+        if n.isdigit():
+            try:
+                with open(f"/proc/{n}/stat") as f:
+                    rest = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(n)] = (int(rest[1]), sum(int(x) for x in rest[11:15]))
+    kids = {}
+    for pid, (ppid, _) in stats.items():
+        kids.setdefault(ppid, []).append(pid)
+    total, todo = 0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        total += stats.get(pid, (0, 0))[1]
+        todo.extend(kids.get(pid, ()))
+    return total / os.sysconf("SC_CLK_TCK")
+
+def timed(src, out):
+    c0, t = cpu(), time.perf_counter()
+    query(src, out)
+    return time.perf_counter() - t, cpu() - c0
+
+query(args["warmup"], os.path.join(args["data_dir"], "peer-warm-" + uuid.uuid4().hex[:8]))
+secs, cpus = [], []
+for r in range(args["repeats"]):
+    out = os.path.join(args["data_dir"], "peer-out-" + uuid.uuid4().hex[:8])
+    s, c = timed(args["table"], out)
+    secs.append(s); cpus.append(c)
+    print("repeat", r, round(s, 2), "s", round(c, 1), "cpu-s", file=sys.stderr, flush=True)
+    if r < args["repeats"] - 1:
+        shutil.rmtree(out, ignore_errors=True)
+print(json.dumps({"seconds_each_repeat": secs, "cpu_seconds_each_repeat": cpus, "output": out}))
+'''
+
+
+def run_peer(name: str, python: str, script: str, cfg: dict) -> dict:
+    """Run one peer in its own process (``python``: the interpreter of its virtual environment);
+    returns its timings and output path, or ``{"error": the reason it failed}``."""
+    if not os.path.exists(python):
+        return {"peer": name, "error": f"no such interpreter {python!r}"}
+    # the peer's query is defined first, then the common driver code runs it
+    head, tail = PEER_COMMON.split("\nquery(args", 1)
+    with tempfile.NamedTemporaryFile("w", suffix=f"-{name}.py", delete=False) as f:
+        f.write(head + script + "\nquery(args" + tail)
+        path = f.name
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON", "SPARK_HOME")}
+    t = time.perf_counter()
+    try:
+        p = subprocess.run([python, path, json.dumps(cfg)], capture_output=True, text=True, env=env,
+                           timeout=cfg.get("timeout", 3600), cwd=cfg["data_dir"])  # peers' temp tables there
+    except subprocess.TimeoutExpired:
+        return {"peer": name, "error": f"timed out after {cfg.get('timeout', 3600)} s"}
+    finally:
+        os.unlink(path)
+    for line in p.stderr.splitlines():
+        if line.startswith("repeat"):
+            print(f"{name} {line}", flush=True)
+    if p.returncode != 0:
+        lines = (p.stderr or "").strip().splitlines()
+        first = [ln for ln in lines if any(w in ln for w in ("OutOfMemory", "Killed", "Error:", "Exception:"))][:5]
+        tail = "\n".join(first + lines[-6:])
+        return {"peer": name, "error": f"exit {p.returncode}: {tail}"}
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    res["peer"] = name
+    res["process_seconds"] = round(time.perf_counter() - t, 1)
+    return res
