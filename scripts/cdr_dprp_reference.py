@@ -1,4 +1,4 @@
-"""Reference rows for the DPRP counting-query table of docs/cdr.md (numpy, no Spark).
+"""Reference rows for the DPRP counting-query table of docs/research/cdr-dprp-records.md (numpy, no Spark).
 
 On a generated CDR event table (Parquet, ``caller_id, tower_id``), with the
 queries ``sparkpriv evaluate counting-queries`` draws (seed 0, 1,000 queries,
