@@ -14,7 +14,7 @@ relative error of:
 
 Usage::
 
-    python scripts/cdr_dprp_reference.py /tmp/helper-dprp/cdr-200k --max-items 32 --k 64,256 --k 8,512
+    python docs/research/scripts/cdr_dprp_reference.py /tmp/helper-dprp/cdr-200k --max-items 32 --k 64,256 --k 8,512
 """
 
 from __future__ import annotations
