@@ -1,4 +1,4 @@
-"""Utility of the DPRP release, measured honestly (results in docs/dprp.md).
+"""Utility of the DPRP release, measured honestly (results in docs/dprp.md, section "Utility", and docs/research/dprp-utility.md).
 
 Train on the release, test on real data: for each run, a stratified 80/20
 split; the 80 % is released with :func:`sparkpriv.api.release_dprp_array` on the

@@ -43,7 +43,7 @@ GENERATE_EVENTS_OPTIONS = (
     Option("output", "str", "output Parquet directory of the event table", required=True),
     Option("map_output", "str", "also write the public map (item id, x, y) as CSV here: usable as --vocabulary"),
     Option("items", "int", "number of towers / stations [default: 1303 cdr, 342 transit]"),
-    Option("mu", "float", "log-normal mu of the distinct items per person (see docs/cdr.md)"),
+    Option("mu", "float", "log-normal mu of the distinct items per person (see docs/generators.md)"),
     Option("sigma", "float", "log-normal sigma of the distinct items per person"),
     Option("events_per_item", "float", "mean events per (person, visited item) [default: 2 cdr, 3 transit]"),
     Option("period_days", "int", "days covered by the timestamps", default=30),

@@ -1,4 +1,4 @@
-"""scripts/dpgm_diagnose.py (docs/research/dpgm.md, "Where the model's error is"): the raking, the weighted
+"""docs/research/scripts/dpgm_diagnose.py (docs/research/dpgm.md, "Where the model's error is"): the raking, the weighted
 answers and the pair counts against brute-force references, and one small run end to end."""
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def test_the_shift_moves_a_models_marginals_to_exact_counts(diag):
 
 
 def test_the_share_study_runs_each_share_unshifted_and_shifted(tmp_path):
-    """scripts/dpgm_share_study.py (docs/research/dpgm.md, "The share"): a small run, each share's plan
+    """docs/research/scripts/dpgm_share_study.py (docs/research/dpgm.md, "The share"): a small run, each share's plan
     (a larger share of the counts leaves the models more noise, the counts less)."""
     share = load_script("dpgm_share_study")
     out = tmp_path / "share.jsonl"

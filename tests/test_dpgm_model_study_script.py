@@ -1,4 +1,4 @@
-"""scripts/dpgm_model_study.py (docs/research/dpgm.md, "Training: a second study"): its helpers against
+"""docs/research/scripts/dpgm_model_study.py (docs/research/dpgm.md, "Training: a second study"): its helpers against
 brute-force references, and one small run end to end."""
 
 from __future__ import annotations

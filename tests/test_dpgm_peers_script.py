@@ -1,4 +1,4 @@
-"""scripts/dpgm_peers.py: argument parsing and the protocol helpers, without the
+"""docs/research/scripts/dpgm_peers.py: argument parsing and the protocol helpers, without the
 peer packages (smartnoise-synth, mbi); the peer runs themselves are skipped
 unless those are installed (docs/research/dpgm.md, "Peers: MST, AIM, MWEM")."""
 

@@ -1,4 +1,4 @@
-"""scripts/dpgm_scale.py (docs/research/dpgm.md, "At the paper's size"): a bad ``--variants`` is refused
+"""docs/research/scripts/dpgm_scale.py (docs/research/dpgm.md, "At the paper's size"): a bad ``--variants`` is refused
 before Spark starts or the truth is computed (minutes at the paper's size)."""
 
 from __future__ import annotations

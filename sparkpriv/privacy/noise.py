@@ -57,7 +57,7 @@ Guarantees and accounting
 
 Samplers
 --------
-Fast (default, vectorized numpy; docs/noise.md has the error analysis):
+Fast (default, vectorized numpy; error analysis: docs/research/noise-samplers.md):
 
 * Discrete Laplace = ``s G``, negative zero rejected (CKS). ``G = K M + R``,
   ``M = 2^m``, ``t/M in [2^8, 2^9)``: ``K = floor(E t/M)`` (E exponential) and R
@@ -80,8 +80,8 @@ Fast (default, vectorized numpy; docs/noise.md has the error analysis):
   coordinates may lose about ``2.9e-11 k`` more than the ideal mechanism. Every
   recorded event is charged ``sampler_slack(k) = 5.82e-11 k`` for it (on a
   Laplace event's epsilon and a Gaussian event's ``mu``; docs/noise.md,
-  "Accounting for the samplers' error", has the proof obligation and its
-  check), and the calibrations leave room for it, so the accountant's epsilon
+  "Accounting for the samplers' error", and docs/research/noise-samplers.md
+  have the proof obligation and its check), and the calibrations leave room for it, so the accountant's epsilon
   of the recorded events covers the samplers. (``exact=True`` would not need
   the charge; it is made anyway.)
 * Support: ``|x| < 2^62`` (int64 headroom); this conditioning moves the

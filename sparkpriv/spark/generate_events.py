@@ -1,7 +1,7 @@
 """Realistic event tables (call-detail records, transit taps), generated in
 parallel by Spark from keyed streams (never on the driver).
 
-The generative model (documented with measured statistics in ``docs/cdr.md``):
+The generative model (documented with measured statistics in ``docs/generators.md``):
 
 * **Map** (public, small, built on the driver from the seed): ``items`` points
   on a 100 x 100 km square. CDR towers: a few cities (Gaussian clusters of

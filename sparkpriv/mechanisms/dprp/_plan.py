@@ -60,7 +60,7 @@ def difference_bound_sq(d: int, row_bound: float, n_label_columns: int = 0, labe
     one-hot label block of value ``s`` (without one, ``s^2`` is dropped): ``d``
     at the default ``Z`` without labels, ``d + 2 s^2`` with private labels,
     ``min(2 L, d)`` for event records (``Z^2 = L``). Proof and the worst pair:
-    docs/dprp.md, section "Sensitivity".
+    docs/research/dprp-sensitivity.md (summary: docs/dprp.md, "Sensitivity").
     """
     d, z2, s2 = _domain_sq(d, row_bound, n_label_columns, label_scale)
     a = 0.0 if s2 is None else s2
@@ -71,7 +71,7 @@ def difference_bound_sq(d: int, row_bound: float, n_label_columns: int = 0, labe
 def _gram_vertex_sq(d: int, s2: float | None) -> float:
     """Largest ``||triu(x x^T - y y^T)||^2`` over the vertices of the box (features in
     ``{0, 1}``, labels of two different classes with value ``s``); by the vertex
-    theorem of docs/dprp.md the supremum over the box (with any norm clip)."""
+    theorem (docs/research/dprp-sensitivity.md) the supremum over the box (with any norm clip)."""
     if s2 is None:
         return d * (d + 1) / 2.0
     q = np.arange(d + 1, dtype=np.float64)
@@ -108,8 +108,8 @@ def gram_bound_sq(d: int, row_bound: float, n_label_columns: int = 0, label_scal
     The smaller of the vertex bound (``d (d + 1) / 2`` without labels) and the
     ball bound; exact when no row is norm-clipped (the default ``Z``) and
     whenever two rows of largest ``||triu(x x^T)||`` fit on disjoint supports
-    (event records with ``d >= 2 L``: ``L (L + 1)``). Proof: docs/dprp.md,
-    section "Sensitivity".
+    (event records with ``d >= 2 L``: ``L (L + 1)``). Proof:
+    docs/research/dprp-sensitivity.md (summary: docs/dprp.md, "Sensitivity").
     """
     d, z2, s2 = _domain_sq(d, row_bound, n_label_columns, label_scale)
     return min(_gram_vertex_sq(d, s2), _gram_ball_sq(d, z2, s2))

@@ -14,7 +14,7 @@ the whole table, from its exact Gram matrix (one owner-side pass). The linear an
 rules are not run at this size: ``m = n / 10`` columns of S per row would be 10^13 normals.
 Fixed test seeds: measurements, not private releases.
 
-    python scripts/regression_scale.py --table /tmp/sparkpriv-bench/regression-10000000x64.parquet
+    python docs/research/scripts/regression_scale.py --table /tmp/sparkpriv-bench/regression-10000000x64.parquet
 """
 
 from __future__ import annotations

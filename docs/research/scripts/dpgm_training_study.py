@@ -10,7 +10,7 @@ average of each batch, batch about 900 people per cluster); with ``noise = epsil
 plan's step noise for that epsilon, ``q`` and steps, but the clusters' REAL sizes as ``n_pub``:
 a study of training, not a release.
 
-    python scripts/dpgm_training_study.py cdr-200000 1.0 '[{"name": "base"}, {"name": "lr", "lr": 0.001}]'
+    python docs/research/scripts/dpgm_training_study.py cdr-200000 1.0 '[{"name": "base"}, {"name": "lr", "lr": 0.001}]'
 """
 import json
 import math

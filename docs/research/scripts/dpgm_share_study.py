@@ -2,15 +2,15 @@
 (docs/research/dpgm.md, "Calibrating the marginals", "The share").
 
 The people of ``sparkpriv generate cdr|transit --people N --seed 0`` capped at ``L`` items and the
-paper's query protocol, as scripts/dpgm_model_study.py has them. For each share: the plan at that
+paper's query protocol, as docs/research/scripts/dpgm_model_study.py has them. For each share: the plan at that
 share (the models' noise multiplier is what the counts leave), the study's DPGM release pieces
 (the DP k-means, the length histograms, the cluster sizes, the RBMs), the exact capped per-item
 counts plus Gaussian noise at the plan's std, the release's shift towards them
-(scripts/dpgm_diagnose.py's ``shifted``: the release's ``calibrate_marginals`` on the trained
+(docs/research/scripts/dpgm_diagnose.py's ``shifted``: the release's ``calibrate_marginals`` on the trained
 models), and the counting-query error of ``--synthetic`` people from the models unshifted and
 shifted. Fixed test seeds: measurements, not private releases.
 
-    python scripts/dpgm_share_study.py --kind transit --people 1200000 --max-items 64 --shares 0.1,0.3
+    python docs/research/scripts/dpgm_share_study.py --kind transit --people 1200000 --max-items 64 --shares 0.1,0.3
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ capped records' item counts) and the share of people with few items.
 
 Fixed test seeds (``--seed``): measurements, not private releases.
 
-    python scripts/dpgm_model_study.py --people 1000000 --variants '[{"name": "defaults"}]'
+    python docs/research/scripts/dpgm_model_study.py --people 1000000 --variants '[{"name": "defaults"}]'
 """
 
 from __future__ import annotations
@@ -406,7 +406,7 @@ def main(argv=None):
     ap.add_argument("--cache", default=None, help="a .npz file: the generated table, made once and read after")
     ap.add_argument("--save-model", default=None,
                     help="a directory: each variant's model (before any calibration) saved there as <name>.npz, "
-                         "a DPGM model file (scripts/dpgm_diagnose.py --model)")
+                         "a DPGM model file (docs/research/scripts/dpgm_diagnose.py --model)")
     a = ap.parse_args(argv)
 
     from sparkpriv.mechanisms import counting_queries as cq

@@ -1,5 +1,5 @@
 """Peers of the DPGM release (MST, AIM, MWEM) on the counting-query protocol of
-scripts/dpgm_utility.py (docs/research/dpgm.md, "Peers: MST, AIM, MWEM").
+docs/research/scripts/dpgm_utility.py (docs/research/dpgm.md, "Peers: MST, AIM, MWEM").
 
 The table, the 1,000 queries and the truth are those of dpgm_utility.py (its
 functions are imported, not copied): people drawn by the Spark event tables'
@@ -34,7 +34,7 @@ OpenDP's samplers (not seedable); their exponential mechanisms and sampling
 use ``np.random``, seeded with ``--seed``. Their neighbour relation is
 add/remove one person (sensitivity 1 per marginal); the DPGM's is replace-one.
 
-    python scripts/dpgm_peers.py --people 20000 --epsilons 0.5 1 2 4 --peers mst
+    python docs/research/scripts/dpgm_peers.py --people 20000 --epsilons 0.5 1 2 4 --peers mst
 
 A column sample (``--towers N``, ``--kind utility``): AIM cannot finish its
 rounds on 1,303 columns, so the same people are kept on the N most popular
@@ -43,11 +43,11 @@ popularity, not a count of the table), each holding those of their own towers,
 then capped; ``dpgm_utility.py --towers N`` gives the DPGM and the baselines
 on the same table and queries (docs/research/dpgm.md, "AIM on a column sample"):
 
-    python scripts/dpgm_peers.py --people 20000 --max-items 16 --towers 32 --epsilons 1 \
+    python docs/research/scripts/dpgm_peers.py --people 20000 --max-items 16 --towers 32 --epsilons 1 \
         --peers aim --aim-pairs 496 --aim-rounds 64
 
 Event tables at scale (``--kind cdr|transit``; docs/research/dpgm.md, "At the paper's
-size"): the table, queries and truth of scripts/dpgm_model_study.py (its
+size"): the table, queries and truth of docs/research/scripts/dpgm_model_study.py (its
 ``people``, ``cap`` and ``answers`` are imported, not copied): the people of
 ``sparkpriv generate cdr|transit --people N --seed 0``, each person's items
 capped at ``--max-items`` (a uniformly random subset, ``cap`` at ``--seed``),
@@ -80,9 +80,9 @@ the process's peak memory are logged, and, beside the query errors, the
 synthetic table's items per person, per-item marginal error and the share of
 queries it over-answers (``describe``).
 
-    python scripts/dpgm_peers.py --kind cdr --people 4427486 --max-items 128 --synthetic 100000 \
+    python docs/research/scripts/dpgm_peers.py --kind cdr --people 4427486 --max-items 128 --synthetic 100000 \
         --sparse --peers mst --epsilons 1 --mst-iters 1000 --cache /tmp/peers
-    python scripts/dpgm_peers.py --kind cdr --people 20000 --max-items 128 --check-sparse
+    python docs/research/scripts/dpgm_peers.py --kind cdr --people 20000 --max-items 128 --check-sparse
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def parse_args(argv=None):
 
 
 def protocol(people: int, max_items: int, seed: int, n_queries: int = 1000, towers: int | None = None):
-    """The table, queries and truth of scripts/dpgm_utility.py: ``(src, X, qs, true)``.
+    """The table, queries and truth of docs/research/scripts/dpgm_utility.py: ``(src, X, qs, true)``.
 
     ``src`` is the uncapped 0/1 table (the truth), ``X`` the capped one (what
     the releases see), ``qs`` the queries drawn exactly as dpgm_utility.main
@@ -169,7 +169,7 @@ def protocol(people: int, max_items: int, seed: int, n_queries: int = 1000, towe
 
 def event_protocol(kind: str, people: int, max_items: int, seed: int, n_queries: int = 1000, cache=None,
                    log=print):
-    """The table, queries and truth of scripts/dpgm_model_study.py: ``(X, qs, true)``.
+    """The table, queries and truth of docs/research/scripts/dpgm_model_study.py: ``(X, qs, true)``.
 
     ``X`` is the capped table (scipy CSR, float64), ``qs`` the queries
     ``draw_queries(d, max_length=longest, seed=0)``, ``true`` their answers on

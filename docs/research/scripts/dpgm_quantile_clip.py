@@ -9,7 +9,7 @@ the seeds) and the final clips of seed 3.
 
 Usage::
 
-    python scripts/dpgm_quantile_clip.py
+    python docs/research/scripts/dpgm_quantile_clip.py
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ the released centres, post-processing); once: an empty release, and a uniform ra
 people of the synthetic table's size (the error a perfect model would still
 have from the synthetic table's size alone). Every phase is timed.
 
-    python scripts/dpgm_scale.py --events /data/cdr-4427486 --epsilons 1 --synthetic 500000
+    python docs/research/scripts/dpgm_scale.py --events /data/cdr-4427486 --epsilons 1 --synthetic 500000
 """
 
 from __future__ import annotations

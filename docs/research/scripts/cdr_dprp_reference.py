@@ -1,4 +1,4 @@
-"""Reference rows for the DPRP counting-query table of docs/cdr.md (numpy, no Spark).
+"""Reference rows for the DPRP counting-query table of docs/research/cdr-dprp-records.md (numpy, no Spark).
 
 On a generated CDR event table (Parquet, ``caller_id, tower_id``), with the
 queries ``sparkpriv evaluate counting-queries`` draws (seed 0, 1,000 queries,
@@ -14,7 +14,7 @@ relative error of:
 
 Usage::
 
-    python scripts/cdr_dprp_reference.py /tmp/helper-dprp/cdr-200k --max-items 32 --k 64,256 --k 8,512
+    python docs/research/scripts/cdr_dprp_reference.py /tmp/helper-dprp/cdr-200k --max-items 32 --k 64,256 --k 8,512
 """
 
 from __future__ import annotations

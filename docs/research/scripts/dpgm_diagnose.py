@@ -2,7 +2,7 @@
 (docs/research/dpgm.md, "Where the model's error is").
 
 The people of ``sparkpriv generate cdr|transit --people N --seed 0`` capped at ``L`` items and the
-paper's query protocol, as scripts/dpgm_model_study.py has them (the same people, caps, queries
+paper's query protocol, as docs/research/scripts/dpgm_model_study.py has them (the same people, caps, queries
 and truth), and three yardsticks, none of them private (measurements with fixed test seeds):
 
 * ``--oracle-ks 1,30,300``: mixtures of ``k`` clusters (scikit-learn's MiniBatchKMeans on the
@@ -28,8 +28,8 @@ and truth), and three yardsticks, none of them private (measurements with fixed 
   pair count over the real one in each distance band: 1 where the model puts the right mass on
   pairs of that distance.
 
-    python scripts/dpgm_diagnose.py --people 4427486 --cache /tmp/cdr.npz --oracle-ks 1,30,300
-    python scripts/dpgm_diagnose.py --people 4427486 --cache /tmp/cdr.npz --model release/model.npz
+    python docs/research/scripts/dpgm_diagnose.py --people 4427486 --cache /tmp/cdr.npz --oracle-ks 1,30,300
+    python docs/research/scripts/dpgm_diagnose.py --people 4427486 --cache /tmp/cdr.npz --model release/model.npz
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def table(kind: str, people: int, max_items: int, cap_seed: int, cache=None):
     """``(Xfull, X, queries, truth)``: the generated people (uncapped, CSR; read from ``cache``, a
     .npz file, when it exists, else made and written there), capped at ``max_items``, the paper's
     1,000 queries in 5 length groups (``draw_queries(seed=0)``) and their answers on the uncapped
-    people, as scripts/dpgm_model_study.py has them."""
+    people, as docs/research/scripts/dpgm_model_study.py has them."""
     from scipy.sparse import load_npz, save_npz
 
     from sparkpriv.mechanisms import counting_queries as cq

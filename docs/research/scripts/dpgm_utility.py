@@ -10,7 +10,7 @@ same epsilon, the queries answered from DP per-tower counts under independence
 (the counts mechanism at the same epsilon, replace-one), an empty release, and
 the models at a huge epsilon (model error only).
 
-    python scripts/dpgm_utility.py --people 20000 --epsilon 1
+    python docs/research/scripts/dpgm_utility.py --people 20000 --epsilon 1
 """
 
 from __future__ import annotations

@@ -1,0 +1,58 @@
+"""The user pages of docs/ stay short enough to read in ten minutes, and every link to a section
+(``page.md#anchor``) in the README and docs/ names a heading that exists."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_LINES = 350
+# Not user pages of one task: the mathematics reference (docstrings cite its sections), the generated
+# option reference, the ledger's reference and internals, and the utility page being rewritten.
+EXEMPT = {"math.md", "options.md", "ledger.md", "ledger-internals.md", "utility.md"}
+
+
+def _user_pages() -> list[Path]:
+    return sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in EXEMPT)
+
+
+@pytest.mark.parametrize("page", _user_pages(), ids=lambda p: p.name)
+def test_user_page_is_short(page):
+    n = len(page.read_text().splitlines())
+    assert n <= MAX_LINES, (
+        f"docs/{page.name} has {n} lines (at most {MAX_LINES}): move studies, dated figures and long "
+        "derivations to docs/research/ (listed in docs/research/README.md) or cite math.md")
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    out = set()
+    for title in re.findall(r"^#{1,6}\s+(.*?)\s*$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+        out.add(slug)
+    return out
+
+
+def test_links_to_sections_name_existing_headings():
+    pages = [ROOT / "README.md", *ROOT.glob("docs/**/*.md"), ROOT / "scripts" / "README.md"]
+    broken = []
+    for page in pages:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", text):
+            if "://" in target:
+                continue
+            dest = (page.parent / target) if target else page
+            if dest.suffix == ".md" and dest.exists() and anchor not in _anchors(dest):
+                broken.append(f"{page.relative_to(ROOT)} -> {target}#{anchor}")
+    assert not broken, broken
+
+
+def test_the_research_notes_are_listed():
+    readme = (ROOT / "docs" / "research" / "README.md").read_text()
+    unlisted = [p.name for p in (ROOT / "docs" / "research").glob("*.md")
+                if p.name != "README.md" and f"]({p.name})" not in readme]
+    assert not unlisted, f"docs/research/README.md does not list {unlisted}"
