@@ -136,16 +136,10 @@ def _run_floor(spark, src, out):
 
 
 def _machine_cpu() -> tuple[float, float] | None:
-    """(busy, steal) CPU-seconds of the whole machine so far, from ``/proc/stat``
-    (busy = user + nice + system + irq + softirq; steal = time the hypervisor gave
-    to other guests), or None where there is no ``/proc/stat``."""
-    try:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    return (v[0] + v[1] + v[2] + v[5] + v[6]) / hz, v[7] / hz
+    """(busy, steal) CPU-seconds of the whole machine so far (:func:`sparkpriv.bench._timing.machine_cpu`)."""
+    from sparkpriv.bench._timing import machine_cpu
+
+    return machine_cpu()
 
 
 def _timed(data_dir, fn, cpu=None):
