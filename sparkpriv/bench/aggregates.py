@@ -340,7 +340,8 @@ def _errors(truth: dict, released: dict) -> dict:
 
 
 def _stated(sp: dict, truth: dict) -> dict:
-    """sparkpriv's stated noise std (mean over the cells) and its intervals' coverage of the exact answers."""
+    """sparkpriv's stated noise std (mean and median over the cells) and its intervals' coverage of the
+    exact answers."""
     import numpy as np
 
     busy = truth["count"] > 0
@@ -350,8 +351,9 @@ def _stated(sp: dict, truth: dict) -> dict:
         std = sp.get(f"{a}_std")
         lo, hi = sp.get(f"{a}_ci_low"), sp.get(f"{a}_ci_high")
         d = {}
-        if std is not None:
+        if std is not None:  # the median too: a mean's std is large where the noisy count is near 0
             d["mean_stated_std"] = float(np.nanmean(std[cells]))
+            d["median_stated_std"] = float(np.nanmedian(std[cells]))
         if lo is not None and hi is not None:
             d["coverage_of_exact_answer"] = float(np.mean((lo[cells] <= truth[a][cells]) &
                                                           (truth[a][cells] <= hi[cells])))
@@ -506,11 +508,15 @@ def _print_table(result: dict, med: dict, peers: dict) -> None:
     if "errors" in result:
         print(f"{'mean abs error per cell':<24}" + "".join(f"{a:>16}" for a in AGGREGATES))
         for n, e in result["errors"].items():
-            print(f"{n:<24}" + "".join(f"{(e[a] or {}).get('mean_abs_error') or float('nan'):>16.3f}"
+            print(f"{n:<24}" + "".join(f"{_or_nan((e[a] or {}).get('mean_abs_error')):>16.3f}"
                                        for a in AGGREGATES))
         st = result["sparkpriv_stated"]
-        print(f"{'sparkpriv stated std':<24}" + "".join(f"{st[a].get('mean_stated_std', float('nan')):>16.3f}"
+        print(f"{'sparkpriv median std':<24}" + "".join(f"{_or_nan(st[a].get('median_stated_std')):>16.3f}"
                                                        for a in AGGREGATES))
+
+
+def _or_nan(x) -> float:
+    return float("nan") if x is None else float(x)
 
 
 if __name__ == "__main__":  # pragma: no cover
