@@ -51,7 +51,8 @@ def _events(kind: str = "long", seed: int = 3) -> pa.Table:
         for _ in range(6):
             persons.append(999), towers.append(t), hours.append(t % 2), durs.append(float(rng.uniform(0, 60)))
     n = len(persons)
-    towers = [None if i in set(rng.choice(n, 15, replace=False).tolist()) else v for i, v in enumerate(towers)]
+    null_towers = set(rng.choice(n, 15, replace=False).tolist())
+    towers = [None if i in null_towers else v for i, v in enumerate(towers)]
     durs = np.array(durs)
     durs[rng.choice(n, 10, replace=False)] = np.nan
     dur = pa.array([None if i % 97 == 0 else v for i, v in enumerate(durs)], pa.float64())
