@@ -274,7 +274,9 @@ def release_counts(data, *, ledger=None, table_id: str | None = None, source: st
     :func:`sparkpriv.spark.counts.bound_keys` (keys of one or more declared
     columns over a :class:`~sparkpriv.mechanisms.counts.KeyDomain`; pass the
     same ``domain=``) or :func:`sparkpriv.spark.events.bound_contributions`
-    (one item column). The bound comes from the records: at most ``L`` keys
+    (one item column); in memory (no Spark), from
+    :func:`sparkpriv.local.records.bound_keys` (a pandas DataFrame or pyarrow
+    Table, the same parameters). The bound comes from the records: at most ``L`` keys
     per person, each counting 1 (distinct people) or the person's events
     there capped at ``c``. Parameters are those of
     :class:`sparkpriv.mechanisms.counts.CountsReleaseParams`: ``epsilon``
@@ -335,7 +337,9 @@ def release_aggregates(events, *, ledger=None, table_id: str | None = None, sour
                        on_step=None, **params) -> Release:
     """DP aggregates per key of an event table (docs/aggregates.md; docs/math.md section 11).
 
-    ``events``: a Spark DataFrame with one row per event (call, trip). Parameters are those of
+    ``events``: one row per event (call, trip): a Spark DataFrame (the Spark engine), or a pandas
+    DataFrame or pyarrow Table in memory (the local engine; the same bounding, the same table for the
+    same secrets: :mod:`sparkpriv.local.events`). Parameters are those of
     :class:`sparkpriv.mechanisms.aggregates.AggregatesParams`: ``person`` (the person-key column),
     ``by`` (the key columns), ``aggregates`` (e.g. ``"count_distinct, mean(duration),
     median(duration)"``), ``epsilon``, ``max_keys`` (``L``) and ``max_events_per_key`` (``c``; each an

@@ -21,6 +21,11 @@ from sparkpriv.mechanisms.protocol import InputFacts, SparseRows, TableRows
 __all__ = ["LocalEngine", "LocalSource", "accepts", "coerce_classes", "label_codes", "sql_type_name"]
 
 BLOCK_ROWS = 65_536
+# private keys (aggregates' key selection): the keys are spread over this PUBLIC number of partitions
+# by Spark's hash partitioning of the key id, each with its own noise stream, as the Spark engine does
+# over spark.sql.shuffle.partitions (whose default this is): with the same number and the same secret
+# seed both engines release the same values
+KEY_PARTITIONS = 200
 
 
 def accepts(data: Any) -> bool:
@@ -387,11 +392,15 @@ class LocalEngine:
 
     name = "local"
 
-    def __init__(self, block_rows: int = BLOCK_ROWS):
+    def __init__(self, block_rows: int = BLOCK_ROWS, key_partitions: int = KEY_PARTITIONS):
         self.block_rows = int(block_rows)
+        if not isinstance(key_partitions, int) or isinstance(key_partitions, bool) or key_partitions < 1:
+            raise ParameterError(f"The 'key_partitions' parameter of LocalEngine must be a positive integer. Got "
+                                 f"{key_partitions!r}.")
+        self.key_partitions = key_partitions
 
     def open(self, data, *, columns: Sequence[str] | None, fill: float | None, caller: str,
-             labels: tuple | None = None, missing: bool = False, keep: Sequence[str] = ()) -> LocalSource:
+             labels: tuple | None = None, missing: bool = False, keep: Sequence[str] = (), events=None):
         """A source (schema checked, no value read).
 
         ``labels=(column, classes)``: blocks are :class:`TableRows` with the
@@ -399,9 +408,19 @@ class LocalEngine:
         ``facts.classes``). ``missing=True``: blocks are :class:`TableRows`
         with the null mask (nulls read as 0.0) instead of nulls filled or
         refused. ``keep``: columns a row-level output copies (checked present).
+        ``events``: an :class:`~sparkpriv.mechanisms.aggregates.EventSpec`: the table is an event
+        table, grouped by person into :class:`~sparkpriv.mechanisms.protocol.EventRows` blocks
+        (:mod:`sparkpriv.local.events`).
         """
         from sparkpriv.local.records import LocalRecords
 
+        if events is not None:
+            from sparkpriv.local.events import open_events
+
+            if isinstance(data, (LocalRecords, np.ndarray, list)):
+                raise ParameterError(f"{caller} takes the event table itself (a pandas DataFrame or pyarrow Table "
+                                     f"of events), not {type(data).__name__}.")
+            return open_events(data, events, caller)
         if isinstance(data, LocalRecords):  # bounded person records in memory (sparkpriv.local.records)
             return data
         data, names = _open(data, columns, caller)
@@ -428,7 +447,7 @@ class LocalEngine:
     def aggregate(self, source: LocalSource, fn, size: int, *, count: bool = False) -> np.ndarray:
         acc = np.zeros(size, dtype=np.float64)
         blocks = source.blocks(self.block_rows, count=count) if source.kind == "records" else \
-            source.blocks(self.block_rows)
+            source.blocks(self.block_rows)  # events: blocks of whole people
         for X in blocks:
             acc += fn(X)
         return acc
@@ -522,6 +541,87 @@ class LocalEngine:
         return {"int": pa.int32(), "long": pa.int64(), "double": pa.float64(), "bool": pa.bool_(),
                 "array<double>": pa.list_(pa.float64()), "array<int>": pa.list_(pa.int32()),
                 "string": pa.string()}
+
+    def key_table(self, source, partial_fn, width: int, finish_fn, columns: Sequence[tuple]):
+        """A table over keys found in the data (private key selection; an ``events`` source), as the
+        Spark engine's ``key_table`` builds it: ``partial_fn(block) -> (key ids (u,), totals (u, width))``
+        per block of people, summed per key id; the keys spread over :attr:`key_partitions` (PUBLIC)
+        partitions by Spark's hash partitioning of the key id, each partition's keys in key-id order;
+        ``finish_fn(pid, totals (k, width)) -> (released (k,) bool, columns of the released keys)`` once
+        per partition that has keys (its noise stream opened from ``pid``). ``columns``: the output
+        columns after the key columns, ``(name, type)``. Returns a pyarrow Table (partitions in order)."""
+        import pyarrow as pa
+
+        from sparkpriv.local.spark_hash import spark_partition
+
+        if source.kind != "events":
+            raise TypeError("key_table needs an event table source")
+        W = int(width)
+        ids, tots = [], []
+        for block in source.blocks(self.block_rows):
+            i, t = partial_fn(block)
+            if len(i):
+                ids.append(np.asarray(i, np.int64))
+                tots.append(np.asarray(t, np.float64).reshape(-1, W))
+        types = self._types()
+        key_fields = [source.table.schema.field(c) for c in source.spec.by]
+        fields = [pa.field(f.name, f.type, True) for f in key_fields] + \
+            [pa.field(n, types[t], False) for n, t in columns]
+        if not ids:
+            return pa.table([pa.array([], f.type) for f in fields], schema=pa.schema(fields))
+        kid = np.concatenate(ids)
+        tot = np.concatenate(tots)
+        uniq, inv = np.unique(kid, return_inverse=True)
+        inv = inv.reshape(-1)
+        totals = np.column_stack([np.bincount(inv, weights=tot[:, j], minlength=uniq.size) for j in range(W)]) \
+            if W else np.zeros((uniq.size, 0))
+        pid = spark_partition(uniq, self.key_partitions)
+        order = np.lexsort((uniq, pid))
+        uniq, pid, totals = uniq[order], pid[order], totals[order]
+        cuts = np.flatnonzero(np.diff(pid)) + 1
+        released, outs = [], []
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, pid.size]):
+            keep, cols = finish_fn(int(pid[lo]), totals[lo:hi])
+            keep = np.asarray(keep, bool)
+            released.append(uniq[lo:hi][keep])
+            outs.append([np.asarray(v, np.float64) for v in cols])
+        rel = np.concatenate(released)
+        arrays = [k.cast(f.type) for k, f in zip(source.key_values(rel), key_fields)]
+        arrays += [pa.array(np.concatenate([o[j] for o in outs]), types[t]) for j, (_, t) in enumerate(columns)]
+        return pa.table(arrays, schema=pa.schema(fields))
+
+    def key_blocks(self, source, block_fn, d: int, block: int, columns: Sequence[tuple]):
+        """A table over the PUBLIC index domain ``0..d-1`` of bounded event records (the Spark engine's
+        ``key_blocks``): the records' per-index totals, ``block_fn(b, totals)`` once per block ``b`` of
+        ``block`` consecutive indices (int64 totals, zeros where no record reaches; it opens its noise
+        stream from ``b``), the blocks' columns one after another. ``columns``: ``(name, type)``."""
+        import pyarrow as pa
+
+        if source.kind != "records":
+            raise TypeError("key_blocks needs bounded event records")
+        idx, vals = [], []
+        for X in source.blocks(self.block_rows, count=True):
+            i = np.asarray(X.indices, np.int64)
+            idx.append(i)
+            vals.append(np.ones(i.size, np.int64) if X.values is None
+                        else np.rint(np.asarray(X.values, np.float64)).astype(np.int64))
+        i = np.concatenate(idx) if idx else np.zeros(0, np.int64)
+        v = np.concatenate(vals) if vals else np.zeros(0, np.int64)
+        uniq, inv = np.unique(i, return_inverse=True)
+        sums = np.zeros(uniq.size, np.int64)
+        np.add.at(sums, inv.reshape(-1), v)
+        d, block = int(d), int(block)
+        types = self._types()
+        outs = [[] for _ in columns]
+        for b in range(-(-d // block)):
+            start = b * block
+            dense = np.zeros(min(block, d - start), np.int64)
+            lo, hi = np.searchsorted(uniq, [start, start + dense.size])
+            dense[uniq[lo:hi] - start] = sums[lo:hi]
+            for j, c in enumerate(block_fn(b, dense)):
+                outs[j].append(np.asarray(c))
+        return pa.table({n: pa.array(np.concatenate(o) if o else np.zeros(0), types[t])
+                         for (n, t), o in zip(columns, outs)})
 
     def columns_table(self, columns: Sequence[tuple]):
         """A pyarrow Table from ``(name, type, values)`` numpy columns (the Spark engine's ``columns_table``)."""

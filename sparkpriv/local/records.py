@@ -12,6 +12,11 @@ function (:func:`sparkpriv.mechanisms.sparse.cap_items`) the Spark tasks run.
 
 Columns are the vocabulary: column ``j`` is item ``j`` (a public range), unless
 ``vocabulary`` names them. Nothing here reads a value before a release asks.
+
+:func:`bound_keys` is the in-memory twin of :func:`sparkpriv.spark.counts.bound_keys`: an event
+table (pandas or Arrow) over a public :class:`~sparkpriv.mechanisms.counts.KeyDomain` becomes the
+same records, each person identified by Spark's ``xxhash64`` of their key
+(:mod:`sparkpriv.local.spark_hash`), so with the same ``seed`` both engines keep the same keys.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from sparkpriv.errors import InputError, ParameterError
 from sparkpriv.mechanisms.protocol import InputFacts, SparseRows
 from sparkpriv.mechanisms.sparse import ItemCap, Vocabulary, cap_items
 
-__all__ = ["LocalRecords", "bound_items"]
+__all__ = ["LocalRecords", "bound_items", "bound_keys"]
 
 BLOCK_PEOPLE = 65_536
 
@@ -45,6 +50,14 @@ class LocalRecords:
     kind: str = "records"
     counters: dict = field(default_factory=dict, repr=False)
     _counted: set = field(default_factory=set, repr=False)
+    # an event table's records (bound_keys): each person's public hash (Spark's xxhash64 of the
+    # person key; default the row number), events per (person, item) (weights 'counts'), and per
+    # person the events in and outside the vocabulary (owner diagnostics)
+    person_hash: np.ndarray | None = field(default=None, repr=False)
+    counts: np.ndarray | None = field(default=None, repr=False)
+    events: np.ndarray | None = field(default=None, repr=False)
+    outside: np.ndarray | None = field(default=None, repr=False)
+    event_table: dict | None = None  # bound_keys: the person and key columns (public names)
 
     @property
     def d(self) -> int:
@@ -75,11 +88,16 @@ class LocalRecords:
         if self.auto is not None:
             cap = {"max_items": "auto", **self.auto.to_public_dict(), "weights": cap["weights"],
                    "max_events_per_item": cap["max_events_per_item"]}
-        return {"input": "person x item table (bounded person records)", "contribution_bound": cap,
+        what = "event table" if self.event_table is not None else "person x item table"
+        return {"input": f"{what} (bounded person records)", "contribution_bound": cap,
                 "vocabulary": self.vocabulary.to_public_dict()}
 
     def input_info(self, source: str | None) -> dict:
-        return {"source": source or self.source, "records": "one per person, at most max_items distinct items"}
+        info = {"source": source or self.source, "records": "one per person, at most max_items distinct items"}
+        if self.event_table is not None:
+            info["event_table"] = dict(self.event_table)
+            info["person_key"] = "used only to group events; never copied to the output"
+        return info
 
     def diagnostics(self) -> dict:
         return dict(self.counters)
@@ -90,14 +108,22 @@ class LocalRecords:
             e = min(self.rows, s + block_rows)
             off = self.offsets[s:e + 1] - self.offsets[s]
             idx = self.indices[self.offsets[s]:self.offsets[e]]
-            ph = np.arange(s, e, dtype=np.int64)  # the row number: public, only the keyed choice reads it
-            o, i, _, t = cap_items(off, idx, None, ph, self.cap, self._key)
+            ph = np.arange(s, e, dtype=np.int64) if self.person_hash is None else self.person_hash[s:e]
+            cnt = self.counts[self.offsets[s]:self.offsets[e]] if self.counts is not None else None
+            o, i, vals, t = cap_items(off, idx, cnt if self.cap.weights == "counts" else None, ph, self.cap,
+                                      self._key)
             key = (s, block_rows, self.cap.max_items)
             if count and key not in self._counted:
                 self._counted.add(key)
-                for name, v in zip(("people", "people_truncated", "items_dropped"), t._t()[:3]):
+                names = ("people", "people_truncated", "items_dropped", "events_dropped", "events_capped")
+                diag = list(zip(names, t._t() if self.counts is not None else t._t()[:3]))
+                if self.events is not None:  # the Spark engine's event diagnostics (bound_keys)
+                    diag += [("events", int(self.events[s:e].sum())),
+                             ("events_out_of_vocabulary", int(self.outside[s:e].sum())),
+                             ("people_without_vocabulary_items", int(np.count_nonzero(np.diff(o) == 0)))]
+                for name, v in diag:
                     self.counters[name] = self.counters.get(name, 0) + int(v)
-            yield SparseRows(np.asarray(o, np.int64), np.asarray(i, np.int32), None, self.d)
+            yield SparseRows(np.asarray(o, np.int64), np.asarray(i, np.int32), vals, self.d)
 
 
 def _csr_parts(X):
@@ -210,3 +236,99 @@ def _as_int(v):
         return int(v)
     except (TypeError, ValueError):
         return None
+
+
+def bound_keys(events, *, person: str, domain, max_keys, max_events_per_key: int | None = None, seed=None,
+               source: str | None = None, auto=None) -> LocalRecords:
+    """The bounded records of an in-memory event table over a public key domain (the local engine's
+    :func:`sparkpriv.spark.counts.bound_keys`, same parameters and the same records).
+
+    Parameters
+    ----------
+    events : pandas.DataFrame or pyarrow.Table
+        One row per event; ``person`` its person-key column, the domain's key columns its keys.
+    domain : KeyDomain
+        The PUBLIC keys; an event at a key outside it (or null, or malformed) is dropped and counted for
+        the owner (``events_out_of_vocabulary``).
+    max_keys : int >= 1 or "auto"
+        ``L``: at most this many keys per person, a keyed uniform choice among more (Spark's choice:
+        the person's ``xxhash64`` and the key index, under the secret key).
+    max_events_per_key : int, optional
+        ``c``: release the person's events per key capped at ``c`` instead of distinct people.
+    seed : bytes, optional
+        Secret key of the choice (>= 16 bytes; default fresh OS entropy); the same bytes give Spark's
+        ``bound_keys`` the same choice.
+
+    Pass the result and the same ``domain`` to ``release_counts``. Reads no data (refusals first).
+
+    Privacy
+    -------
+    Not a release. After it one person changes one record of at most ``L`` keys, each at most ``c``.
+    """
+    from sparkpriv._validation import Interval, check_param
+    from sparkpriv.local.events import _column, _table, group_people, key_index
+    from sparkpriv.mechanisms.counts import MAX_DRIVER_KEYS, MAX_KEYS, OUTPUT_COLUMNS, KeyDomain
+    from sparkpriv.privacy.random import derive_seed, new_secret_seed
+
+    caller = "bound_keys"
+    if not isinstance(domain, KeyDomain):
+        raise ParameterError(f"bound_keys needs a KeyDomain for 'domain'. Got {type(domain).__name__}; "
+                             "build one with KeyDomain.product(...) or KeyDomain.pairs(...).")
+    if domain.size > MAX_KEYS:
+        raise ParameterError(f"The key domain has {domain.size} keys, more than {MAX_KEYS} (key indices are 32-bit "
+                             "integers): declare a smaller domain or split it into several releases.")
+    if domain.tuples is not None and domain.size > MAX_DRIVER_KEYS:
+        raise ParameterError(f"The declared key list has {domain.size} keys, more than {MAX_DRIVER_KEYS}: declare "
+                             "the domain as a product of per-column vocabularies, or split it.")
+    if not (isinstance(max_keys, str) and max_keys == "auto"):
+        check_param("max_keys", max_keys, [Interval("integer", 1, None, "left")], caller)
+    check_param("max_events_per_key", max_events_per_key, [None, Interval("integer", 1, 2**20, "both")], caller)
+    table = _table(events, caller)
+    from sparkpriv.errors import SchemaError
+
+    names = table.column_names
+    for role, c in [("person", person)] + [("key", k) for k in domain.columns]:
+        if not isinstance(c, str) or c not in names:
+            raise SchemaError(f"The {role} column {c!r} is not in the event table. Available columns: "
+                              f"{', '.join(names)}.")
+    if person in domain.columns:
+        raise ParameterError(f"The person column {person!r} cannot also be a key column.")
+    clash = set(domain.columns) & set(OUTPUT_COLUMNS)
+    if clash:
+        raise ParameterError(f"Key columns cannot be named like an output column: {sorted(clash)}; rename them.")
+    d = domain.size
+    if isinstance(max_keys, str):
+        import dataclasses
+
+        from sparkpriv.mechanisms.auto_bound import DEFAULT_LIMIT, AutoCap
+
+        auto = auto if auto is not None else AutoCap(limit=DEFAULT_LIMIT, _caller=caller)
+        if auto.limit > d:
+            auto = dataclasses.replace(auto, limit=d)
+        max_keys = auto.limit
+    elif auto is not None:
+        raise ParameterError(f"{caller}: 'auto' applies to max_keys='auto' only (got max_keys={max_keys!r}).")
+    weights = "binary" if max_events_per_key is None else "counts"
+    cap = ItemCap(max_keys, weights, max_events_per_key, _caller=caller)
+    if seed is None:
+        key = new_secret_seed("contribution-bounding")
+    else:
+        if isinstance(seed, bytes) and len(seed) < 16:
+            raise ParameterError("The contribution-bounding key must be at least 16 bytes of secret material.")
+        key = derive_seed(seed, "contribution-bounding")
+    # group the events by person (in memory; a malformed key is dropped, never an error): per person its
+    # distinct key indices and their events
+    idx = key_index(table, domain)
+    code, ph = group_people(_column(table, person))
+    n = ph.size
+    inside = idx >= 0
+    events_in = np.bincount(code[inside], minlength=n).astype(np.int64)
+    outside = np.bincount(code[~inside], minlength=n).astype(np.int64)
+    comb = np.unique(code[inside] * np.int64(d) + idx[inside], return_counts=True)
+    pair, cnt = comb
+    rows, items = pair // d, (pair % d).astype(np.int32)
+    off = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=n), out=off[1:])
+    return LocalRecords(off, items, cap, Vocabulary.from_range(0, d), key, auto, source or "in-memory event table",
+                        person_hash=ph, counts=cnt.astype(np.int64), events=events_in + outside, outside=outside,
+                        event_table={"person_column": person, "key_columns": list(domain.columns)})

@@ -554,11 +554,13 @@ class SparkEngine:
         """A table over keys found in the data (private key selection; an ``events`` source), built in
         the tasks: ``partial_fn(block) -> (key ids (u,), totals (u, width))`` per block of people; the
         totals are summed per key id in the JVM (``groupBy``), joined to the key columns' values, and
-        hash-partitioned by key id into the session's ``spark.sql.shuffle.partitions`` (a PUBLIC number;
-        an explicit count, which adaptive execution does not coalesce), each partition sorted by key
-        id. ``finish_fn(pid, totals (k, width)) -> (released (k,) bool, columns of the released keys)``
-        runs once per partition on its keys in that order: open its noise stream from ``pid`` (a retried
-        task sees the same keys in the same order and redraws the same noise). ``columns``: the output
+        each key is given its noise partition ``pid = pmod(murmur3(key id), P)`` with ``P`` the session's
+        ``spark.sql.shuffle.partitions`` (a PUBLIC number; Spark's hash partitioning of the key id, which
+        the local engine computes too), the rows repartitioned by it and sorted by (pid, key id).
+        ``finish_fn(pid, totals (k, width)) -> (released (k,) bool, columns of the released keys)``
+        runs once per noise partition on its keys in that order: open its noise stream from ``pid`` (a
+        retried task sees the same keys in the same order and redraws the same noise; adaptive execution
+        may put several noise partitions in one task, which changes nothing). ``columns``: the output
         columns after the key columns, ``(name, type)``. Returns the lazy DataFrame; nothing passes
         through the driver."""
         from pyspark.sql import functions as F
@@ -588,22 +590,32 @@ class SparkEngine:
         totals = pairs.groupBy(KEY_ID).agg(*[F.sum(f"_s{j}").alias(f"_s{j}") for j in range(W)])
         keyed = totals.join(source.key_values, KEY_ID)
         parts = int(self._spark.conf.get("spark.sql.shuffle.partitions"))
-        ordered = keyed.repartition(parts, KEY_ID).sortWithinPartitions(KEY_ID)
+        # each key's noise partition is a column, pmod(murmur3(key id), parts): Spark's hash partitioning
+        # of the key id. The stream is opened from it, not from the task's partition id: a repartition by
+        # the key id alone is dropped by the optimizer after the join (already partitioned by it), and
+        # adaptive execution then coalesces the join's partitions by data size (all keys of a small
+        # table in one task), which would make the streams depend on the data's size
+        keyed = keyed.withColumn("_pid", F.expr(f"pmod(hash(`{KEY_ID}`), {parts})").cast("int"))
+        ordered = keyed.repartition(parts, "_pid").sortWithinPartitions("_pid", KEY_ID)
         key_fields = [StructField(c, t, True) for c, t in zip(by, source.key_types())]
         out_schema = StructType(key_fields + [StructField(n, self._type(t), False) for n, t in columns])
         out_names = by + [n for n, _ in columns]
 
-        def sparkpriv_key_finish(batches, pid):
+        def sparkpriv_key_finish(batches, _task):
             bs = [b for b in batches if b.num_rows]
             if not bs:
                 return
             t = pa.Table.from_batches(bs)
             tot = np.column_stack([t.column(f"_s{j}").to_numpy() for j in range(W)]) if W else np.zeros((t.num_rows, 0))
-            keep, cols = finish_fn(pid, tot)
-            idx = pa.array(np.flatnonzero(keep))
-            arrays = [t.column(c).take(idx).combine_chunks() for c in by] + [pa.array(np.asarray(v)) for v in cols]
-            if len(idx):
-                yield pa.RecordBatch.from_arrays(arrays, out_names)
+            pids = t.column("_pid").to_numpy()
+            cuts = np.flatnonzero(np.diff(pids)) + 1
+            for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, pids.size]):  # one noise partition after another
+                keep, cols = finish_fn(int(pids[lo]), tot[lo:hi])
+                idx = pa.array(lo + np.flatnonzero(keep))
+                if len(idx):
+                    arrays = [t.column(c).take(idx).combine_chunks() for c in by] + \
+                        [pa.array(np.asarray(v)) for v in cols]
+                    yield pa.RecordBatch.from_arrays(arrays, out_names)
 
         return map_batches(ordered, sparkpriv_key_finish, out_schema)
 

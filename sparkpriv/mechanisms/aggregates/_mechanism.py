@@ -80,7 +80,7 @@ class Aggregates(_p.Mechanism):
     neighbors = (_p.ADD_REMOVE, _p.REPLACE_ONE)
     refused_neighbors = {"element": "it protects whole people, not single attributes"}
     inputs = ("events",)
-    engines = ("spark",)
+    engines = ("local", "spark")
     # under add-remove whether the table is empty is not public: released like any other input
     refuses_empty_input = False
 
@@ -91,8 +91,8 @@ class Aggregates(_p.Mechanism):
 
     def check_input(self, params, facts, caller):
         if facts.kind != "events":
-            raise ParameterError(f"{caller} takes an event table (a Spark DataFrame with the person, key and value "
-                                 f"columns). Got {facts.kind} input.")
+            raise ParameterError(f"{caller} takes an event table (a Spark DataFrame, or a pandas DataFrame or pyarrow "
+                                 f"Table in memory, with the person, key and value columns). Got {facts.kind} input.")
 
     def plan(self, params: AggregatesParams, facts: _p.InputFacts, caller: str) -> _p.Plan:
         from sparkpriv.mechanisms.auto_bound import EPSILON_MARGIN, discount_event

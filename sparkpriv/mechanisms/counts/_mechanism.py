@@ -85,7 +85,7 @@ class Counts(_p.Mechanism):
     neighbors = (_p.ADD_REMOVE, _p.REPLACE_ONE)
     refused_neighbors = {"element": "it protects whole people, not single attributes"}
     inputs = ("records",)
-    engines = ("spark",)
+    engines = ("local", "spark")
     # under add-remove whether the table is empty is not public: an empty input is released
     # as noisy zeros for every key, like any other input
     refuses_empty_input = False
