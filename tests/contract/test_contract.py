@@ -177,7 +177,8 @@ def _aggregate_events(spark):
 
 
 RECORD_CASES = {
-    # aggregates read the raw event table (Spark engine only): their bounding is part of the release
+    # aggregates read the raw event table (here on Spark; the local engine in tests/local): their
+    # bounding is part of the release
     "aggregates": RecordsCase(_aggregate_events, lambda df: df,
                               dict(epsilon=1.0, person="caller", by=("tower",), domain={"tower": "0..5"},
                                    aggregates="count_distinct, count, mean(duration), median(duration)",
