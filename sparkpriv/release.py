@@ -350,7 +350,9 @@ class Release:
         ``writer``: who writes the part files, ``"auto"`` (default), ``"spark"``
         or ``"arrow"`` (the Python tasks, for row-level releases to local
         paths; :mod:`sparkpriv.io.writer`). Commits the ledger reservation on
-        success and releases it on failure. Returns the fully qualified output
+        success; a failed publish keeps it (counted as spent: the table was
+        computed from the data), and the release may be written again to
+        another path. Returns the fully qualified output
         path. An empty input raises :class:`InputError` and publishes nothing
         (Spark's writer checks the input first; the Arrow writer checks it
         only when its tasks wrote no rows, saving a Spark job).

@@ -18,7 +18,7 @@ integers on the power-of-two grid ``g``. It runs the mechanism ``n`` times on
 
 Estimators (Jagielski et al. 2020, Nasr et al. 2021): with one-sided
 Clopper-Pearson bounds at level ``alpha / 2`` on each of the two rates (so both
-hold at once with probability at least ``1 - alpha = 95 %``),
+hold at once with probability at least ``1 - alpha``; ``ALPHA`` below is 1e-3, 99.9 %),
 
     pure:        eps_lb = log( TPR_lb / FPR_ub )
     (eps,delta): eps_lb = log( (TPR_lb - delta) / FPR_ub )
