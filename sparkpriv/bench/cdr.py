@@ -16,7 +16,7 @@ It reports seconds, events, ``ratio_vs_floor`` = a / b (best of the repeats
 of each), ``ratio_median_of_repeats`` (the median of each repeat's a / b: the
 two run back to back, in alternating order, so a repeat's ratio sees one
 machine state; on the development machine the same pipeline's time moved by
-tens of percent between repeats, docs/cdr.md) and the driver's peak
+tens of percent between repeats, docs/research/cdr-figures.md) and the driver's peak
 memory: the Python driver's and the JVM's peak resident set (``VmHWM`` from
 ``/proc``, reset before the timed runs). Under ``local[*]`` the executors run
 inside the driver JVM, so the JVM figure includes them. The last line is JSON.

@@ -78,7 +78,7 @@ to row-level releases whose DataFrame is a
 batches): the Python tasks that compute the batches write them with pyarrow's
 Parquet writer, one file per partition, instead of sending them back to the
 JVM to be turned into rows and encoded again (about 7 s per million rows of 64
-doubles on the development machine, docs/cdr.md). A task writes to a file of
+doubles on the development machine, docs/research/cdr-figures.md). A task writes to a file of
 its own; on a filesystem with a rename it renames it to
 ``part-<partition>-...`` when it is complete, so a retried or speculative task
 (which recomputes the same noise) replaces the file with the same content; on
