@@ -15,8 +15,9 @@ from sparkpriv.api import release
 from sparkpriv.errors import ParameterError
 from sparkpriv.local.records import bound_items
 from sparkpriv.mechanisms.auto_bound import length_edges
-from sparkpriv.mechanisms.synthetic import (SyntheticModel, expand_bins, plan_synthetic, pooled_lengths,
-                                            shrunk_counts, SyntheticParams)
+from sparkpriv.mechanisms.synthetic import (CALIBRATE_LOSS, CALIBRATE_STDS, SyntheticModel, calibrate, expand_bins,
+                                            plan_synthetic, pooled_lengths, shifted_draws, shrunk_counts,
+                                            SyntheticParams)
 from sparkpriv.privacy.accounting import epsilon_of
 from sparkpriv.privacy.random import insecure_fixed_seed
 
@@ -68,6 +69,66 @@ def _model(d=30, n=2000, seed=0):
     lengths[1:] = rng.random(10)
     counts = rng.gamma(0.7, 100.0, d)
     return SyntheticModel(d, n, lengths, counts, counts)
+
+
+def _holders(draws, p, n):
+    """Expected holders of each item, written out: ``n sum_m draws[m] (1 - (1 - p)^m)``."""
+    m = np.arange(len(draws))
+    return n * ((1.0 - (1.0 - p[:, None]) ** m[None, :]) * np.asarray(draws)[None, :]).sum(axis=1)
+
+
+@pytest.mark.parametrize("shift", [-1.5, -0.4, 0.0, 0.3, 1.0, 2.7])
+def test_shifted_draws_move_the_mean_by_the_shift(shift):
+    lam = np.zeros(40)
+    lam[1:12] = np.exp(-0.3 * np.arange(11))
+    out = shifted_draws(lam, shift)
+    mean = (lam / lam.sum() * np.arange(40)).sum()
+    assert np.all(out >= 0) and out.sum() == pytest.approx(1.0)
+    assert (out * np.arange(40)).sum() == pytest.approx(mean + shift, abs=1e-9)
+
+
+def test_calibrate_rakes_the_well_measured_items_to_their_counts():
+    """Lengths whose released mean is 15 % low (the noisy tail cut) and exact counts: the calibrated
+    model's expected holders of every well-measured item equal its count (scaled by E[m] / E[min(m, L)]),
+    the rare items keep about the uncalibrated model's, and the items per person come back to the truth
+    (uncalibrated: 8 % off)."""
+    rng = np.random.default_rng(3)
+    d, n, std = 60, 20_000.0, 10.0
+    lam = np.zeros(31)
+    lam[1:31] = np.exp(-0.25 * np.arange(30))
+    lam /= lam.sum()
+    p_true = rng.pareto(1.5, d) + 0.05
+    p_true /= p_true.sum()
+    counts = _holders(lam, p_true, n)
+    counts[-5:] = [3.0, 8.0, 12.0, 20.0, 35.0]  # below CALIBRATE_STDS noise stds: not targets
+    low = shifted_draws(lam, -0.15 * (lam * np.arange(31)).sum())
+    for L, scale in ((30, 1.0), (12, None)):
+        m = np.arange(31)
+        ratio = (low * m).sum() / (low * np.minimum(m, L)).sum()
+        assert ratio <= 1.0 + CALIBRATE_LOSS
+        capped = counts / ratio  # the counts of the records bounded at L
+        draws, p = calibrate(low, capped, capped, std, n, L)
+        assert draws.sum() == pytest.approx(1.0) and p.sum() == pytest.approx(1.0) and np.all(draws >= 0)
+        got = _holders(draws, p, n)
+        well = capped >= CALIBRATE_STDS * std
+        assert 0 < (~well).sum() < d
+        np.testing.assert_allclose(got[well], counts[well], rtol=0.01)
+        base = _holders(low / low.sum(), capped / capped.sum(), n)
+        np.testing.assert_allclose(got[~well], base[~well], rtol=0.15)
+        assert got.sum() == pytest.approx(counts.sum(), rel=0.01)
+        assert abs(base.sum() / counts.sum() - 1.0) > 0.05  # what the calibration repairs
+
+
+def test_calibrate_leaves_the_model_when_the_cap_drops_many_items():
+    lam = np.zeros(31)
+    lam[1:31] = np.exp(-0.1 * np.arange(30))
+    m = np.arange(31)
+    L = 4
+    assert (lam * m).sum() / (lam * np.minimum(m, L)).sum() > 1.0 + CALIBRATE_LOSS
+    counts = np.array([500.0, 300.0, 200.0])
+    draws, p = calibrate(lam, counts, counts, 1.0, 1000.0, L)
+    np.testing.assert_allclose(draws, lam / lam.sum())
+    np.testing.assert_allclose(p, counts / counts.sum())
 
 
 def test_union_and_pair_answers_match_monte_carlo():
@@ -155,7 +216,12 @@ def test_release_end_to_end_on_the_local_engine(tmp_path):
     m = rel.model
     assert m.n == X.shape[0]  # replace-one: n is public, released exactly
     true_len = np.bincount(np.diff(X.indptr), minlength=m.limit + 1)[:m.limit + 1] / X.shape[0]
-    assert np.abs(np.cumsum(m.lengths) - np.cumsum(true_len)).max() < 0.05  # the length distribution
+    # the released length distribution (public mean), and the model's expected items per person (its
+    # draws are calibrated to the counts: a draw that repeats an item adds none)
+    mean_len = float((np.arange(true_len.size) * true_len).sum())
+    assert rel.public["model"]["length_distribution_mean"] == pytest.approx(mean_len, rel=0.05)
+    held = m.union_answers(sparse.identity(50, format="csr"), X.shape[0]).sum() / X.shape[0]
+    assert held == pytest.approx(mean_len, rel=0.03)
     true_counts = np.asarray(X.sum(axis=0)).ravel()
     assert np.corrcoef(true_counts, m.counts)[0, 1] > 0.98
     assert rel.epsilon <= 4.0 and rel.epsilon == pytest.approx(epsilon_of(rel.event, 1e-6))

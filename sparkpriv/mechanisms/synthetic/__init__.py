@@ -8,10 +8,11 @@ other releases on real tables.
 """
 
 from sparkpriv.mechanisms.synthetic._model import FORMAT_VERSION, MODEL_FILE, SYNTH_STAGE, SyntheticModel
-from sparkpriv.mechanisms.synthetic._post import TAIL_STDS, expand_bins, pooled_lengths, shrunk_counts
+from sparkpriv.mechanisms.synthetic._post import (CALIBRATE_LOSS, CALIBRATE_STDS, TAIL_STDS, calibrate, expand_bins,
+                                                  pooled_lengths, shifted_draws, shrunk_counts)
 from sparkpriv.mechanisms.synthetic._mechanism import (MAX_COUNT, SYNTHETIC, Synthetic, SyntheticParams,
                                                        SyntheticPlan, item_sums_fn, plan_synthetic)
 
 __all__ = ["SyntheticModel", "MODEL_FILE", "FORMAT_VERSION", "SYNTH_STAGE", "pooled_lengths", "shrunk_counts", "expand_bins",
            "TAIL_STDS", "Synthetic", "SyntheticParams", "SyntheticPlan", "SYNTHETIC", "item_sums_fn",
-           "plan_synthetic", "MAX_COUNT"]
+           "plan_synthetic", "MAX_COUNT", "calibrate", "shifted_draws", "CALIBRATE_STDS", "CALIBRATE_LOSS"]

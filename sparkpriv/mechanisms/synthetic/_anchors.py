@@ -210,12 +210,16 @@ def _rest_bins(u: np.ndarray, bins: int = 200):
 
 
 def fit_strata(*, counts_noisy: np.ndarray, lengths_noisy: np.ndarray, std: float, anchors_K: int, order: np.ndarray,
-               profile: np.ndarray, lengths: np.ndarray, n: float, L: int, edges: np.ndarray) -> Strata:
+               profile: np.ndarray, lengths: np.ndarray, n: float, L: int, edges: np.ndarray,
+               draws0: np.ndarray | None = None) -> Strata:
     """The strata of the model from the noisy strata vector (module docstring; no budget).
 
     ``counts_noisy (K+1, M)``, ``lengths_noisy (K+1, bins)``: the noisy vector's two parts; ``std``
     its noise std; ``order`` the public ranking (item ids, most popular first); ``profile (d,)`` and
-    ``lengths (limit+1,)`` the first model's; ``n`` people; ``L`` the bound.
+    ``lengths (limit+1,)`` the first model's (``lengths`` the released distribution of items per
+    person); ``draws0 (limit+1,)`` the first model's draws per person when calibrated
+    (:func:`~sparkpriv.mechanisms.synthetic._post.calibrate`; default ``lengths``), whose expected
+    item counts the strata are raked to; ``n`` people; ``L`` the bound.
     """
     K = int(anchors_K)
     order = np.asarray(order, dtype=np.int64)
@@ -280,9 +284,10 @@ def fit_strata(*, counts_noisy: np.ndarray, lengths_noisy: np.ndarray, std: floa
         top_profile /= np.maximum(top_profile.sum(axis=1, keepdims=True), 1e-300)
 
     # rake: every item's expected count equal to the first model's; draws stretched to keep the total
-    target_top = float(n) * (1.0 - _miss(lam, ptop))
+    first = lam if draws0 is None else np.asarray(draws0, dtype=np.float64) / max(float(np.sum(draws0)), 1e-300)
+    target_top = float(n) * (1.0 - _miss(first, ptop))
     rb, rc, rn = _rest_bins(rest)
-    target_rest = float(n) * float(((1.0 - _miss(lam, rc * rest_mass)) * rn).sum())
+    target_rest = float(n) * float(((1.0 - _miss(first, rc * rest_mass)) * rn).sum())
     base = draws.copy()
 
     def expected(tp, rs, dr):

@@ -29,7 +29,8 @@ from sparkpriv._validation import Interval, Options
 from sparkpriv.errors import InputError, ParameterError
 from sparkpriv.mechanisms import protocol as _p
 from sparkpriv.mechanisms.synthetic._model import MODEL_FILE, FORMAT_VERSION, SyntheticModel
-from sparkpriv.mechanisms.synthetic._post import TAIL_STDS, expand_bins, pooled_lengths, shrunk_counts
+from sparkpriv.mechanisms.synthetic._post import (CALIBRATE_STDS, TAIL_STDS, calibrate, expand_bins, pooled_lengths,
+                                                  shrunk_counts)
 from sparkpriv.privacy import noise as _noise
 from sparkpriv.privacy.accounting import compose, epsilon_of
 from sparkpriv.privacy.random import new_secret_seed, stream
@@ -225,7 +226,11 @@ class Synthetic(_p.Mechanism):
                            "post_processing": {"lengths": f"the noisy histogram cut where its tail holds less than "
                                                           f"{TAIL_STDS:g} noise stds, non-increasing beyond "
                                                           "its mode (isotonic), clamped at 0",
-                                               "counts": params.shrink}}
+                                               "counts": params.shrink,
+                                               "calibration": f"draws per person and item profile raked so that "
+                                                              f"the model's expected holders of every item whose "
+                                                              f"noisy count is at least {CALIBRATE_STDS:g} noise "
+                                                              f"stds equal its count x E[m] / E[min(m, max_items)]"}}
         return _p.Plan(events=event, epsilon=float(epsilon_of(event, float(params.delta))), delta=float(params.delta),
                        public=public, neighbors=rel, state=_State(plan, facts.events),
                        secrets=new_secret_seed("synthetic-noise"))
@@ -264,10 +269,13 @@ class Synthetic(_p.Mechanism):
         # n: public under replace-one; under add-remove the noisy histogram's total (DP)
         n = people if sp.neighbors == "replace-one" else int(max(1, round(float(np.asarray(noisy_len).sum()))))
         counts = shrunk_counts(noisy, float(sp.counts_noise.std)) if st_shrink(plan) == "eb" else np.maximum(noisy, 0.0)
+        # the first model's draws and profile, raked to the well-measured counts (post-processing)
+        draws, profile = calibrate(lengths, counts, noisy, float(sp.counts_noise.std), n, sp.L)
         strata, strata_public = None, None
         if sp.strata_noise is not None:
-            strata, strata_public = _measure_strata(engine, source, sp, seed, lengths, counts, n, limit, progress)
-        model = SyntheticModel(sp.d, n, lengths, counts, noisy,
+            strata, strata_public = _measure_strata(engine, source, sp, seed, lengths, draws, profile, n, limit,
+                                                    progress)
+        model = SyntheticModel(sp.d, n, draws, profile * float(counts.sum()), noisy,
                                public={"n_people": n, "max_items": sp.L, "length_limit": limit,
                                        **({"anchors": strata_public} if strata_public else {})},
                                events=st.events, strata=strata)
@@ -288,14 +296,14 @@ class Synthetic(_p.Mechanism):
         return _p.Outcome(table=table, model=model, public=public, files={MODEL_FILE: model.to_bytes()})
 
 
-def _measure_strata(engine, source, sp: SyntheticPlan, seed, lengths, counts, n, limit, progress):
+def _measure_strata(engine, source, sp: SyntheticPlan, seed, lengths, draws, profile, n, limit, progress):
     """The anchor strata (docs/math.md section 10, "Anchor strata"): anchors chosen from the first
     release, one pass over the records bounded at the length limit, noise once, the fit."""
     from sparkpriv.mechanisms.auto_bound import length_edges
     from sparkpriv.mechanisms.synthetic._anchors import (TOP_ITEMS, choose_anchors, fit_strata, strata_fn,
                                                          strata_size)
 
-    profile = np.maximum(np.asarray(counts, np.float64), 0.0)
+    profile = np.maximum(np.asarray(profile, np.float64), 0.0)
     profile = profile / max(profile.sum(), 1e-300)
     order = np.argsort(-profile, kind="stable")  # public: post-processing of the released counts
     M = int(min(TOP_ITEMS, sp.d))
@@ -320,7 +328,7 @@ def _measure_strata(engine, source, sp: SyntheticPlan, seed, lengths, counts, n,
     progress.log("synthetic: %d anchor strata over the %d most popular items (noise std %.3g)", K, M, std)
     V = noisy.reshape(K + 1, M + edges.size)
     strata = fit_strata(counts_noisy=V[:, :M], lengths_noisy=V[:, M:], std=std, anchors_K=K, order=order,
-                        profile=profile, lengths=lengths, n=float(n), L=sp.L, edges=edges)
+                        profile=profile, lengths=lengths, n=float(n), L=sp.L, edges=edges, draws0=draws)
     return strata, {"chosen": K, "measured_items": M, "noise_std": std}
 
 

@@ -1,8 +1,10 @@
 """The released synthesizer model and its sampler (post-processing; docs/math.md section 10).
 
-The model is two public vectors: ``lengths[m]``, the share of people with ``m`` distinct items
-(``m = 0 .. limit``; the last bin: ``limit`` or more), and ``counts[i]``, the (shrunk) number of
-people holding item ``i``; with ``n`` the number of people. A synthetic person draws a number
+The model is two public vectors: ``lengths[m]``, the share of people who draw ``m`` items
+(``m = 0 .. limit``; the released distribution of items per person, calibrated by the release so
+that the distinct items drawn match the measured counts: ``_post.calibrate``), and ``counts[i]``,
+the (shrunk, calibrated) number of people holding item ``i``, whose shares are the profile; with
+``n`` the number of people. A synthetic person draws a number
 ``m`` from ``lengths``, then ``m`` items independently from the item profile
 ``counts / sum(counts)``, keeping the distinct ones. So the answer of a union query (people with
 at least one item of ``S``) has the closed form
