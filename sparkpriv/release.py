@@ -446,15 +446,17 @@ class Release:
         """
         diag = self.diagnostics() if self.diagnostics else {}
         out = []
+        cap, what, caps = _CAP_NAMES.get(self.mechanism, _CAP_NAMES[None])
         people, cut = diag.get("people", 0), diag.get("people_truncated", 0)
         if people and cut / people > TRUNCATION_WARNING_SHARE:
-            out.append(f"{cut} of {people} people ({cut / people:.0%}) had more than max_items items and lost the "
+            out.append(f"{cut} of {people} people ({cut / people:.0%}) had more than {cap} {what} and lost the "
                        "rest: the released values and their intervals are those of the bounded contributions, "
-                       "below the raw totals; raise max_items (or use max_items='auto') if that is not meant")
-        events, capped = diag.get("events", 0), diag.get("events_capped", 0) + diag.get("events_dropped", 0)
+                       f"below the raw totals; raise {cap} (or use {cap}='auto') if that is not meant")
+        events = diag.get("events", 0)
+        capped = diag.get("events_capped", 0) + diag.get("events_dropped", 0) + diag.get("events_beyond_cap", 0)
         if events and capped / events > TRUNCATION_WARNING_SHARE:
             out.append(f"{capped} of {events} events ({capped / events:.0%}) were cut by the contribution bounds "
-                       "(max_items, max_events_per_item)")
+                       f"({caps})")
         if diag.get("missing_values_replaced"):
             out.append(f"{diag['missing_values_replaced']} null, NaN or infinite values were replaced by the "
                        "public fill (the receipt's input.missing_values states the rule)")
@@ -504,6 +506,12 @@ def _schema_of(table) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- the one release path
+
+
+# the contribution caps of event releases, as the owner warnings name them: (per-person cap, what it
+# counts, the caps that cut events)
+_CAP_NAMES = {None: ("max_items", "items", "max_items, max_events_per_item"),
+              "aggregates": ("max_keys", "keys", "max_keys, max_events_per_key")}
 
 
 def choose_engine(data, mechanism, caller: str):

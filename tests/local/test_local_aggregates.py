@@ -214,3 +214,25 @@ def test_counts_equal_a_pandas_reference_and_the_spark_engine(spark, c):
             sp = release_counts(srec, domain=dom, epsilon=1.0, driver_domain_limit=limit)
         _same_tables(loc.df, sp.df, ["tower"])
         assert loc.diagnostics() == sp.diagnostics(), limit
+
+
+def test_truncation_owner_warning_is_logged_once_and_names_the_aggregates_caps(caplog, tmp_path):
+    """A table where most people hold more keys than max_keys: one owner warning per release, naming
+    max_keys (not the counts' max_items), with the share of people truncated by the reference count."""
+    import logging
+
+    events = _events()
+    held = events.group_by(["caller"]).aggregate([("tower", "count_distinct")]).to_pandas()
+    # the bounding drops null and out-of-domain towers first: the reference counts domain towers only
+    df = events.to_pandas()
+    in_domain = df[df.tower.notna() & (df.tower < D)]
+    over = int((in_domain.groupby("caller").tower.nunique() > 1).sum())
+    people = int(held.caller.nunique())
+    assert over / people > 0.05  # the warning's threshold
+    caplog.set_level(logging.INFO)
+    rel = release_aggregates(events, **dict(PARAMS, max_keys=1))
+    rel.write(str(tmp_path / "out"))
+    warned = [r.getMessage() for r in caplog.records if "had more than" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert f"{over} of {people} people" in warned[0] and "max_keys keys" in warned[0]
+    assert "max_items" not in warned[0]

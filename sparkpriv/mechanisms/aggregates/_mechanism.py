@@ -13,7 +13,6 @@ partition) for private keys.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,10 +27,8 @@ from sparkpriv.mechanisms.aggregates._stats import (DIAGNOSTICS, Bounding, auto_
                                                     key_totals)
 from sparkpriv.privacy.random import derive_seed, new_secret_seed, stream
 
-__all__ = ["Aggregates", "AGGREGATES", "TRUNCATION_WARNING_SHARE"]
+__all__ = ["Aggregates", "AGGREGATES"]
 
-_log = logging.getLogger("sparkpriv.aggregates")
-TRUNCATION_WARNING_SHARE = 0.05  # owner WARNING above this share of people truncated or events capped
 
 
 @dataclass
@@ -211,16 +208,8 @@ class Aggregates(_p.Mechanism):
         def diagnostics():
             if counters is None:
                 return {}
-            d = {n: int(a.value) for n, a in zip(DIAGNOSTICS, counters)}
-            people, events = max(d["people"], 1), max(d["events"], 1)
-            if d["people_truncated"] / people > TRUNCATION_WARNING_SHARE or \
-                    d["events_beyond_cap"] / events > TRUNCATION_WARNING_SHARE:
-                _log.warning("aggregates: %.1f%% of the people had more than max_keys=%d keys and %.1f%% of the "
-                             "events were beyond max_events_per_key=%d: the intervals cover the bounded data, not "
-                             "the raw totals (owner diagnostic, not in the receipt)",
-                             100 * d["people_truncated"] / people, aplan.max_keys,
-                             100 * d["events_beyond_cap"] / events, aplan.max_events_per_key)
-            return d
+            # the owner warnings on truncation are Release.owner_warnings' (logged once per release)
+            return {n: int(a.value) for n, a in zip(DIAGNOSTICS, counters)}
 
         return _p.Outcome(table=table, public=public, extras={"diagnostics": diagnostics})
 
