@@ -59,7 +59,10 @@ class SyntheticModel:
         if self.lengths.ndim != 1 or np.any(self.lengths < 0) or not np.all(np.isfinite(self.lengths)):
             raise ParameterError("A synthetic model's length distribution must be nonnegative and finite.")
         s = self.lengths.sum()
-        self.lengths = self.lengths / s if s > 0 else np.eye(1, self.lengths.size, 0).ravel()
+        if not s > 0:
+            self.lengths = np.eye(1, self.lengths.size, 0).ravel()
+        elif abs(s - 1.0) > 1e-12:  # shares already (a saved model): kept as they are, so a round trip is exact
+            self.lengths = self.lengths / s
 
     @property
     def profile(self) -> np.ndarray:
