@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkpriv.errors import InputError, ParameterError
+from sparkpriv.errors import ParameterError
 from sparkpriv.mechanisms.protocol import InputFacts, SparseRows
 from sparkpriv.mechanisms.sparse import ItemCap, Vocabulary, cap_items
 
@@ -179,7 +179,7 @@ def bound_items(X, *, max_items, vocabulary=None, auto=None, seed: int | bytes |
     Not a release. After it one person changes one record of at most ``L`` items: the bound a
     release's sensitivity uses (docs/math.md section 8).
     """
-    from sparkpriv.privacy.random import derive_seed, new_secret_seed
+    from sparkpriv.privacy.random import bounding_key
 
     caller = "bound_items"
     if isinstance(X, (list, tuple)):
@@ -227,7 +227,7 @@ def bound_items(X, *, max_items, vocabulary=None, auto=None, seed: int | bytes |
         raise ParameterError(f"The 'max_items' parameter of {caller} must be an int in the range [1, inf) or "
                              f"'auto'. Got {max_items!r} instead.")
     cap = ItemCap(max_items, "binary", None, _caller=caller)
-    key = new_secret_seed("contribution-bounding") if seed is None else derive_seed(seed, "contribution-bounding")
+    key = bounding_key(seed)
     return LocalRecords(off, idx, cap, voc, key, auto, source or "in-memory person x item table")
 
 
@@ -267,8 +267,8 @@ def bound_keys(events, *, person: str, domain, max_keys, max_events_per_key: int
     """
     from sparkpriv._validation import Interval, check_param
     from sparkpriv.local.events import _column, _table, group_people, key_index
-    from sparkpriv.mechanisms.counts import MAX_DRIVER_KEYS, MAX_KEYS, OUTPUT_COLUMNS, KeyDomain
-    from sparkpriv.privacy.random import derive_seed, new_secret_seed
+    from sparkpriv.mechanisms.counts import MAX_DRIVER_KEYS, MAX_KEYS, KeyDomain
+    from sparkpriv.privacy.random import bounding_key
 
     caller = "bound_keys"
     if not isinstance(domain, KeyDomain):
@@ -284,18 +284,9 @@ def bound_keys(events, *, person: str, domain, max_keys, max_events_per_key: int
         check_param("max_keys", max_keys, [Interval("integer", 1, None, "left")], caller)
     check_param("max_events_per_key", max_events_per_key, [None, Interval("integer", 1, 2**20, "both")], caller)
     table = _table(events, caller)
-    from sparkpriv.errors import SchemaError
+    from sparkpriv.mechanisms.counts._mechanism import check_key_columns
 
-    names = table.column_names
-    for role, c in [("person", person)] + [("key", k) for k in domain.columns]:
-        if not isinstance(c, str) or c not in names:
-            raise SchemaError(f"The {role} column {c!r} is not in the event table. Available columns: "
-                              f"{', '.join(names)}.")
-    if person in domain.columns:
-        raise ParameterError(f"The person column {person!r} cannot also be a key column.")
-    clash = set(domain.columns) & set(OUTPUT_COLUMNS)
-    if clash:
-        raise ParameterError(f"Key columns cannot be named like an output column: {sorted(clash)}; rename them.")
+    check_key_columns(table.column_names, person, domain)
     d = domain.size
     if isinstance(max_keys, str):
         import dataclasses
@@ -310,12 +301,7 @@ def bound_keys(events, *, person: str, domain, max_keys, max_events_per_key: int
         raise ParameterError(f"{caller}: 'auto' applies to max_keys='auto' only (got max_keys={max_keys!r}).")
     weights = "binary" if max_events_per_key is None else "counts"
     cap = ItemCap(max_keys, weights, max_events_per_key, _caller=caller)
-    if seed is None:
-        key = new_secret_seed("contribution-bounding")
-    else:
-        if isinstance(seed, bytes) and len(seed) < 16:
-            raise ParameterError("The contribution-bounding key must be at least 16 bytes of secret material.")
-        key = derive_seed(seed, "contribution-bounding")
+    key = bounding_key(seed)
     # group the events by person (in memory; a malformed key is dropped, never an error): per person its
     # distinct key indices and their events
     idx = key_index(table, domain)

@@ -184,6 +184,19 @@ def new_secret_seed(purpose: str) -> int:
     return derive_seed(fixed, f"{purpose}#{n}")
 
 
+def bounding_key(seed: int | bytes | None = None) -> int:
+    """The secret key of contribution bounding's keyed choice (which items or keys a capped person
+    keeps): fresh from :func:`new_secret_seed`, or derived from a caller's secret ``seed`` (bytes of
+    at least 16, or an int), the same on every engine."""
+    if seed is None:
+        return new_secret_seed("contribution-bounding")
+    if isinstance(seed, bytes) and len(seed) < 16:
+        from sparkpriv.errors import ParameterError
+
+        raise ParameterError("The contribution-bounding key must be at least 16 bytes of secret material.")
+    return derive_seed(seed, "contribution-bounding")
+
+
 def reset_test_counter() -> None:
     """Tests only: restart the counter of the innermost fixed-seed block, to draw the same secrets again."""
     with _lock:

@@ -31,6 +31,7 @@ import numpy as np
 
 from sparkpriv.errors import ParameterError, SchemaError
 from sparkpriv.mechanisms.counts import MAX_DRIVER_KEYS, MAX_KEYS, OUTPUT_COLUMNS, KeyDomain
+from sparkpriv.mechanisms.counts._mechanism import check_key_columns
 from sparkpriv.mechanisms.sparse import Vocabulary
 from sparkpriv.spark.events import bound_contributions
 
@@ -41,16 +42,7 @@ _KIDX = "_kidx"
 
 
 def _check_columns(events_df, person: str, domain: KeyDomain) -> None:
-    names = [f.name for f in events_df.schema.fields]
-    for role, c in [("person", person)] + [("key", k) for k in domain.columns]:
-        if not isinstance(c, str) or c not in names:
-            raise SchemaError(f"The {role} column {c!r} is not in the event table. Available columns: "
-                              f"{', '.join(names)}.")
-    if person in domain.columns:
-        raise ParameterError(f"The person column {person!r} cannot also be a key column.")
-    clash = set(domain.columns) & set(OUTPUT_COLUMNS)
-    if clash:
-        raise ParameterError(f"Key columns cannot be named like an output column: {sorted(clash)}; rename them.")
+    check_key_columns([f.name for f in events_df.schema.fields], person, domain)
 
 
 def key_index_events(events_df, *, person: str, domain: KeyDomain, extra=()):

@@ -64,7 +64,7 @@ from sparkpriv.mechanisms.sparse import (
     dedupe_rows,
 )
 from sparkpriv.privacy.prf import siphash24_u64
-from sparkpriv.privacy.random import derive_seed, new_secret_seed
+from sparkpriv.privacy.random import bounding_key, derive_seed
 from sparkpriv.spark.batches import map_batches, owner_counters
 
 __all__ = ["BoundedRecords", "bound_contributions", "records_schema", "read_item_lists", "in_person_hash_order",
@@ -420,12 +420,7 @@ def bound_contributions(
     if voc.integer_ids and not isinstance(itype, (IntegralType, StringType)):
         raise SchemaError(f"The item column {item!r} has type {itype.simpleString()}; integer vocabulary "
                           "ids need an integer (or string) item column.")
-    if seed is None:
-        key = new_secret_seed("contribution-bounding")
-    else:
-        if isinstance(seed, bytes) and len(seed) < 16:
-            raise ParameterError("The contribution-bounding key must be at least 16 bytes of secret material.")
-        key = derive_seed(seed, "contribution-bounding")
+    key = bounding_key(seed)
 
     ev = events_df.select(F.col(person).alias("_p"), F.col(item).alias("_it"))
     # try_cast: a malformed id ('x' in a string column of integer ids) reads as null, an event

@@ -162,6 +162,23 @@ class Counts(_p.Mechanism):
 OUTPUT_COLUMNS = ("noisy_count", "std", "ci_low", "ci_high")
 
 
+def check_key_columns(names, person: str, domain) -> None:
+    """Refuse (before any data is read) a person or key column missing from an event table's columns
+    ``names``, a person column that is also a key, or a key named like an output column."""
+    from sparkpriv.errors import SchemaError
+
+    names = list(names)
+    for role, c in [("person", person)] + [("key", k) for k in domain.columns]:
+        if not isinstance(c, str) or c not in names:
+            raise SchemaError(f"The {role} column {c!r} is not in the event table. Available columns: "
+                              f"{', '.join(names)}.")
+    if person in domain.columns:
+        raise ParameterError(f"The person column {person!r} cannot also be a key column.")
+    clash = set(domain.columns) & set(OUTPUT_COLUMNS)
+    if clash:
+        raise ParameterError(f"Key columns cannot be named like an output column: {sorted(clash)}; rename them.")
+
+
 def _key_type(c: np.ndarray) -> str:
     return "long" if np.asarray(c).dtype.kind in "iu" else "string"
 
