@@ -3,22 +3,25 @@
 warm-up and alternating repeats on one SparkSession, and a peer run in its own Python and process.
 
 CPU-seconds are counted two ways: of the benchmark's own processes (the driver, its JVM and the
-JVM's Python workers, from ``/proc/<pid>/stat``) and of the whole machine (``/proc/stat``, which on
-a shared machine includes other people's work).
+JVM's Python workers, from ``/proc/<pid>/stat``, sampled while a pipeline runs so that workers that
+end meanwhile still count: :class:`TreeCpu`) and of the whole machine (``/proc/stat``, which on a
+shared machine includes other people's work).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 
-__all__ = ["machine_cpu", "tree_cpu", "timed", "ensure_table", "alternate", "run_peer", "PEER_COMMON",
+__all__ = ["machine_cpu", "TreeCpu", "timed", "ensure_table", "alternate", "run_peer", "PEER_COMMON",
            "rounded"]
 
 _log = logging.getLogger(__name__)
@@ -35,52 +38,101 @@ def machine_cpu() -> tuple[float, float] | None:
     return (v[0] + v[1] + v[2] + v[5] + v[6]) / hz, v[7] / hz
 
 
-def tree_cpu(root: int | None = None) -> float | None:
-    """CPU-seconds (user + system, with reaped children) of process ``root`` (default:
-    this one) and all its descendants: here the driver, its JVM and the JVM's Python
-    workers; other processes on the machine are not counted."""
-    root = os.getpid() if root is None else root
-    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    stats = {}
+def _proc_stats() -> dict | None:
+    """``{pid: (ppid, start time, own CPU ticks)}`` of every process, from ``/proc/<pid>/stat``: the
+    user + system time of the process itself (its ended threads included, its children not)."""
     try:
         names = os.listdir("/proc")
     except OSError:
         return None
+    out = {}
     for n in names:
         if not n.isdigit():
             continue
         try:
             with open(f"/proc/{n}/stat") as f:
                 rest = f.read().rsplit(")", 1)[1].split()
-        except OSError:
+        except (OSError, IndexError):  # the process ended meanwhile
             continue
-        # fields after the name: state ppid ... utime(12) stime(13) cutime(14) cstime(15)
-        stats[int(n)] = (int(rest[1]), sum(int(x) for x in rest[11:15]))
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in stats.items():
-        children.setdefault(ppid, []).append(pid)
-    total, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
-        if pid in stats:
-            total += stats[pid][1]
-        todo.extend(children.get(pid, ()))
-    return total / hz
+        # fields after the name: state ppid ... utime(11) stime(12) ... starttime(19)
+        out[int(n)] = (int(rest[1]), int(rest[19]), int(rest[11]) + int(rest[12]))
+    return out
+
+
+class TreeCpu:
+    """CPU-seconds (user + system) of process ``root`` (default: this one) and its descendants
+    during a ``with`` block, processes that end inside it included: here the driver, its JVM and
+    the JVM's Python workers; other processes on the machine are not counted.
+
+    Summing the live tree's cumulative times (own and reaped children's) at both ends of the block
+    loses a process that ends without a parent in the tree waiting for it, with all the CPU it ever
+    used: PySpark's worker daemon ignores SIGCHLD, so the kernel reaps its Python workers without
+    adding their times to any parent (getrusage(2)), and the JVM stops workers idle for a minute
+    (at 10 M people the non-private query runs for minutes without them). So a thread samples the
+    tree every ``interval`` seconds, and each process, keyed by (pid, start time), counts its own
+    time from its first sample (0 for a process started inside the block) to its last: only what
+    a process spends in its last ``interval`` before it ends is lost (an idle worker stopped by the
+    JVM spends nothing then). ``seconds``: the figure after the block; None where ``/proc`` cannot
+    be read. Stdlib only: the peers' processes run the same code (:func:`run_peer`).
+    """
+
+    def __init__(self, root=None, interval=1.0):
+        self.root = os.getpid() if root is None else root
+        self.interval = interval
+        self.seconds = None
+        self._first, self._last = {}, {}
+        self._readable = True
+        self._stop = threading.Event()
+        self._thread = None
+
+    def _sample(self, initial=False):
+        stats = _proc_stats()
+        if stats is None:
+            self._readable = False
+            return
+        kids = {}
+        for pid, (ppid, _, _) in stats.items():
+            kids.setdefault(ppid, []).append(pid)
+        todo = [self.root]
+        while todo:
+            pid = todo.pop()
+            if pid in stats:
+                _, start, ticks = stats[pid]
+                key = (pid, start)
+                if key not in self._first:
+                    self._first[key] = ticks if initial else 0
+                self._last[key] = ticks
+            todo.extend(kids.get(pid, ()))
+
+    def _run(self):
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self):
+        self._sample(initial=True)
+        self._thread = threading.Thread(target=self._run, name="tree-cpu", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        if self._readable:
+            ticks = sum(self._last[k] - self._first[k] for k in self._last)
+            self.seconds = ticks / os.sysconf("SC_CLK_TCK")
+        return False
 
 
 def timed(fn, out: str) -> tuple[float, float | None, float | None, object]:
     """``fn(out)`` timed: ``(wall seconds, own CPU-seconds, machine CPU-seconds, its result)``; a
-    CPU figure is None when it cannot be read (or a process of the tree ended unaccounted)."""
-    c0, m0 = tree_cpu(), machine_cpu()
-    t = time.perf_counter()
-    res = fn(out)
-    secs = time.perf_counter() - t
-    c1, m1 = tree_cpu(), machine_cpu()
-    own = (c1 - c0) if (c0 is not None and c1 is not None) else None
-    if own is not None and own < 0:  # a process of the tree ended and no process of it reaped it
-        own = None
-    return (secs, own,
-            (m1[0] - m0[0]) if (m0 and m1) else None, res)
+    CPU figure is None when it cannot be read."""
+    with TreeCpu() as own:
+        m0, t = machine_cpu(), time.perf_counter()
+        res = fn(out)
+        secs = time.perf_counter() - t
+        m1 = machine_cpu()
+    return secs, own.seconds, (m1[0] - m0[0]) if (m0 and m1) else None, res
 
 
 def ensure_table(spark, data_dir: str, people: int, seed: int = 0, *, name: str = "cdr", build=None) -> str:
@@ -125,7 +177,7 @@ def alternate(pipes: dict, table: str, small: str, data_dir: str, repeats: int, 
             out["seconds"][name].append(secs)
             out["cpu"][name].append(c)
             out["machine_cpu"][name].append(mc)
-            own = "n/a (a process ended unaccounted)" if c is None else f"{c:.1f}"
+            own = "n/a" if c is None else f"{c:.1f}"
             whole = "n/a" if mc is None else f"{mc:.1f}"
             print(f"repeat {rep} {name}: {secs:.2f} s, {own} CPU-s (own processes), "
                   f"{whole} CPU-s (whole machine)", flush=True)
@@ -147,7 +199,7 @@ def rounded(xs, digits: int = 1) -> list:
 #: The driver of a peer's process. A peer's script defines ``query(src, out)`` (it may use
 #: ``spark`` and ``args``); :func:`run_peer` puts it before the warm-up and the timed repeats.
 PEER_COMMON = r'''
-import json, os, shutil, sys, time, uuid
+import json, os, shutil, sys, threading, time, uuid
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ["PYSPARK_PYTHON"] = sys.executable
 args = json.loads(sys.argv[1])
@@ -159,31 +211,14 @@ spark = (SparkSession.builder.master(args["master"]).appName("peer")
          .config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
 spark.sparkContext.setLogLevel("ERROR")
 
-def cpu():
-    """CPU-seconds of this process and its descendants (its JVM and Python workers)."""
-    stats = {}
-    for n in os.listdir("/proc"):
-        if n.isdigit():
-            try:
-                with open(f"/proc/{n}/stat") as f:
-                    rest = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            stats[int(n)] = (int(rest[1]), sum(int(x) for x in rest[11:15]))
-    kids = {}
-    for pid, (ppid, _) in stats.items():
-        kids.setdefault(ppid, []).append(pid)
-    total, todo = 0, [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        total += stats.get(pid, (0, 0))[1]
-        todo.extend(kids.get(pid, ()))
-    return total / os.sysconf("SC_CLK_TCK")
+# (the benchmark's TreeCpu and _proc_stats are put here by run_peer)
 
 def timed(src, out):
-    c0, t = cpu(), time.perf_counter()
-    query(src, out)
-    return time.perf_counter() - t, cpu() - c0
+    with TreeCpu() as own:
+        t = time.perf_counter()
+        query(src, out)
+        s = time.perf_counter() - t
+    return s, own.seconds
 
 query(args["warmup"], os.path.join(args["data_dir"], "peer-warm-" + uuid.uuid4().hex[:8]))
 secs, cpus = [], []
@@ -191,7 +226,7 @@ for r in range(args["repeats"]):
     out = os.path.join(args["data_dir"], "peer-out-" + uuid.uuid4().hex[:8])
     s, c = timed(args["table"], out)
     secs.append(s); cpus.append(c)
-    print("repeat", r, round(s, 2), "s", round(c, 1), "cpu-s", file=sys.stderr, flush=True)
+    print("repeat", r, round(s, 2), "s", "n/a" if c is None else round(c, 1), "cpu-s", file=sys.stderr, flush=True)
     if r < args["repeats"] - 1:
         shutil.rmtree(out, ignore_errors=True)
 print(json.dumps({"seconds_each_repeat": secs, "cpu_seconds_each_repeat": cpus, "output": out}))
@@ -203,10 +238,12 @@ def run_peer(name: str, python: str, script: str, cfg: dict) -> dict:
     returns its timings and output path, or ``{"error": the reason it failed}``."""
     if not os.path.exists(python):
         return {"peer": name, "error": f"no such interpreter {python!r}"}
-    # the peer's query is defined first, then the common driver code runs it
+    # the peer's query is defined first, then the common driver code runs it; its CPU-seconds are
+    # counted by this module's own TreeCpu (stdlib only), copied into the script
     head, tail = PEER_COMMON.split("\nquery(args", 1)
+    meter = inspect.getsource(_proc_stats) + "\n\n" + inspect.getsource(TreeCpu)
     with tempfile.NamedTemporaryFile("w", suffix=f"-{name}.py", delete=False) as f:
-        f.write(head + script + "\nquery(args" + tail)
+        f.write(head + meter + "\n" + script + "\nquery(args" + tail)
         path = f.name
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON", "SPARK_HOME")}
     t = time.perf_counter()
