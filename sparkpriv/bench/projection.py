@@ -41,6 +41,8 @@ import sys
 import time
 import uuid
 
+from sparkpriv.bench._timing import TreeCpu
+
 __all__ = ["add_arguments", "run_from_args", "run", "MLLIB_VARIANTS"]
 
 _log = logging.getLogger(__name__)
@@ -245,56 +247,21 @@ def _timed(data_dir: str, name: str, fn):
     """Run ``fn(out_dir)`` with a fresh output directory, then delete it.
 
     Returns ``(wall seconds, CPU seconds, result)``; CPU seconds are those of
-    this process and all its descendants (the JVM, Python workers), or None
+    this process and all its descendants (the JVM, Python workers, those that
+    end meanwhile included: :class:`sparkpriv.bench._timing.TreeCpu`), or None
     where /proc is not available.
     """
     runs = os.path.join(data_dir, "runs")
     os.makedirs(runs, exist_ok=True)
     out = os.path.join(runs, f"{name}-{uuid.uuid4().hex[:12]}")
     try:
-        c0 = _tree_cpu_seconds()
-        t0 = time.perf_counter()
-        res = fn(out)
-        wall = time.perf_counter() - t0
-        c1 = _tree_cpu_seconds()
-        cpu = None if c0 is None or c1 is None else c1 - c0
-        # negative: a process of the tree ended and no process of the tree reaped it
-        return wall, (cpu if cpu is None or cpu >= 0 else None), res
+        with TreeCpu() as own:
+            t0 = time.perf_counter()
+            res = fn(out)
+            wall = time.perf_counter() - t0
+        return wall, own.seconds, res
     finally:
         shutil.rmtree(out, ignore_errors=True)
-
-
-def _tree_cpu_seconds() -> float | None:
-    """User + system CPU seconds of this process and its live descendants (Linux /proc).
-
-    Each live process counts its own time, and the time of children it has
-    reaped (``cutime``/``cstime``), so every CPU second is counted once. On a
-    shared machine this is the figure that does not depend on the others' load.
-    """
-    try:
-        tick = os.sysconf("SC_CLK_TCK")
-        children: dict[int, list[int]] = {}
-        ticks: dict[int, int] = {}
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    stat = f.read()
-            except OSError:  # the process ended meanwhile
-                continue
-            fields = stat[stat.rfind(")") + 2:].split()  # fields 3.. of proc(5)
-            pid = int(entry)
-            children.setdefault(int(fields[1]), []).append(pid)
-            ticks[pid] = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
-    except (OSError, ValueError, IndexError):
-        return None
-    total, todo = 0, [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        total += ticks.get(pid, 0)
-        todo.extend(children.get(pid, ()))
-    return total / tick
 
 
 # ----------------------------------------------------------------------------- the pipelines
