@@ -53,6 +53,23 @@ def test_pooled_lengths_cut_the_noise_tail_and_are_non_increasing_beyond_the_mod
     assert cut_ok >= 45
 
 
+def test_the_tail_ends_at_the_first_bin_within_the_noise():
+    """A positive noise excursion far beyond the real lengths, after bins that hold only noise, does not
+    extend the tail: the suffix from bin 6 (75 people over 34 bins) is within 2 noise stds
+    (2 x 10 x sqrt(34) = 117), so the tail ends at bin 5, though bins 37-39 alone pass the test
+    (75 > 2 x 10 x sqrt(3) = 35) and the largest passing bin, 39, would keep people at 37-39 items."""
+    std = 10.0
+    h = np.zeros(40)
+    h[:6] = [0, 300, 500, 400, 200, 50]
+    h[37:40] = 25.0
+    out = pooled_lengths(h, std)
+    assert out[6:].sum() == 0
+    np.testing.assert_allclose(out[:6], h[:6])  # already non-increasing beyond the mode: kept
+    # a histogram whose every suffix beyond the mode is real keeps its whole length
+    full = np.linspace(1000.0, 400.0, 40)
+    np.testing.assert_allclose(pooled_lengths(full, std), full)
+
+
 def test_expand_bins_spreads_each_bin_evenly():
     e = length_edges(20)
     binned = np.arange(1.0, e.size + 1.0)

@@ -223,9 +223,9 @@ class Synthetic(_p.Mechanism):
         event = plan.dp_event()
         public = plan.to_public_dict()
         public["model"] = {"file": MODEL_FILE, "format_version": FORMAT_VERSION,
-                           "post_processing": {"lengths": f"the noisy histogram cut where its tail holds less than "
-                                                          f"{TAIL_STDS:g} noise stds, non-increasing beyond "
-                                                          "its mode (isotonic), clamped at 0",
+                           "post_processing": {"lengths": f"the noisy histogram cut where its tail first holds less "
+                                                          f"than {TAIL_STDS:g} noise stds beyond its mode, "
+                                                          "non-increasing beyond the mode (isotonic), clamped at 0",
                                                "counts": params.shrink,
                                                "calibration": f"draws per person and item profile raked so that "
                                                               f"the model's expected holders of every item whose "
