@@ -251,17 +251,10 @@ class LocalEvents:
         return InputFacts("events", d, tuple(self.spec.values), names=tuple(self.table.column_names))
 
     def public_params(self) -> dict:
-        return {"input": "event table", "person_column": self.spec.person, "key_columns": list(self.spec.by),
-                "value_columns": list(self.spec.values)}
+        return self.spec.public_params()
 
     def input_info(self, source: str | None) -> dict:
-        return {"source": source or "in-memory event table",
-                "event_table": {"person_column": self.spec.person, "key_columns": list(self.spec.by),
-                                "value_columns": list(self.spec.values)},
-                "person_key": "used only to group events; never copied to the output",
-                "missing_values": "a null, NaN, infinite or malformed value takes its column's public fill, the "
-                                  "centre of its clamp; an event whose key is outside the domain, malformed or null "
-                                  "is dropped (owner diagnostics)"}
+        return self.spec.input_info(source or "in-memory event table")
 
     def diagnostics(self) -> dict:
         return {}

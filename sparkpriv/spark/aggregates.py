@@ -141,17 +141,10 @@ class EventsSource:
         return [self.df.schema[c].dataType for c in self.spec.by]
 
     def public_params(self) -> dict:
-        return {"input": "event table", "person_column": self.spec.person, "key_columns": list(self.spec.by),
-                "value_columns": list(self.spec.values)}
+        return self.spec.public_params()
 
     def input_info(self, source: str | None) -> dict:
-        return {"source": source, "schema_fingerprint": schema_fingerprint(self.df.schema),
-                "event_table": {"person_column": self.spec.person, "key_columns": list(self.spec.by),
-                                "value_columns": list(self.spec.values)},
-                "person_key": "used only to group events; never copied to the output",
-                "missing_values": "a null, NaN, infinite or malformed value takes its column's public fill, the "
-                                  "centre of its clamp; an event whose key is outside the domain, malformed or null "
-                                  "is dropped (owner diagnostics)"}
+        return {**self.spec.input_info(source), "schema_fingerprint": schema_fingerprint(self.df.schema)}
 
     def diagnostics(self) -> dict:
         return {}

@@ -34,6 +34,21 @@ class EventSpec:
     domain: KeyDomain | None
     values: tuple
 
+    def public_params(self) -> dict:
+        """The input's public description in a release's parameters (both engines)."""
+        return {"input": "event table", "person_column": self.person, "key_columns": list(self.by),
+                "value_columns": list(self.values)}
+
+    def input_info(self, source: str) -> dict:
+        """The receipt's input section (both engines; an engine adds its schema fingerprint)."""
+        return {"source": source,
+                "event_table": {"person_column": self.person, "key_columns": list(self.by),
+                                "value_columns": list(self.values)},
+                "person_key": "used only to group events; never copied to the output",
+                "missing_values": "a null, NaN, infinite or malformed value takes its column's public fill, the "
+                                  "centre of its clamp; an event whose key is outside the domain, malformed or null "
+                                  "is dropped (owner diagnostics)"}
+
 
 @dataclass(frozen=True)
 class Query:
