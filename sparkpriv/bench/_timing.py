@@ -22,9 +22,61 @@ import time
 import uuid
 
 __all__ = ["machine_cpu", "TreeCpu", "timed", "ensure_table", "alternate", "run_peer", "PEER_COMMON",
-           "rounded"]
+           "rounded", "add_run_arguments", "open_bench", "timing_figures"]
 
 _log = logging.getLogger(__name__)
+
+
+def add_run_arguments(parser, warmup_people: int) -> None:
+    """The options every benchmark against the peers takes (where it runs, how often, the peers'
+    interpreters); ``warmup_people``: the default size of the untimed warm-up table."""
+    parser.add_argument("--data-dir", default="./bench-data", help="where tables and outputs go [default: ./bench-data]")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each pipeline [default: 3]")
+    parser.add_argument("--master", default="local[2]", help="Spark master [default: local[2]]")
+    parser.add_argument("--driver-memory", default="6g", help="spark.driver.memory [default: 6g]")
+    parser.add_argument("--shuffle-partitions", type=int, default=None,
+                        help="spark.sql.shuffle.partitions [default: one per 250k people, at least 8]")
+    parser.add_argument("--warmup-people", type=int, default=None,
+                        help=f"people in the untimed warm-up table [default: min(--people, {warmup_people})]")
+    parser.add_argument("--tumult-python", default=None,
+                        help="python of a virtual environment with tmlt.analytics (runs the Tumult peer)")
+    parser.add_argument("--pipelinedp-python", default=None,
+                        help="python of a virtual environment with pipeline-dp and pyspark (runs the PipelineDP peer)")
+    parser.add_argument("--peer-repeats", type=int, default=None, help="timed runs of each peer [default: --repeats]")
+
+
+def open_bench(name: str, people: int, data_dir: str, master: str, driver_memory: str,
+               shuffle_partitions: int | None):
+    """``(spark, shuffle partitions, absolute data_dir)`` of a benchmark run: one SparkSession named
+    ``sparkpriv-bench-<name>``, one shuffle partition per 250k people (at least 8) unless given."""
+    from sparkpriv.spark.session import get_spark
+
+    data_dir = os.path.abspath(data_dir)
+    os.makedirs(data_dir, exist_ok=True)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    sp = shuffle_partitions or max(8, -(-people // 250_000))
+    spark = get_spark({"spark.driver.memory": driver_memory, "spark.sql.shuffle.partitions": str(sp)},
+                      app_name=f"sparkpriv-bench-{name}", master=master)
+    return spark, sp, data_dir
+
+
+def timing_figures(runs: dict) -> dict:
+    """The result's timing entries from :func:`alternate`'s ``runs`` (pipelines ``sparkpriv`` and
+    ``nonprivate``): every repeat's wall and CPU-seconds, the medians and the paired ratios."""
+    import numpy as np
+
+    times, cpu, mcpu = runs["seconds"], runs["cpu"], runs["machine_cpu"]
+    paired = [a / b for a, b in zip(times["sparkpriv"], times["nonprivate"])]
+    return {"seconds_each_repeat": rounded(times["sparkpriv"], 2),
+            "nonprivate_seconds_each_repeat": rounded(times["nonprivate"], 2),
+            "cpu_seconds_each_repeat": rounded(cpu["sparkpriv"]),
+            "nonprivate_cpu_seconds_each_repeat": rounded(cpu["nonprivate"]),
+            "machine_cpu_seconds_each_repeat": rounded(mcpu["sparkpriv"]),
+            "nonprivate_machine_cpu_seconds_each_repeat": rounded(mcpu["nonprivate"]),
+            "median_seconds": round(float(np.median(times["sparkpriv"])), 2),
+            "nonprivate_median_seconds": round(float(np.median(times["nonprivate"])), 2),
+            "ratio_each_repeat": [round(r, 3) for r in paired],
+            "ratio_median": round(float(np.median(paired)), 3)}
 
 
 def machine_cpu() -> tuple[float, float] | None:

@@ -55,7 +55,8 @@ import os
 import shutil
 import sys
 
-from sparkpriv.bench._timing import alternate, ensure_table, rounded, run_peer
+from sparkpriv.bench._timing import (add_run_arguments, alternate, ensure_table, open_bench, rounded, run_peer,
+                                      timing_figures)
 
 __all__ = ["add_arguments", "run_from_args", "run", "AGGREGATES", "events_table"]
 
@@ -77,20 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lo", type=float, default=0.0, help="duration clamp, low (seconds) [default: 0]")
     parser.add_argument("--hi", type=float, default=3600.0, help="duration clamp, high (seconds) [default: 3600]")
     parser.add_argument("--epsilon", type=float, default=1.0, help="epsilon of every release [default: 1.0]")
-    parser.add_argument("--data-dir", default="./bench-data",
-                        help="where tables and outputs go [default: ./bench-data]")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each pipeline [default: 3]")
-    parser.add_argument("--master", default="local[2]", help="Spark master [default: local[2]]")
-    parser.add_argument("--driver-memory", default="6g", help="spark.driver.memory [default: 6g]")
-    parser.add_argument("--shuffle-partitions", type=int, default=None,
-                        help="spark.sql.shuffle.partitions [default: one per 250k people, at least 8]")
-    parser.add_argument("--warmup-people", type=int, default=None,
-                        help=f"people in the untimed warm-up table [default: min(--people, {_WARMUP_PEOPLE})]")
-    parser.add_argument("--tumult-python", default=None,
-                        help="python of a virtual environment with tmlt.analytics (runs the Tumult peer)")
-    parser.add_argument("--pipelinedp-python", default=None,
-                        help="python of a virtual environment with pipeline-dp and pyspark (runs the PipelineDP peer)")
-    parser.add_argument("--peer-repeats", type=int, default=None, help="timed runs of each peer [default: --repeats]")
+    add_run_arguments(parser, _WARMUP_PEOPLE)
     parser.add_argument("--peer-warmup-people", type=int, default=None,
                         help="people in the peers' untimed warm-up table [default: as --warmup-people]")
     parser.add_argument("--peer-timeout", type=int, default=7200,
@@ -374,14 +362,7 @@ def run(*, people: int, max_keys: int = 32, max_events_per_key: int = 4, lo: flo
     import numpy as np
     import pyarrow.parquet as pq
 
-    from sparkpriv.spark.session import get_spark
-
-    data_dir = os.path.abspath(data_dir)
-    os.makedirs(data_dir, exist_ok=True)
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    sp = shuffle_partitions or max(8, -(-people // 250_000))
-    spark = get_spark({"spark.driver.memory": driver_memory, "spark.sql.shuffle.partitions": str(sp)},
-                      app_name="sparkpriv-bench-aggregates", master=master)
+    spark, sp, data_dir = open_bench("aggregates", people, data_dir, master, driver_memory, shuffle_partitions)
     table = _ensure(spark, data_dir, people)
     warm = min(people, warmup_people or _WARMUP_PEOPLE)
     small = _ensure(spark, data_dir, warm)
@@ -391,7 +372,7 @@ def run(*, people: int, max_keys: int = 32, max_events_per_key: int = 4, lo: flo
              "nonprivate": lambda src, out: _run_nonprivate(spark, src, out, nonprivate_form)}
     runs = alternate(pipes, table, small, data_dir, repeats,
                      prime=lambda: spark.read.parquet(table).write.format("noop").mode("overwrite").save())
-    times, cpu, mcpu, kept = runs["seconds"], runs["cpu"], runs["machine_cpu"], runs["output"]
+    times, cpu, kept = runs["seconds"], runs["cpu"], runs["output"]
     owner = runs["result"]["sparkpriv"]  # the bounding's owner diagnostics (never released)
     peers = {}
     peer_small = _ensure(spark, data_dir, min(people, peer_warmup_people)) if peer_warmup_people else small
@@ -405,7 +386,6 @@ def run(*, people: int, max_keys: int = 32, max_events_per_key: int = 4, lo: flo
     med = {n: float(np.median(ts)) for n, ts in times.items()}
     cpu_med = {n: float(np.median([c for c in cs if c is not None])) if any(c is not None for c in cs) else None
                for n, cs in cpu.items()}
-    paired = [a / b for a, b in zip(times["sparkpriv"], times["nonprivate"])]
     result = {
         "benchmark": "aggregates",
         "people": people,
@@ -417,16 +397,7 @@ def run(*, people: int, max_keys: int = 32, max_events_per_key: int = 4, lo: flo
         "max_events_per_key": max_events_per_key,
         "clamp": [lo, hi],
         "epsilon": epsilon,
-        "seconds_each_repeat": rounded(times["sparkpriv"], 2),
-        "nonprivate_seconds_each_repeat": rounded(times["nonprivate"], 2),
-        "cpu_seconds_each_repeat": rounded(cpu["sparkpriv"]),
-        "nonprivate_cpu_seconds_each_repeat": rounded(cpu["nonprivate"]),
-        "machine_cpu_seconds_each_repeat": rounded(mcpu["sparkpriv"]),
-        "nonprivate_machine_cpu_seconds_each_repeat": rounded(mcpu["nonprivate"]),
-        "median_seconds": round(med["sparkpriv"], 2),
-        "nonprivate_median_seconds": round(med["nonprivate"], 2),
-        "ratio_each_repeat": [round(r, 3) for r in paired],
-        "ratio_median": round(float(np.median(paired)), 3),
+        **timing_figures(runs),
         "master": master,
         "shuffle_partitions": sp,
         "cpu_count": os.cpu_count(),

@@ -42,7 +42,7 @@ import os
 import shutil
 import sys
 
-from sparkpriv.bench._timing import alternate, ensure_table, rounded, run_peer
+from sparkpriv.bench._timing import add_run_arguments, alternate, ensure_table, open_bench, run_peer, timing_figures
 
 __all__ = ["add_arguments", "run_from_args", "run"]
 
@@ -55,19 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--people", type=int, default=1_000_000, help="people in the CDR table [default: 1000000]")
     parser.add_argument("--max-keys", type=int, default=32, help="towers counted per person, L [default: 32]")
     parser.add_argument("--epsilon", type=float, default=1.0, help="epsilon of every release [default: 1.0]")
-    parser.add_argument("--data-dir", default="./bench-data", help="where tables and outputs go [default: ./bench-data]")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each pipeline [default: 3]")
-    parser.add_argument("--master", default="local[2]", help="Spark master [default: local[2]]")
-    parser.add_argument("--driver-memory", default="6g", help="spark.driver.memory [default: 6g]")
-    parser.add_argument("--shuffle-partitions", type=int, default=None,
-                        help="spark.sql.shuffle.partitions [default: one per 250k people, at least 8]")
-    parser.add_argument("--warmup-people", type=int, default=None,
-                        help=f"people in the untimed warm-up table [default: min(--people, {_WARMUP_PEOPLE})]")
-    parser.add_argument("--tumult-python", default=None,
-                        help="python of a virtual environment with tmlt.analytics (runs the Tumult peer)")
-    parser.add_argument("--pipelinedp-python", default=None,
-                        help="python of a virtual environment with pipeline-dp and pyspark (runs the PipelineDP peer)")
-    parser.add_argument("--peer-repeats", type=int, default=None, help="timed runs of each peer [default: --repeats]")
+    add_run_arguments(parser, _WARMUP_PEOPLE)
     parser.add_argument("--no-utility", dest="utility", action="store_false",
                         help="skip the error and coverage figures")
 
@@ -188,14 +176,7 @@ def run(*, people: int, max_keys: int = 32, epsilon: float = 1.0, data_dir: str 
         peer_repeats: int | None = None, utility: bool = True) -> dict:
     import numpy as np
 
-    from sparkpriv.spark.session import get_spark
-
-    data_dir = os.path.abspath(data_dir)
-    os.makedirs(data_dir, exist_ok=True)
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    sp = shuffle_partitions or max(8, -(-people // 250_000))
-    spark = get_spark({"spark.driver.memory": driver_memory, "spark.sql.shuffle.partitions": str(sp)},
-                      app_name="sparkpriv-bench-counts", master=master)
+    spark, sp, data_dir = open_bench("counts", people, data_dir, master, driver_memory, shuffle_partitions)
     table = ensure_table(spark, data_dir, people)
     warm = min(people, warmup_people or _WARMUP_PEOPLE)
     small = ensure_table(spark, data_dir, warm)
@@ -206,7 +187,7 @@ def run(*, people: int, max_keys: int = 32, epsilon: float = 1.0, data_dir: str 
     runs = alternate(pipes, table, small, data_dir, repeats,
                      prime=lambda: spark.read.parquet(table).select("caller_id", "tower_id")
                      .write.format("noop").mode("overwrite").save())
-    times, cpu, mcpu, kept = runs["seconds"], runs["cpu"], runs["machine_cpu"], runs["output"]
+    times, kept = runs["seconds"], runs["output"]
     info = runs["result"]["sparkpriv"]
     peers = {}
     cfg = {"master": master, "driver_memory": driver_memory, "shuffle_partitions": sp, "epsilon": epsilon,
@@ -217,7 +198,6 @@ def run(*, people: int, max_keys: int = 32, epsilon: float = 1.0, data_dir: str 
             _log.info("running peer %s", name)
             peers[name] = run_peer(name, py, script, cfg)
     med = {n: float(np.median(ts)) for n, ts in times.items()}
-    paired = [a / b for a, b in zip(times["sparkpriv"], times["nonprivate"])]
     result = {
         "benchmark": "counts",
         "people": people,
@@ -225,16 +205,7 @@ def run(*, people: int, max_keys: int = 32, epsilon: float = 1.0, data_dir: str 
         "towers": TOWERS,
         "max_keys": max_keys,
         "epsilon": epsilon,
-        "seconds_each_repeat": [round(t, 2) for t in times["sparkpriv"]],
-        "nonprivate_seconds_each_repeat": [round(t, 2) for t in times["nonprivate"]],
-        "cpu_seconds_each_repeat": rounded(cpu["sparkpriv"]),
-        "nonprivate_cpu_seconds_each_repeat": rounded(cpu["nonprivate"]),
-        "machine_cpu_seconds_each_repeat": rounded(mcpu["sparkpriv"]),
-        "nonprivate_machine_cpu_seconds_each_repeat": rounded(mcpu["nonprivate"]),
-        "median_seconds": round(med["sparkpriv"], 2),
-        "nonprivate_median_seconds": round(med["nonprivate"], 2),
-        "ratio_each_repeat": [round(r, 3) for r in paired],
-        "ratio_median": round(float(np.median(paired)), 3),
+        **timing_figures(runs),
         "people_truncated": None,
         "noise_std": info.get("std"),
         "master": master,
