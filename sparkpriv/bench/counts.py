@@ -157,8 +157,10 @@ def _utility(truth, bounded, released: dict) -> dict:
         rel = np.abs(err) / np.maximum(truth, 1.0)
         d = {"mean_abs_error": float(np.mean(np.abs(err))),
              "mean_abs_error_vs_bounded_total": float(np.mean(np.abs(v - bounded))) if bounded is not None else None,
-             "mean_relative_error_by_popularity_quartile": [float(np.mean(rel[bins == i])) for i in range(4)],
-             "mean_abs_error_by_popularity_quartile": [float(np.mean(np.abs(err)[bins == i])) for i in range(4)],
+             "mean_relative_error_by_popularity_quartile": [float(np.mean(rel[bins == i])) if (bins == i).any()
+                                                            else None for i in range(4)],
+             "mean_abs_error_by_popularity_quartile": [float(np.mean(np.abs(err)[bins == i])) if (bins == i).any()
+                                                       else None for i in range(4)],
              "missing_keys": int(np.isnan(v).sum())}
         if "ci_low" in r:
             d["coverage_of_true_count"] = float(np.mean((r["ci_low"] <= truth) & (truth <= r["ci_high"])))
