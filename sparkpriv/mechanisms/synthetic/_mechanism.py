@@ -29,8 +29,8 @@ from sparkpriv._validation import Interval, Options
 from sparkpriv.errors import InputError, ParameterError
 from sparkpriv.mechanisms import protocol as _p
 from sparkpriv.mechanisms.synthetic._model import MODEL_FILE, FORMAT_VERSION, SyntheticModel
-from sparkpriv.mechanisms.synthetic._post import (CALIBRATE_STDS, TAIL_STDS, calibrate, expand_bins, pooled_lengths,
-                                                  shrunk_counts)
+from sparkpriv.mechanisms.synthetic._post import (CALIBRATE_LOSS, CALIBRATE_STDS, TAIL_STDS, calibrate, expand_bins,
+                                                  pooled_lengths, shrunk_counts, uncapped_ratio)
 from sparkpriv.privacy import noise as _noise
 from sparkpriv.privacy.accounting import compose, epsilon_of
 from sparkpriv.privacy.random import new_secret_seed, stream
@@ -211,6 +211,35 @@ class Synthetic(_p.Mechanism):
         """With ``max_items='auto'`` the histogram that chooses ``L`` is also the length histogram: it
         gets this release's ``length_share`` (sparkpriv.release._plan_auto)."""
         return float(params.length_share)
+
+    max_items_rule = ("the L in 1 .. limit minimising (1 - S(L)/S(limit))^2 + (d sigma(L)/S(L))^2, S(L) the "
+                      "items people hold capped at L by the post-processed histogram, sigma(L) the per-item "
+                      "counts' noise std at L; at most the DP 0.95 quantile of the lengths, and at least the "
+                      f"smallest L up to that quantile with E[m] / E[min(m, L)] <= {1 + CALIBRATE_LOSS:g} (where "
+                      "the calibration rakes)")
+
+    def choose_max_items(self, params: SyntheticParams, facts: _p.InputFacts, noisy, std: float, limit: int,
+                         caller: str) -> int:
+        """With ``max_items="auto"`` and no quantile given: ``L`` minimising an estimate of the error
+        from the released length histogram and the counts' public noise multiplier, at most the DP
+        0.95 quantile (docs/math/10-synthetic.md, "Automatic L";
+        :func:`~sparkpriv.mechanisms.synthetic._post.choose_max_items_error`). Post-processing: it
+        reads only the noisy histogram and public parameters."""
+        from sparkpriv.mechanisms.auto_bound import DEFAULT_QUANTILE, choose_max_items, length_edges
+        from sparkpriv.mechanisms.synthetic._post import choose_max_items_error
+
+        rel = _p.resolve_neighbors(params.neighbors, self, caller).name
+        factor = 2.0 if rel == "replace-one" else 1.0
+        sp = plan_synthetic(params, facts.d, int(limit), lengths_given=True, caller=caller)
+        z = float(sp.counts_noise.std) / sp.counts_sensitivity  # the same at every L (auto_bound)
+        edges = length_edges(limit)
+        q = choose_max_items(noisy, DEFAULT_QUANTILE, limit)
+        L = min(choose_max_items_error(noisy, std, edges, int(limit), int(facts.d), z, factor), q)
+        # never below the smallest L <= q at which the calibration rakes (E[m] / E[min(m, L)] <= 1.03 by
+        # the same lengths the run will pool): the estimate does not know what the raking gains
+        lam = expand_bins(pooled_lengths(noisy, std), edges, limit)
+        rakes = np.flatnonzero(uncapped_ratio(lam, np.arange(1, q + 1)) <= 1.0 + CALIBRATE_LOSS)
+        return int(max(L, int(rakes[0]) + 1) if rakes.size else L)
 
     def plan(self, params: SyntheticParams, facts: _p.InputFacts, caller: str) -> _p.Plan:
         c = float(facts.value_cap)
