@@ -222,7 +222,8 @@ class Synthetic(_p.Mechanism):
                          caller: str) -> int:
         """With ``max_items="auto"`` and no quantile given: ``L`` minimising an estimate of the error
         from the released length histogram and the counts' public noise multiplier, at most the DP
-        0.95 quantile (docs/math/10-synthetic.md, "Automatic L";
+        0.95 quantile and at least the smallest ``L`` up to it at which the calibration rakes
+        (docs/math/10-synthetic.md, "Automatic L";
         :func:`~sparkpriv.mechanisms.synthetic._post.choose_max_items_error`). Post-processing: it
         reads only the noisy histogram and public parameters."""
         from sparkpriv.mechanisms.auto_bound import DEFAULT_QUANTILE, choose_max_items, length_edges
