@@ -592,17 +592,23 @@ def _resolve_auto(mech, eng, src, plan, st, progress, caller):
     clamp = qnoise.max_abs_value  # a public range: never increases the sensitivity
     noisy = _noise.add_noise(np.clip(np.asarray(hist, dtype=np.float64), -clamp, clamp), qnoise,
                              stream(st["seed"], 0))
-    L = choose_max_items(noisy, auto.quantile, auto.limit)
+    rule = getattr(mech, "choose_max_items", None) if auto.quantile is None else None
+    if rule is not None:  # the mechanism's own rule: post-processing of the histogram and public facts
+        L = int(rule(st["p"], src.facts, noisy, float(qnoise.std), int(auto.limit), caller))
+    else:
+        L = choose_max_items(noisy, auto.effective_quantile, auto.limit)
     src.length_histogram = (noisy, float(qnoise.std), int(auto.limit))  # public (DP): a mechanism may use it (synthetic)
     src.set_max_items(L)
     chosen = mech.plan(st["p"], src.facts, caller)
     if not dominates(chosen.events, st["inner_events"]):  # pragma: no cover - tested for every mechanism
         raise RuntimeError(f"{caller}: the release at the chosen contribution bound would spend more than "
                            "was reserved")
-    progress.log("contribution bound: max_items %d chosen by a DP quantile (%g of the people), epsilon %.4g",
-                 L, auto.quantile, st["epsilon"])
+    how = ("the mechanism's error estimate" if rule is not None else
+           f"a DP quantile ({auto.effective_quantile:g} of the people)")
+    progress.log("contribution bound: max_items %d chosen by %s on a DP histogram of the record lengths, "
+                 "epsilon %.4g", L, how, st["epsilon"])
     public = dict(chosen.public, contribution_bound_estimation={
-        **auto.to_public_dict(), "epsilon_share": st["share"],
+        **auto.to_public_dict(mech.max_items_rule if rule is not None else None), "epsilon_share": st["share"],
         "epsilon": st["epsilon"], "histogram_noise": qnoise.to_public_dict(),
         "chosen_max_items": int(L)})
     return dataclasses.replace(chosen, events=plan.events, epsilon=plan.epsilon, public=public)

@@ -155,7 +155,8 @@ EVENT_OPTIONS = (
            "uniformly at random when a person has more; 'auto': chosen by the release as a DP quantile of "
            "the items per person (spends --max-items-share of epsilon, accounted in the same event)"),
     Option("max_items_quantile", "float", "with --max-items auto: the share of people whose items all fit "
-           "(default 0.95)"),
+           "(default 0.95; release synthetic: unless given, L minimises its error estimate, at most the "
+           "0.95 quantile)"),
     Option("max_items_share", "float", "with --max-items auto: the share of epsilon the choice spends "
            "(default 0.1)"),
     Option("max_items_limit", "int", "with --max-items auto: the largest bound that may be chosen "
@@ -378,8 +379,9 @@ def public_notes(public: dict) -> tuple:
                      "noise")
     est = public.get("contribution_bound_estimation")
     if est:
-        notes.append(f"max_items {est['chosen_max_items']} chosen by a DP quantile ({est['quantile']:g} of the people),"
-                     f" epsilon {est['epsilon']:.4g} of the release")
+        how = (f"a DP quantile ({est['quantile']:g} of the people)" if "quantile" in est else
+               "the release's error estimate on a DP histogram of the record lengths")
+        notes.append(f"max_items {est['chosen_max_items']} chosen by {how}, epsilon {est['epsilon']:.4g} of the release")
     return tuple(notes)
 
 

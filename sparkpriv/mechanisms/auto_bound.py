@@ -25,6 +25,9 @@ know the distribution can ask for ``auto`` (docs/math.md section 8,
    cumulative sum is then unbiased for the true one (clamping every empty
    bucket's noise at 0 would add about ``0.8 s / epsilon_q`` per bucket and,
    over a few hundred empty buckets, push ``L`` far beyond what people hold).
+   A mechanism with a rule of its own (``choose_max_items``; the synthetic
+   release's error estimate) uses it instead when no quantile is given: also
+   post-processing of the same noisy histogram.
 
 ``epsilon_q = share * epsilon`` (default 0.1 of it); the release runs with the
 rest, and the two events are composed into the one event the ledger reserves
@@ -58,26 +61,39 @@ MAX_LIMIT = 1 << 16
 class AutoCap:
     """The public parameters of an automatic contribution bound (see the module docstring).
 
-    ``quantile``: the share of people whose items all fit (default 0.95).
+    ``quantile``: the share of people whose items all fit; None (the default): the mechanism's own
+    rule where it has one (the synthetic release's error estimate), else 0.95.
     ``share``: the share of the release's epsilon the choice spends (default 0.1).
     ``limit``: the largest bound that may be chosen (default 256, at most the vocabulary).
     """
 
-    quantile: float = DEFAULT_QUANTILE
+    quantile: float | None = None
     share: float = DEFAULT_SHARE
     limit: int = DEFAULT_LIMIT
     _caller: str = "max_items='auto'"
 
     def __post_init__(self):
         c = self._caller
-        check_param("max_items_quantile", self.quantile, [Interval("real", 0, 1, "neither")], c)
+        if self.quantile is not None:
+            check_param("max_items_quantile", self.quantile, [Interval("real", 0, 1, "neither")], c)
         check_param("max_items_share", self.share, [Interval("real", 0, 0.5, "right")], c)
         check_param("max_items_limit", self.limit, [Interval("integer", 1, MAX_LIMIT, "both")], c)
 
-    def to_public_dict(self) -> dict:
-        return {"method": "DP quantile of the number of distinct items per person (Laplace histogram over "
-                          "0 .. limit)", "quantile": self.quantile, "epsilon_share": self.share,
-                "limit": self.limit}
+    @property
+    def effective_quantile(self) -> float:
+        """The quantile a mechanism without a rule of its own uses (or any, when one is given)."""
+        return DEFAULT_QUANTILE if self.quantile is None else float(self.quantile)
+
+    def to_public_dict(self, rule: str | None = None) -> dict:
+        """``rule``: the public description of the mechanism's own rule, when it chose the bound."""
+        if rule:
+            return {"method": f"{rule} (post-processing of a Laplace histogram of the number of distinct items "
+                              "per person over 0 .. limit)", "epsilon_share": self.share, "limit": self.limit}
+        how = "DP quantile of the number of distinct items per person (Laplace histogram over 0 .. limit)"
+        if self.quantile is None:
+            how += ("; a mechanism with a rule of its own uses that instead (contribution_bound_estimation says "
+                    "which)")
+        return {"method": how, "quantile": self.effective_quantile, "epsilon_share": self.share, "limit": self.limit}
 
 
 def length_edges(limit: int) -> np.ndarray:

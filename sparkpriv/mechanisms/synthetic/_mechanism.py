@@ -29,8 +29,8 @@ from sparkpriv._validation import Interval, Options
 from sparkpriv.errors import InputError, ParameterError
 from sparkpriv.mechanisms import protocol as _p
 from sparkpriv.mechanisms.synthetic._model import MODEL_FILE, FORMAT_VERSION, SyntheticModel
-from sparkpriv.mechanisms.synthetic._post import (CALIBRATE_STDS, TAIL_STDS, calibrate, expand_bins, pooled_lengths,
-                                                  shrunk_counts)
+from sparkpriv.mechanisms.synthetic._post import (CALIBRATE_LOSS, CALIBRATE_STDS, TAIL_STDS, calibrate, expand_bins,
+                                                  pooled_lengths, shrunk_counts, uncapped_ratio)
 from sparkpriv.privacy import noise as _noise
 from sparkpriv.privacy.accounting import compose, epsilon_of
 from sparkpriv.privacy.random import new_secret_seed, stream
@@ -212,6 +212,36 @@ class Synthetic(_p.Mechanism):
         gets this release's ``length_share`` (sparkpriv.release._plan_auto)."""
         return float(params.length_share)
 
+    max_items_rule = ("the L in 1 .. limit minimising (1 - S(L)/S(limit))^2 + (d sigma(L)/S(L))^2, S(L) the "
+                      "items people hold capped at L by the post-processed histogram, sigma(L) the per-item "
+                      "counts' noise std at L; at most the DP 0.95 quantile of the lengths, and at least the "
+                      f"smallest L up to that quantile with E[m] / E[min(m, L)] <= {1 + CALIBRATE_LOSS:g} (where "
+                      "the calibration rakes)")
+
+    def choose_max_items(self, params: SyntheticParams, facts: _p.InputFacts, noisy, std: float, limit: int,
+                         caller: str) -> int:
+        """With ``max_items="auto"`` and no quantile given: ``L`` minimising an estimate of the error
+        from the released length histogram and the counts' public noise multiplier, at most the DP
+        0.95 quantile and at least the smallest ``L`` up to it at which the calibration rakes
+        (docs/math/10-synthetic.md, "Automatic L";
+        :func:`~sparkpriv.mechanisms.synthetic._post.choose_max_items_error`). Post-processing: it
+        reads only the noisy histogram and public parameters."""
+        from sparkpriv.mechanisms.auto_bound import DEFAULT_QUANTILE, choose_max_items, length_edges
+        from sparkpriv.mechanisms.synthetic._post import choose_max_items_error
+
+        rel = _p.resolve_neighbors(params.neighbors, self, caller).name
+        factor = 2.0 if rel == "replace-one" else 1.0
+        sp = plan_synthetic(params, facts.d, int(limit), lengths_given=True, caller=caller)
+        z = float(sp.counts_noise.std) / sp.counts_sensitivity  # the same at every L (auto_bound)
+        edges = length_edges(limit)
+        q = choose_max_items(noisy, DEFAULT_QUANTILE, limit)
+        L = min(choose_max_items_error(noisy, std, edges, int(limit), int(facts.d), z, factor), q)
+        # never below the smallest L <= q at which the calibration rakes (E[m] / E[min(m, L)] <= 1.03 by
+        # the same lengths the run will pool): the estimate does not know what the raking gains
+        lam = expand_bins(pooled_lengths(noisy, std), edges, limit)
+        rakes = np.flatnonzero(uncapped_ratio(lam, np.arange(1, q + 1)) <= 1.0 + CALIBRATE_LOSS)
+        return int(max(L, int(rakes[0]) + 1) if rakes.size else L)
+
     def plan(self, params: SyntheticParams, facts: _p.InputFacts, caller: str) -> _p.Plan:
         c = float(facts.value_cap)
         if c != 1.0:
@@ -237,6 +267,7 @@ class Synthetic(_p.Mechanism):
 
     def run(self, engine, source, plan: _p.Plan, progress) -> _p.Outcome:
         from sparkpriv.mechanisms.auto_bound import items_histogram_fn, length_edges
+        from sparkpriv.mechanisms.synthetic._anchors import ANCHOR_STDS
 
         st: _State = plan.state
         sp = st.plan
@@ -268,13 +299,33 @@ class Synthetic(_p.Mechanism):
         lengths = expand_bins(pooled_lengths(noisy_len, len_std), length_edges(limit), limit)
         # n: public under replace-one; under add-remove the noisy histogram's total (DP)
         n = people if sp.neighbors == "replace-one" else int(max(1, round(float(np.asarray(noisy_len).sum()))))
-        counts = shrunk_counts(noisy, float(sp.counts_noise.std)) if st_shrink(plan) == "eb" else np.maximum(noisy, 0.0)
-        # the first model's draws and profile, raked to the well-measured counts (post-processing)
-        draws, profile = calibrate(lengths, counts, noisy, float(sp.counts_noise.std), n, sp.L)
+        count_std = float(sp.counts_noise.std)
+
+        def first_model(noisy_counts, std):
+            """The shrunk counts, the first model's draws and profile raked to them (post-processing)."""
+            c = shrunk_counts(noisy_counts, std) if st_shrink(plan) == "eb" else np.maximum(noisy_counts, 0.0)
+            return (c, *calibrate(lengths, c, noisy_counts, std, n, sp.L))
+
+        counts, draws, profile = first_model(noisy, count_std)
         strata, strata_public = None, None
         if sp.strata_noise is not None:
-            strata, strata_public = _measure_strata(engine, source, sp, seed, lengths, draws, profile, n, limit,
-                                                    progress)
+            K = _anchors_chosen(sp, lengths, profile, n)
+            if K > 0:
+                strata, strata_public = _measure_strata(engine, source, sp, seed, lengths, draws, profile, n, limit,
+                                                        K, progress)
+            else:  # the strata's Gaussian measures the per-item counts a second time (the same event)
+                second = _noise.add_noise(np.clip(np.asarray(sums[:-1], np.float64), 0.0, sp.count_clamp),
+                                          sp.strata_noise, stream(seed, STRATA_STAGE))
+                w1, w2 = count_std ** -2, float(sp.strata_noise.std) ** -2
+                noisy = (w1 * noisy + w2 * second) / (w1 + w2)
+                count_std = float((w1 + w2) ** -0.5)
+                counts, draws, profile = first_model(noisy, count_std)
+                progress.log("synthetic: no item's stratum would hold %g noise stds of people: the strata's "
+                             "budget measured the per-item counts again (combined noise std %.3g)", ANCHOR_STDS,
+                             count_std)
+                strata_public = {"chosen": 0, "note": "no anchor passed the threshold: the strata's Gaussian "
+                                                      "measured the per-item counts a second time, combined with "
+                                                      "the first by inverse variance (the same event)"}
         model = SyntheticModel(sp.d, n, draws, profile * float(counts.sum()), noisy,
                                public={"n_people": n, "max_items": sp.L, "length_limit": limit,
                                        **({"anchors": strata_public} if strata_public else {})},
@@ -285,7 +336,7 @@ class Synthetic(_p.Mechanism):
         public = {"model": dict(plan.public["model"], n_people=n,
                                 length_distribution_mean=float((lengths / max(lengths.sum(), 1e-300)
                                                                 * np.arange(lengths.size)).sum())),
-                  "uncertainty": {"noisy_count_std": float(sp.counts_noise.std),
+                  "uncertainty": {"noisy_count_std": count_std,
                                   "interval": "noisy_count +- 1.96 std covers each item's count of the BOUNDED "
                                               "records (at most max_items items per person) with probability "
                                               "0.95; count is post-processing (shrunk), not an interval centre"}}
@@ -296,24 +347,31 @@ class Synthetic(_p.Mechanism):
         return _p.Outcome(table=table, model=model, public=public, files={MODEL_FILE: model.to_bytes()})
 
 
-def _measure_strata(engine, source, sp: SyntheticPlan, seed, lengths, draws, profile, n, limit, progress):
-    """The anchor strata (docs/math.md section 10, "Anchor strata"): anchors chosen from the first
-    release, one pass over the records bounded at the length limit, noise once, the fit."""
-    from sparkpriv.mechanisms.auto_bound import length_edges
-    from sparkpriv.mechanisms.synthetic._anchors import (TOP_ITEMS, choose_anchors, fit_strata, strata_fn,
-                                                         strata_size)
-
+def _ranked_profile(profile):
     profile = np.maximum(np.asarray(profile, np.float64), 0.0)
     profile = profile / max(profile.sum(), 1e-300)
-    order = np.argsort(-profile, kind="stable")  # public: post-processing of the released counts
+    return profile, np.argsort(-profile, kind="stable")  # public: post-processing of the released counts
+
+
+def _anchors_chosen(sp: SyntheticPlan, lengths, profile, n) -> int:
+    """The number of anchors the first release supports
+    (:func:`~sparkpriv.mechanisms.synthetic._anchors.choose_anchors`)."""
+    from sparkpriv.mechanisms.synthetic._anchors import TOP_ITEMS, choose_anchors
+
+    profile, order = _ranked_profile(profile)
+    M = int(min(TOP_ITEMS, sp.d))
+    return int(choose_anchors(lengths, profile, order, n, float(sp.strata_noise.std), min(sp.anchors, M)))
+
+
+def _measure_strata(engine, source, sp: SyntheticPlan, seed, lengths, draws, profile, n, limit, K, progress):
+    """The anchor strata (docs/math/10-synthetic.md, "Anchor strata"): ``K >= 1`` anchors chosen from the
+    first release, one pass over the records bounded at the length limit, noise once, the fit."""
+    from sparkpriv.mechanisms.auto_bound import length_edges
+    from sparkpriv.mechanisms.synthetic._anchors import TOP_ITEMS, fit_strata, strata_fn, strata_size
+
+    profile, order = _ranked_profile(profile)
     M = int(min(TOP_ITEMS, sp.d))
     std = float(sp.strata_noise.std)
-    K = choose_anchors(lengths, profile, order, n, std, min(sp.anchors, M))
-    if K == 0:
-        progress.log("synthetic: no item's stratum would hold %g noise stds of people: one profile for everyone "
-                     "(the strata's share of the budget is spent, unused)", 10.0)
-        return None, {"chosen": 0, "note": "no anchor passed the threshold; the strata measurement was not made "
-                                           "(its budget is charged)"}
     edges = length_edges(limit)
     rank = np.empty(sp.d, dtype=np.int64)
     rank[order] = np.arange(sp.d)

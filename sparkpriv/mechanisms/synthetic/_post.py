@@ -22,14 +22,17 @@
   cut): uncalibrated, the model's total of items was 7-13 % short on groceries at epsilon
   0.5-1, which every union query inherits (docs/research/small-tables.md). Only when the cap
   ``L`` keeps at least 97 % of the items (by the released lengths).
+* :func:`max_items_error`, :func:`choose_max_items_error`: the automatic ``L`` of the synthetic
+  release, the minimiser of an error estimate on the post-processed histogram.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["pooled_lengths", "shrunk_counts", "expand_bins", "calibrate", "shifted_draws", "TAIL_STDS",
-           "CALIBRATE_STDS", "CALIBRATE_LOSS"]
+__all__ = ["pooled_lengths", "shrunk_counts", "expand_bins", "calibrate", "shifted_draws", "uncapped_ratio",
+           "max_items_error", "choose_max_items_error", "TAIL_STDS", "CALIBRATE_STDS",
+           "CALIBRATE_LOSS"]
 
 TAIL_STDS = 2.0
 GRID = 120
@@ -128,6 +131,16 @@ def shifted_draws(lengths: np.ndarray, shift: float) -> np.ndarray:
     return out / max(out.sum(), 1e-300)
 
 
+def uncapped_ratio(lengths: np.ndarray, L) -> np.ndarray:
+    """``E[m] / E[min(m, L)]`` of a length distribution (people per length ``0 .. limit``) for each
+    ``L`` (array): non-increasing in ``L``, 1 from the longest length on."""
+    lam = np.asarray(lengths, dtype=np.float64)
+    m = np.arange(lam.size, dtype=np.float64)
+    Ls = np.atleast_1d(np.asarray(L, dtype=np.float64))
+    capped = (lam[None, :] * np.minimum(m[None, :], Ls[:, None])).sum(axis=1)
+    return float((lam * m).sum()) / np.maximum(capped, 1e-300)
+
+
 def calibrate(lengths: np.ndarray, counts: np.ndarray, noisy: np.ndarray, std: float, n: float, L: int,
               k: float = CALIBRATE_STDS) -> tuple[np.ndarray, np.ndarray]:
     """``(draws (limit + 1,), profile (d,))``: the model's distribution of draws per person and its
@@ -146,8 +159,7 @@ def calibrate(lengths: np.ndarray, counts: np.ndarray, noisy: np.ndarray, std: f
         return lam, (c / c.sum() if c.sum() > 0 else np.full(c.size, 1.0 / max(c.size, 1)))
     p = c / c.sum()
     n = float(n)
-    m = np.arange(lam.size, dtype=np.float64)
-    uncap = float((lam * m).sum()) / max(float((lam * np.minimum(m, float(L))).sum()), 1e-300)
+    uncap = float(uncapped_ratio(lam, L)[0])
     if uncap > 1.0 + CALIBRATE_LOSS:
         return lam, p
     base = n * (1.0 - _miss(lam, p))
@@ -168,3 +180,41 @@ def calibrate(lengths: np.ndarray, counts: np.ndarray, noisy: np.ndarray, std: f
             lo, hi = (mid, hi) if e < want else (lo, mid)
         draws = shifted_draws(lam, (lo + hi) / 2.0)
     return draws, p
+
+
+def max_items_error(lengths: np.ndarray, L, d: int, multiplier: float, factor: float) -> np.ndarray:
+    """The error estimate the synthetic release's automatic ``L`` minimises, for each ``L`` (array):
+
+        (1 - S(L) / S(limit))^2 + (sigma(L) / (S(L) / d))^2,   S(L) = sum_m lengths[m] min(m, L),
+
+    the truncation loss (the share of the items people hold that a cap at ``L`` drops) squared,
+    plus the squared noise of an item held by the mean number of people of the capped records
+    (``sigma(L) = multiplier sqrt(factor L)``, the per-item counts' noise std at ``L``) relative to
+    that number. ``lengths``: people per length ``0 .. limit``."""
+    lam = np.maximum(np.asarray(lengths, dtype=np.float64), 0.0)
+    L = np.atleast_1d(np.asarray(L, dtype=np.int64))
+    m = np.arange(lam.size)
+    # S(L) for every L at once: sum_m lam[m] min(m, L) = sum_{k < L} (people with more than k items)
+    above = lam.sum() - np.cumsum(lam)  # above[k]: people with more than k items
+    S_all = np.concatenate([[0.0], np.cumsum(above)])  # S_all[L] = S(L), L = 0 .. limit + 1
+    S = S_all[np.minimum(L, lam.size - 1)]
+    total = float((lam * m).sum())
+    sigma = float(multiplier) * np.sqrt(float(factor) * L)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        loss = np.where(total > 0, 1.0 - S / max(total, 1e-300), 1.0)
+        noise = np.where(S > 0, sigma * float(d) / S, np.inf)
+    return loss ** 2 + noise ** 2
+
+
+def choose_max_items_error(noisy_hist: np.ndarray, hist_std: float, edges: np.ndarray, limit: int, d: int,
+                           multiplier: float, factor: float) -> int:
+    """``L`` in ``1 .. limit`` minimising :func:`max_items_error` on the length distribution
+    post-processed from the noisy histogram (:func:`pooled_lengths`, :func:`expand_bins`); the
+    smallest such ``L`` on ties; ``limit`` when no ``L`` has a finite estimate. Post-processing of
+    the histogram and public facts only."""
+    lam = expand_bins(pooled_lengths(noisy_hist, hist_std), edges, limit)
+    Ls = np.arange(1, int(limit) + 1)
+    err = max_items_error(lam, Ls, d, multiplier, factor)
+    if not np.isfinite(err).any():
+        return int(limit)
+    return int(Ls[int(np.argmin(np.where(np.isfinite(err), err, np.inf)))])
