@@ -152,8 +152,10 @@ EVENT_OPTIONS = (
     Option("person_col", "str", "event tables: the person-key column (never copied to the output)"),
     Option("item_col", "str", "event tables: the item column (tower, station)"),
     Option("max_items", "int_or_auto", "event tables: at most this many distinct items per person, chosen "
-           "uniformly at random when a person has more; 'auto': chosen by the release as a DP quantile of "
-           "the items per person (spends --max-items-share of epsilon, accounted in the same event)"),
+           "uniformly at random when a person has more; 'auto': chosen by the release from a DP histogram of "
+           "the items per person, as its 0.95 quantile (release synthetic: the L minimising its error "
+           "estimate, at most that quantile); spends --max-items-share of epsilon, accounted in the same "
+           "event"),
     Option("max_items_quantile", "float", "with --max-items auto: the share of people whose items all fit "
            "(default 0.95; release synthetic: unless given, L minimises its error estimate, at most the "
            "0.95 quantile)"),
