@@ -96,3 +96,25 @@ def test_tree_cpu_counts_this_process():
             pass
         mine = time.process_time() - c0
     assert mine - 0.03 <= own.seconds <= mine + 0.2  # the sampling thread's own work counts too
+
+
+def test_the_meter_runs_alone_as_a_peer_script_runs_it():
+    """A peer's script (another virtual environment, no sparkpriv) gets bench/_treecpu.py's text as it
+    is: it must need nothing but the standard library, and measure there as here."""
+    from pathlib import Path
+
+    from sparkpriv.bench import _timing, _treecpu
+
+    text = Path(_treecpu.__file__).read_text()
+    ns = {"__name__": "peer"}
+    exec(compile(text, "peer-meter", "exec"), ns)  # noqa: S102 - the benchmark's own file
+    with ns["TreeCpu"](interval=0.05) as own:
+        c0 = time.process_time()
+        while time.process_time() - c0 < 0.2:
+            pass
+        mine = time.process_time() - c0
+    assert mine - 0.03 <= own.seconds <= mine + 0.2
+    head, tail = _timing.PEER_COMMON.split("\nquery(args", 1)
+    compile(head + text + "\ndef query(src, out):\n    pass\n" + "\nquery(args" + tail, "peer", "exec")
+    imports = [ln for ln in text.splitlines() if ln.startswith(("import ", "from "))]
+    assert imports == ["import os", "import threading"]
