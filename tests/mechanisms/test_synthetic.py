@@ -240,7 +240,12 @@ def test_release_end_to_end_on_the_local_engine(tmp_path):
     held = m.union_answers(sparse.identity(50, format="csr"), X.shape[0]).sum() / X.shape[0]
     assert held == pytest.approx(mean_len, rel=0.03)
     true_counts = np.asarray(X.sum(axis=0)).ravel()
-    assert np.corrcoef(true_counts, m.counts)[0, 1] > 0.98
+    # the model's expected holders of each item follow the true counts (0.9992-0.9996 over 40 seeds);
+    # its stored counts are the raked per-draw profile times the total, which a person's repeated
+    # draws of popular items bend away from the holders (0.980-0.982 over the same seeds)
+    holders = m.union_answers(sparse.identity(50, format="csr"), X.shape[0])
+    assert np.corrcoef(true_counts, holders)[0, 1] > 0.995
+    assert np.corrcoef(true_counts, m.counts)[0, 1] > 0.95
     assert rel.epsilon <= 4.0 and rel.epsilon == pytest.approx(epsilon_of(rel.event, 1e-6))
     est = rel.public["contribution_bound_estimation"]
     assert 6 <= est["chosen_max_items"] <= 13 and est["epsilon_share"] == 0.15
