@@ -162,14 +162,9 @@ def _timed(data_dir, fn, cpu=None):
 def run(*, people: int, k: int = 64, max_items: int = 32, epsilon: float = 1.0, data_dir: str = "./bench-data",
         repeats: int = 1, master: str = "local[2]", driver_memory: str = "4g",
         shuffle_partitions: int | None = None, writer: str = "auto", warmup_people: int | None = None) -> dict:
-    from sparkpriv.spark.session import get_spark
+    from sparkpriv.bench._timing import open_bench
 
-    data_dir = os.path.abspath(data_dir)
-    os.makedirs(data_dir, exist_ok=True)
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    sp = shuffle_partitions or max(8, -(-people // 250_000))
-    spark = get_spark({"spark.driver.memory": driver_memory, "spark.sql.shuffle.partitions": str(sp)},
-                      app_name="sparkpriv-bench-cdr", master=master)
+    spark, sp, data_dir = open_bench("cdr", people, data_dir, master, driver_memory, shuffle_partitions)
     table, gen_secs = _ensure_table(spark, data_dir, people)
     warm = min(people, warmup_people or _WARMUP_PEOPLE)
     small, _ = _ensure_table(spark, data_dir, warm)

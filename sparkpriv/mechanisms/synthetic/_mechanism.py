@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sparkpriv._validation import Interval, Options
-from sparkpriv.errors import InputError, ParameterError
+from sparkpriv.errors import ParameterError
 from sparkpriv.mechanisms import protocol as _p
 from sparkpriv.mechanisms.synthetic._model import MODEL_FILE, FORMAT_VERSION, SyntheticModel
 from sparkpriv.mechanisms.synthetic._post import (CALIBRATE_LOSS, CALIBRATE_STDS, TAIL_STDS, calibrate, expand_bins,
