@@ -173,6 +173,45 @@ def test_samples_are_reproducible_by_key_and_hold_distinct_sorted_items():
         assert np.all(np.diff(row) > 0) and row.size <= m.limit
 
 
+def test_balanced_draws_hit_every_outcome_its_expected_number_of_times_each_draw_unbiased():
+    from sparkpriv.mechanisms.synthetic._model import balanced_draws
+
+    p = np.array([0.37, 0.01, 0.22, 0.0, 0.4])
+    cdf = np.cumsum(p) * 3.0  # unnormalised: only the shares count
+    k = 53
+    firsts = []
+    for seed in range(4000):
+        x = balanced_draws(np.random.default_rng(seed), cdf, k)
+        c = np.bincount(x, minlength=p.size)
+        assert np.all((c == np.floor(k * p)) | (c == np.ceil(k * p))), c  # i.i.d. draws would not
+        firsts.append(x[[0, 17, 52]])
+    # any single draw (first, middle, last) has the distribution p: chi-square against p, 4000 draws each
+    for col in np.array(firsts).T:
+        obs = np.bincount(col, minlength=p.size)[p > 0]
+        exp = 4000 * p[p > 0]
+        assert ((obs - exp) ** 2 / exp).sum() < 16.3  # chi-square, 3 degrees of freedom, p = 0.001
+
+
+def test_a_sampled_table_holds_each_item_as_often_as_the_model_says():
+    # one draw per person: the sampled holders of item i are floor or ceil of n p_i (independent
+    # draws: Binomial(n, p_i), std up to 22 here); with longer records, the holders' spread over
+    # seeds is a fraction of independent sampling's (duplicate draws within
+    # a person still vary)
+    m = _model()
+    one = SyntheticModel(m.d, 2000, np.eye(1, 11, 1).ravel(), m.counts, m.counts)
+    off, idx = one.sample_sparse(2000, 5, 0)
+    c = np.bincount(idx, minlength=m.d)
+    k = 2000 * one.profile
+    assert np.all((c == np.floor(k)) | (c == np.ceil(k)))
+    counts = np.array([np.bincount(m.sample_sparse(m.n, s, 0)[1], minlength=m.d) for s in range(40)])
+    expected = _holders(m.lengths, m.profile, m.n)
+    np.testing.assert_allclose(counts.mean(axis=0), expected, rtol=0.02, atol=2.0)
+    binomial_sd = np.sqrt(expected * (1 - expected / m.n))
+    big = expected > 100
+    ratio = counts.std(axis=0)[big] / binomial_sd[big]  # independent people: median 1.00 (max 1.23)
+    assert big.sum() >= 10 and np.median(ratio) < 0.5
+
+
 def test_sensitivities_by_brute_force():
     """Every pair of binary records of at most L items over d items: the count vector moves by at most
     sqrt(2 L) in L2 (replace-one; sqrt(L) add-remove) and the length histogram by 2 in L1 (1)."""

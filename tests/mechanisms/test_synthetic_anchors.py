@@ -198,6 +198,19 @@ def test_strata_answers_match_monte_carlo_of_the_sampler():
     assert all(np.all(np.diff(idx[off[r]:off[r + 1]]) > 0) for r in range(500))
 
 
+def test_strata_samples_hold_each_item_close_to_the_model():
+    # balanced within each stratum: the holders' spread over seeds is a fraction of what
+    # independent people give (Binomial: sd sqrt(h (1 - h / n))), and their mean is the model's
+    m = _strata_model()
+    d = m.d
+    counts = np.array([np.bincount(m.sample_sparse(m.n, s, 0)[1], minlength=d) for s in range(40)])
+    expected = m.union_answers(sparse.identity(d, format="csr"))
+    np.testing.assert_allclose(counts.mean(axis=0), expected, rtol=0.03, atol=3.0)
+    big = expected > 200
+    ratio = counts.std(axis=0)[big] / np.sqrt(expected * (1 - expected / m.n))[big]  # independent: median 0.99
+    assert big.sum() >= 10 and np.median(ratio) < 0.5
+
+
 def test_miss_is_the_probability_generating_function():
     draws = np.array([0.1, 0.2, 0.3, 0.4])
     q = np.array([0.0, 0.25, 1.0])

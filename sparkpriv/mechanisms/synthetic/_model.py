@@ -15,6 +15,12 @@ at least one item of ``S``) has the closed form
 are the real ones (released up to ``limit``), not the capped ones the counts were measured on
 (the cap keeps a uniformly random subset of a person's items, so the profile's shares are
 unbiased for everyone's items; only its noise grows with the cap).
+
+The sampler is balanced (:func:`balanced_draws`): each person's number of draws and each draw have
+the model's distribution, so the closed forms hold, but within a block of people every outcome
+(a number of draws, an item, a stratum) is drawn ``floor`` or ``ceil`` of its expected number of
+times, not a binomial number: the table's item counts carry almost none of the sampling noise that
+independent people would add (docs/math.md section 10, "The sampler").
 """
 
 from __future__ import annotations
@@ -34,6 +40,25 @@ MODEL_FILE = "_synthetic_model.npz"
 FORMAT_VERSION = 2  # 2: optional anchor strata (format 1 files still load)
 READS = (1, 2)
 SYNTH_STAGE = 0x5E  # keyed stream stage of synthesis (a public constant)
+
+
+def balanced_positions(rng: np.random.Generator, total: float, k: int) -> np.ndarray:
+    """``k`` points of ``[0, total)``, each uniform, jointly stratified: ``(u + j) total / k`` for
+    ``j = 0 .. k-1`` and one uniform ``u``, in random order. Any interval of ``[0, total)``
+    of length ``w`` holds ``floor`` or ``ceil`` of ``k w / total`` of them."""
+    k = int(k)
+    if k <= 0:
+        return np.zeros(0)
+    pos = (rng.random() + np.arange(k, dtype=np.float64)) * (float(total) / k)
+    return pos[rng.permutation(k)]
+
+
+def balanced_draws(rng: np.random.Generator, cdf: np.ndarray, k: int) -> np.ndarray:
+    """``k`` draws of the outcome ``i`` with probability ``(cdf[i] - cdf[i-1]) / cdf[-1]``, each draw
+    with exactly that distribution, outcome ``i`` drawn ``floor`` or ``ceil`` of its expected
+    number of times (systematic sampling, randomly ordered: :func:`balanced_positions`)."""
+    cdf = np.asarray(cdf, dtype=np.float64)
+    return np.searchsorted(cdf, balanced_positions(rng, cdf[-1], k), side="right")
 
 
 @dataclass
@@ -129,17 +154,20 @@ class SyntheticModel:
     def sample_sparse(self, n: int, seed: int, *key: int) -> tuple[np.ndarray, np.ndarray]:
         """``n`` synthetic people as ``(offsets (n + 1,), item indices)``, each row's items distinct
         and sorted, from the keyed streams ``stream(seed, SYNTH_STAGE, *key, ...)`` (a retried task
-        redraws the same rows). Post-processing of the model: no budget."""
+        redraws the same rows). Post-processing of the model: no budget.
+
+        Balanced: the people's strata and numbers of draws, and each stratum's item draws, are
+        drawn by :func:`balanced_draws` (every outcome drawn ``floor`` or ``ceil`` of its expected
+        number of times, in random order), so each draw has the model's distribution (the closed
+        forms hold) while the table's item counts carry almost none of independent sampling's
+        noise (docs/math.md section 10, "The sampler")."""
         n = int(n)
         if self.strata is not None:
             return self._strata_sample(n, seed, key)
         rng_len = stream(seed, SYNTH_STAGE, *key, 0)
         rng_items = stream(seed, SYNTH_STAGE, *key, 1)
-        cl = np.cumsum(self.lengths)
-        m = np.minimum(np.searchsorted(cl, rng_len.random(n) * cl[-1], side="right"), self.limit)
-        total = int(m.sum())
-        cp = np.cumsum(self.profile)
-        items = np.minimum(np.searchsorted(cp, rng_items.random(total) * cp[-1], side="right"), self.d - 1)
+        m = np.minimum(balanced_draws(rng_len, np.cumsum(self.lengths), n), self.limit)
+        items = np.minimum(balanced_draws(rng_items, np.cumsum(self.profile), int(m.sum())), self.d - 1)
         rows = np.repeat(np.arange(n, dtype=np.int64), m)
         return self._distinct(n, rows, items)
 
@@ -152,40 +180,40 @@ class SyntheticModel:
 
     def _strata_sample(self, n: int, seed: int, key) -> tuple[np.ndarray, np.ndarray]:
         """Each person: a stratum by its weight, the anchor (anchor strata), a number of draws from the
-        stratum's distribution, each draw a measured item or, with the stratum's rest share, another."""
+        stratum's distribution, each draw a measured item or, with the stratum's rest share, another;
+        every one of these drawn balanced (:func:`balanced_draws`) within its stratum."""
         st = self.strata
-        u = stream(seed, SYNTH_STAGE, *key, 2).random(n)
-        cw = np.cumsum(st.weights)
-        comp = np.minimum(np.searchsorted(cw, u * cw[-1], side="right"), st.K)
+        comp = np.minimum(balanced_draws(stream(seed, SYNTH_STAGE, *key, 2), np.cumsum(st.weights), n), st.K)
         rng_len = stream(seed, SYNTH_STAGE, *key, 0)
         rng_items = stream(seed, SYNTH_STAGE, *key, 1)
-        u_len = rng_len.random(n)
-        m = np.zeros(n, dtype=np.int64)
-        for s in range(st.K + 1):
-            sel = comp == s
-            if sel.any():
-                cd = np.cumsum(st.draws[s])
-                m[sel] = np.minimum(np.searchsorted(cd, u_len[sel] * cd[-1], side="right"), st.draws.shape[1] - 1)
         empty = (st.top_profile.sum(axis=1) + st.rest_share) <= 0  # a stratum with nothing to draw: no draws
-        m[empty[comp]] = 0  # (its closed forms agree: a draw of probability 0 never hits)
+        m = np.zeros(n, dtype=np.int64)  # (its closed forms agree: a draw of probability 0 never hits)
+        order = np.argsort(comp, kind="stable")
+        bounds = np.searchsorted(comp[order], np.arange(st.K + 2))
+        for s in range(st.K + 1):
+            sel = order[bounds[s]:bounds[s + 1]]
+            if sel.size and not empty[s]:
+                m[sel] = np.minimum(balanced_draws(rng_len, np.cumsum(st.draws[s]), sel.size), st.draws.shape[1] - 1)
         rows = np.repeat(np.arange(n, dtype=np.int64), m)
         rc = comp[rows]
-        u_kind, u_item = rng_items.random(rows.size), rng_items.random(rows.size)
         items = np.empty(rows.size, dtype=np.int64)
         crest = np.cumsum(st.rest)
+        order = np.argsort(rc, kind="stable")
+        bounds = np.searchsorted(rc[order], np.arange(st.K + 2))
         for s in range(st.K + 1):
-            sel = np.flatnonzero(rc == s)
+            sel = order[bounds[s]:bounds[s + 1]]
             if not sel.size:
                 continue
-            tmass = float(st.top_profile[s].sum())
-            total = tmass + float(st.rest_share[s])
-            is_top = u_kind[sel] * total < tmass
             ct = np.cumsum(st.top_profile[s])
+            tmass, rmass = float(ct[-1]), float(st.rest_share[s])
+            pos = balanced_positions(rng_items, tmass + rmass, sel.size)
+            is_top = pos < tmass
             t = sel[is_top]
-            items[t] = st.top[np.minimum(np.searchsorted(ct, u_item[t] * ct[-1], side="right"), st.top.size - 1)]
+            items[t] = st.top[np.minimum(np.searchsorted(ct, pos[is_top], side="right"), st.top.size - 1)]
             r = sel[~is_top]
             if r.size:
-                items[r] = np.minimum(np.searchsorted(crest, u_item[r] * crest[-1], side="right"), self.d - 1)
+                u = (pos[~is_top] - tmass) / rmass * crest[-1]
+                items[r] = np.minimum(np.searchsorted(crest, u, side="right"), self.d - 1)
         anchored = np.flatnonzero(comp < st.K)
         rows = np.concatenate([rows, anchored])
         items = np.concatenate([items, st.anchors[comp[anchored]]])
