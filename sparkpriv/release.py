@@ -570,8 +570,21 @@ def _plan_auto(mech, p, src, auto, caller):
     qnoise = histogram_noise_for(epsilon=eps_q, neighbors=inner.neighbors.name, limit=auto.limit)
     events = compose([qnoise.dp_event(), reserved])
     plan = dataclasses.replace(inner, events=events, epsilon=epsilon_of(events, inner.delta))
+    own_rule = auto.quantile is None and getattr(mech, "choose_max_items", None) is not None
+    how = {**auto.to_public_dict(mech.max_items_rule if own_rule else None, resolved=True), "epsilon_share": share}
     return plan, {"p": p_rest, "auto": auto, "noise": qnoise, "epsilon": eps_q, "inner_events": reserved, "share": share,
-                  "seed": new_secret_seed("contribution-bound-histogram")}
+                  "how": how, "seed": new_secret_seed("contribution-bound-histogram")}
+
+
+def _auto_parameters(parameters: dict, how: dict) -> dict:
+    """The declared ``max_items='auto'`` as the release will do it (known before the data is read): the
+    rule that chooses ``L`` (no quantile when the mechanism's own rule does) and the share of epsilon
+    spent on the histogram, in place of the input's generic description."""
+    cb = parameters.get("contribution_bound")
+    if not isinstance(cb, dict):
+        return parameters
+    rest = {k: v for k, v in cb.items() if k not in how and k not in ("max_items", "method", "quantile")}
+    return {**parameters, "contribution_bound": {"max_items": "auto", **how, **rest}}
 
 
 def _resolve_auto(mech, eng, src, plan, st, progress, caller):
@@ -608,8 +621,7 @@ def _resolve_auto(mech, eng, src, plan, st, progress, caller):
     progress.log("contribution bound: max_items %d chosen by %s on a DP histogram of the record lengths, "
                  "epsilon %.4g", L, how, st["epsilon"])
     public = dict(chosen.public, contribution_bound_estimation={
-        **auto.to_public_dict(mech.max_items_rule if rule is not None else None), "epsilon_share": st["share"],
-        "epsilon": st["epsilon"], "histogram_noise": qnoise.to_public_dict(),
+        **st["how"], "epsilon": st["epsilon"], "histogram_noise": qnoise.to_public_dict(),
         "chosen_max_items": int(L)})
     return dataclasses.replace(chosen, events=plan.events, epsilon=plan.epsilon, public=public)
 
@@ -644,6 +656,8 @@ def release(mechanism, data, *, ledger=None, table_id: str | None = None, source
     parameters = {**src.public_params(), **{k: v for k, v in declared.items() if v is not None or k not in
                                             src.public_params()},
                   "bounds": plan.public.get("bounds"), **plan.parameters}
+    if auto_state is not None:
+        parameters = _auto_parameters(parameters, auto_state["how"])
     hold = reserve(event=plan.events, mechanism=mech.name, parameters=parameters, ledger=ledger,
                    table_id=table_id)
     progress = Progress(caller, logging.getLogger(f"sparkpriv.{mech.name}"), on_step,

@@ -84,13 +84,14 @@ class AutoCap:
         """The quantile a mechanism without a rule of its own uses (or any, when one is given)."""
         return DEFAULT_QUANTILE if self.quantile is None else float(self.quantile)
 
-    def to_public_dict(self, rule: str | None = None) -> dict:
-        """``rule``: the public description of the mechanism's own rule, when it chose the bound."""
+    def to_public_dict(self, rule: str | None = None, *, resolved: bool = False) -> dict:
+        """``rule``: the public description of the mechanism's own rule, when it chose the bound;
+        ``resolved``: the release knows which rule chooses (it says so without the caveat)."""
         if rule:
             return {"method": f"{rule} (post-processing of a Laplace histogram of the number of distinct items "
                               "per person over 0 .. limit)", "epsilon_share": self.share, "limit": self.limit}
         how = "DP quantile of the number of distinct items per person (Laplace histogram over 0 .. limit)"
-        if self.quantile is None:
+        if self.quantile is None and not resolved:
             how += ("; a mechanism with a rule of its own uses that instead (contribution_bound_estimation says "
                     "which)")
         return {"method": how, "quantile": self.effective_quantile, "epsilon_share": self.share, "limit": self.limit}

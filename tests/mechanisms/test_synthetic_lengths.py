@@ -158,6 +158,14 @@ def test_auto_L_by_the_rule_spends_what_the_quantile_spends():
     assert "quantile" not in ea and "minimising" in ea["method"]
     assert "minimising" not in eb["method"] and eb["quantile"] == 0.95
     assert 1 <= ea["chosen_max_items"] <= eb["chosen_max_items"]
+    # the parameters (what the ledger reserved, before the data) say the same: the rule that chose L and
+    # the share the histogram spent (the synthetic release's own, 0.15), not the generic quantile's
+    pa, pb = a.public["parameters"]["contribution_bound"], b.public["parameters"]["contribution_bound"]
+    assert pa["max_items"] == pb["max_items"] == "auto"
+    assert "quantile" not in pa and pa["method"] == ea["method"] and "rule of its own" not in pa["method"]
+    assert pb["quantile"] == 0.95 and pb["method"] == eb["method"] and "rule of its own" not in pb["method"]
+    assert pa["epsilon_share"] == ea["epsilon_share"] == 0.15 == pb["epsilon_share"]
+    assert pa["weights"] == "binary" and pa["limit"] == ea["limit"]
 
 
 def test_without_anchors_the_strata_budget_measures_the_counts_again():

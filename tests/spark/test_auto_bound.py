@@ -155,6 +155,8 @@ def test_counts_auto_chooses_the_common_length_and_reserves_one_event(spark, tmp
         (entry,) = led.status("t").entries
     assert entry["epsilon"] == pytest.approx(rel.epsilon)
     assert entry["parameters"]["contribution_bound"]["max_items"] == "auto"
+    assert entry["parameters"]["contribution_bound"]["quantile"] == 0.9  # reserved as it is done
+    assert entry["parameters"]["contribution_bound"]["epsilon_share"] == 0.5
     rel.write(str(tmp_path / "out"))
     receipt = json.loads((tmp_path / "out" / "_privacy_receipt.json").read_text())
     assert receipt["mechanism_details"]["contribution_bound_estimation"]["chosen_max_items"] == 5
