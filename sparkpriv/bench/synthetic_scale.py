@@ -40,7 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epsilon", type=float, default=1.0, help="epsilon of the release [default: 1]")
     p.add_argument("--repeats", type=int, default=3, help="timed runs of each step [default: 3]")
     p.add_argument("--data-dir", default="./bench-data", help="where the table and outputs go")
-    p.add_argument("--master", default=None, help="Spark master [default: the library's local default]")
+    p.add_argument("--master", default=None, help="Spark master [default: the library's local default]; e.g. "
+                   "local-cluster[2,1,3072] for two executor JVMs of one core")
+    p.add_argument("--executor-memory", default=None, help="spark.executor.memory, e.g. 2g (a cluster master)")
+    p.add_argument("--driver-memory", default=None, help="spark.driver.memory, e.g. 1g [default: sized to the machine]")
 
 
 def write_table(path: str, people: int, items: int, mean_items: float, seed: int = 0) -> int:
@@ -79,8 +82,11 @@ def run_from_args(args) -> dict:
         open(os.path.join(src, "_DONE"), "w").write(str(rows))
     rows = int(open(os.path.join(src, "_DONE")).read())
     print(f"table: {src} ({args.people:,} people, {args.items:,} items, {rows:,} events)", flush=True)
-    conf = {"spark.master": args.master} if args.master else None
-    spark = get_spark(conf, size_local_driver=True)
+    conf = {k: v for k, v in (("spark.master", args.master), ("spark.executor.memory", args.executor_memory),
+                              ("spark.driver.memory", args.driver_memory)) if v}
+    spark = get_spark(conf or None, size_local_driver=args.driver_memory is None)
+    print("spark: " + ", ".join(f"{k}={spark.conf.get(k, 'default')}" for k in
+                                ("spark.master", "spark.driver.memory", "spark.executor.memory")), flush=True)
     out = os.path.join(base, "synthetic-scale")
     ledger_file = os.path.join(base, "synthetic-scale-ledger.sqlite")
     for suffix in ("", "-wal", "-shm"):  # the benchmark's own ledger, fresh every run
