@@ -116,6 +116,9 @@ def test_verdicts_need_two_standard_deviations():
     assert v[("t", 2.0, "uniform")]["verdict"] == "level"
     assert v[("t", 4.0, "pairs")]["verdict"] == "loss" and v[("t", 4.0, "pairs")]["best_rival"] == "MST"
     assert v[("t", 1.0, "popular")]["sample_10"] == 0.05
+    # a model's expected answers are not a table a user gets: they do not count
+    summary[("t", 2.0)]["synthetic[expected]"] = cell(0.01, 0.001)
+    assert utility.verdicts(summary)[("t", 2.0, "uniform")]["verdict"] == "level"
 
 
 def test_a_slice_of_the_suite_end_to_end(tmp_path, capsys):

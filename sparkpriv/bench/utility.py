@@ -213,8 +213,8 @@ def summarize(doc: dict) -> dict:
 
 
 def verdicts(summary: dict) -> dict:
-    """Per (table, epsilon, workload): sparkpriv's best synthesizer row (the synthetic release, the DPGM)
-    against the best DP competitor
+    """Per (table, epsilon, workload): sparkpriv's best synthesizer row (the synthetic release, the DPGM;
+    the tables they write, not a model's ``[expected]`` answers) against the best DP competitor
     (families 'private' and 'peer', sweeps at their best settings, not our own rows):
     ``win`` when below it by more than two standard deviations of the draws (the larger of the two
     stds), ``loss`` when above by as much, else ``level``."""
@@ -222,7 +222,7 @@ def verdicts(summary: dict) -> dict:
 
     res = {}
     for (t, eps), ms in summary.items():
-        ours = [nm for nm in ms if nm.startswith(OURS)]
+        ours = [nm for nm in ms if nm.startswith(OURS) and not nm.endswith("[expected]")]
         rivals = [nm for nm, e in ms.items() if e["family"] in ("private", "peer") and not nm.startswith(OURS)
                   and not e.get("sweep")]
         if not ours or not rivals:
