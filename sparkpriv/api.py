@@ -299,14 +299,15 @@ def release_counts(data, *, ledger=None, table_id: str | None = None, source: st
 
 def release_synthetic(data, *, max_items="auto", ledger=None, table_id: str | None = None,
                       source: str | None = None, on_step=None, **params) -> Release:
-    """A DP synthetic person x item table (docs/utility.md; docs/math.md section 11).
+    """A DP synthetic person x item table (docs/utility.md; docs/math.md section 10).
 
     ``data``: bounded event records (:func:`sparkpriv.spark.events.bound_contributions` on Spark,
     :func:`sparkpriv.local.records.bound_items` in memory), or an in-memory 0/1 person x item matrix
-    (``scipy.sparse`` or numpy), bounded here at ``max_items`` (default ``"auto"``: a DP quantile of
-    the items per person, in the same budget). Parameters are those of
+    (``scipy.sparse`` or numpy), bounded here at ``max_items`` (default ``"auto"``: the cap chosen by
+    the release's error estimate on a DP histogram of the items per person, in the same budget;
+    docs/math.md section 10, "Automatic L"). Parameters are those of
     :class:`sparkpriv.mechanisms.synthetic.SyntheticParams`: ``epsilon``, ``delta`` (required),
-    ``length_share``, ``length_limit``, ``shrink``, ``neighbors``.
+    ``length_share``, ``length_limit``, ``shrink``, ``anchors``, ``anchor_share``, ``neighbors``.
 
     Returns a :class:`~sparkpriv.release.Release`: ``model`` (a
     :class:`~sparkpriv.mechanisms.synthetic.SyntheticModel`; ``model.sample(n, seed)`` gives a
@@ -314,9 +315,10 @@ def release_synthetic(data, *, max_items="auto", ledger=None, table_id: str | No
     per-item noisy counts; ``write(path)`` publishes them with the receipt and the model file,
     which ``sparkpriv synthesize`` turns into synthetic tables of any size.
 
-    Privacy: one Laplace histogram of items per person (``length_share`` of epsilon) and one discrete
-    Gaussian addition to the per-item counts of the bounded records (L2 sensitivity ``sqrt(2 L)``
-    under replace-one), each drawn once on the driver; synthesis is post-processing.
+    Privacy: one Laplace histogram of items per person (``length_share`` of epsilon) and discrete
+    Gaussian additions to the per-item counts of the bounded records and to the anchor strata (each
+    L2 sensitivity ``sqrt(2 L)`` under replace-one), each drawn once on the driver; synthesis is
+    post-processing.
     """
     from sparkpriv.local.records import LocalRecords, bound_items
 
