@@ -18,7 +18,7 @@ from sparkpriv.local.records import bound_items
 from sparkpriv.mechanisms.auto_bound import length_edges
 from sparkpriv.mechanisms.protocol import SparseRows
 from sparkpriv.mechanisms.synthetic import SyntheticModel, SyntheticParams, plan_synthetic
-from sparkpriv.mechanisms.synthetic._anchors import (ANCHOR_STDS, Strata, _miss, choose_anchors, fit_strata,
+from sparkpriv.mechanisms.synthetic._anchors import (ANCHOR_STDS, MIN_ANCHORS, Strata, _miss, choose_anchors, fit_strata,
                                                      implied_strata, strata_fn, strata_size)
 from sparkpriv.privacy.random import insecure_fixed_seed
 
@@ -100,10 +100,16 @@ def test_choose_anchors_keeps_the_strata_above_the_threshold():
     profile = np.array([0.4, 0.3, 0.2, 0.06, 0.04])
     order = np.arange(5)
     people, _ = implied_strata(lengths, profile, 1000)
-    for std in (1.0, 5.0, 20.0, 100.0):
+    seen = set()
+    for std in np.geomspace(0.5, 100.0, 40):
         k = choose_anchors(lengths, profile, order, 1000, std, 5)
         ok = people[:5] >= ANCHOR_STDS * std
-        assert k == (5 if ok.all() else int(np.argmin(ok)))
+        run = 5 if ok.all() else int(np.argmin(ok))  # the longest run of top items above the threshold
+        assert k == (run if run >= MIN_ANCHORS else 0)  # fewer than MIN_ANCHORS (4): none
+        seen.add(run)
+    assert {0, 1, 4, 5} <= seen  # both sides of MIN_ANCHORS were tried
+    # when at most k_max < MIN_ANCHORS anchors are allowed, those that pass are kept
+    assert choose_anchors(lengths, profile, order, 1000, 1.0, 2) == 2
     assert choose_anchors(lengths, profile, order, 1000, 1.0, 0) == 0
 
 

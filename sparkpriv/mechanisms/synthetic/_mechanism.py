@@ -63,7 +63,8 @@ class SyntheticParams(_p.Params):
     anchors: int = _p.option(64, help="at most this many popular items get a stratum of their own (the people whose "
                              "most popular item it is): their item profile and lengths are measured apart, so the "
                              "model learns which items go together; the number used is chosen from the first "
-                             "release (strata of at least 10 noise stds of people); 0: one profile for everyone",
+                             "release (strata of at least 10 noise stds of people; fewer than 4 such: none, and their budget "
+                             "measures the per-item counts again); 0: one profile for everyone",
                              constraints=[Interval("integer", 0, 4096, "both")])
     anchor_share: float = _p.option(0.2, help="with anchors: the share of the counts' budget (after the length "
                                     "histogram) that measures the strata", constraints=[Interval("real", 0, 1, "neither")])
@@ -267,7 +268,7 @@ class Synthetic(_p.Mechanism):
 
     def run(self, engine, source, plan: _p.Plan, progress) -> _p.Outcome:
         from sparkpriv.mechanisms.auto_bound import items_histogram_fn, length_edges
-        from sparkpriv.mechanisms.synthetic._anchors import ANCHOR_STDS
+        from sparkpriv.mechanisms.synthetic._anchors import ANCHOR_STDS, MIN_ANCHORS
 
         st: _State = plan.state
         sp = st.plan
@@ -320,12 +321,13 @@ class Synthetic(_p.Mechanism):
                 noisy = (w1 * noisy + w2 * second) / (w1 + w2)
                 count_std = float((w1 + w2) ** -0.5)
                 counts, draws, profile = first_model(noisy, count_std)
-                progress.log("synthetic: no item's stratum would hold %g noise stds of people: the strata's "
-                             "budget measured the per-item counts again (combined noise std %.3g)", ANCHOR_STDS,
-                             count_std)
-                strata_public = {"chosen": 0, "note": "no anchor passed the threshold: the strata's Gaussian "
-                                                      "measured the per-item counts a second time, combined with "
-                                                      "the first by inverse variance (the same event)"}
+                progress.log("synthetic: fewer than %d items' strata would hold %g noise stds of people: the "
+                             "strata's budget measured the per-item counts again (combined noise std %.3g)",
+                             MIN_ANCHORS, ANCHOR_STDS, count_std)
+                strata_public = {"chosen": 0, "note": f"fewer than {MIN_ANCHORS} anchors passed the threshold: "
+                                                      "the strata's Gaussian measured the per-item counts a second "
+                                                      "time, combined with the first by inverse variance (the "
+                                                      "same event)"}
         model = SyntheticModel(sp.d, n, draws, profile * float(counts.sum()), noisy,
                                public={"n_people": n, "max_items": sp.L, "length_limit": limit,
                                        **({"anchors": strata_public} if strata_public else {})},
