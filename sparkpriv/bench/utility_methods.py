@@ -257,9 +257,10 @@ def dpgm_defaults(L: int = DPGM_CAP, block: int = 10_000):
 # ----------------------------------------------------------------------------- the synthetic release
 
 
-def synthetic_defaults():
+def synthetic_defaults(**params):
     """sparkpriv's synthetic release at its defaults (``sparkpriv.api.release_synthetic`` on the local
-    engine: ``max_items="auto"``, docs/math.md section 10), scored two ways from one release:
+    engine: ``max_items="auto"``, docs/math.md section 10; ``params`` override its parameters, for
+    studies), scored two ways from one release:
 
     * ``table``: ``n`` synthetic people sampled from the model (what ``sparkpriv synthesize`` writes);
     * ``expected``: the model's expected answers (``union_answers``, ``pair_answers``), the same
@@ -271,7 +272,7 @@ def synthetic_defaults():
 
         n = X.shape[0]
         with insecure_fixed_seed(int(seed) % 2**63):
-            rel = release_synthetic(sparse.csr_matrix(X), epsilon=epsilon, delta=delta)
+            rel = release_synthetic(sparse.csr_matrix(X), epsilon=epsilon, delta=delta, **params)
         model = rel.model
         return {"table": model.sample(n, int(seed) % 2**63), "expected": _ModelAnswers(model, n)}
 

@@ -13,31 +13,13 @@ are drawn from the method's name), so the comparison is not paired.
 
 from __future__ import annotations
 
-from scipy import sparse
-
 VARIANTS = {"syn-as35": dict(anchor_share=0.35), "syn-as50": dict(anchor_share=0.5),
             "syn-ls05": dict(length_share=0.05), "syn-ls05-as35": dict(length_share=0.05, anchor_share=0.35),
             "syn-a128-as35": dict(anchors=128, anchor_share=0.35)}
 
 
-def variant(**params):
-    """The synthetic release with ``params`` instead of its defaults, scored as the suite scores it."""
-    from sparkpriv.bench.utility_methods import _ModelAnswers
-
-    def fn(X, *, epsilon, delta, seed):
-        from sparkpriv.api import release_synthetic
-        from sparkpriv.privacy.random import insecure_fixed_seed
-
-        n = X.shape[0]
-        with insecure_fixed_seed(int(seed) % 2**63):
-            rel = release_synthetic(sparse.csr_matrix(X), epsilon=epsilon, delta=delta, **params)
-        return {"table": rel.model.sample(n, int(seed) % 2**63), "expected": _ModelAnswers(rel.model, n)}
-
-    return fn
-
-
 def register_variants() -> None:
-    from sparkpriv.bench.utility_methods import register
+    from sparkpriv.bench.utility_methods import register, synthetic_defaults
 
     for name, params in VARIANTS.items():
-        register(name, variant(**params), note=f"the synthetic release with {params}")
+        register(name, synthetic_defaults(**params), note=f"the synthetic release with {params}")

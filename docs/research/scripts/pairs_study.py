@@ -28,28 +28,13 @@ from scipy import sparse
 VARIANTS = [(128, 0.2), (256, 0.2), (256, 0.35), (512, 0.35)]
 
 
-def _variant(**kw):
-    from sparkpriv.bench.utility_methods import _ModelAnswers
-
-    def fn(X, *, epsilon, delta, seed):
-        from sparkpriv.api import release_synthetic
-        from sparkpriv.privacy.random import insecure_fixed_seed
-
-        n = X.shape[0]
-        with insecure_fixed_seed(int(seed) % 2**63):
-            rel = release_synthetic(sparse.csr_matrix(X), epsilon=epsilon, delta=delta, **kw)
-        return {"table": rel.model.sample(n, int(seed) % 2**63), "expected": _ModelAnswers(rel.model, n)}
-
-    return fn
-
-
 def register_variants():
     """``--plugin`` hook: the synthetic release with more anchors and a larger anchor share."""
-    from sparkpriv.bench.utility_methods import default_methods, register
+    from sparkpriv.bench.utility_methods import default_methods, register, synthetic_defaults
 
     default_methods()
     for a, s in VARIANTS:
-        register(f"syn[a={a},s={s}]", _variant(anchors=a, anchor_share=s),
+        register(f"syn[a={a},s={s}]", synthetic_defaults(anchors=a, anchor_share=s),
                  settings={"anchors": a, "anchor_share": s},
                  note=f"release synthetic with anchors={a}, anchor_share={s}")
 
