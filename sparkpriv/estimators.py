@@ -1,6 +1,7 @@
 """scikit-learn estimators over the one release path (in-memory data, the local engine).
 
-``DPKMeans``, ``DPLinearRegression``, ``DPLogisticRegression`` and ``DPGMSynthesizer`` follow
+``DPKMeans``, ``DPLinearRegression``, ``DPLogisticRegression``, ``DPTableSynthesizer`` and
+``DPGMSynthesizer`` follow
 scikit-learn's API (``get_params``/``set_params`` from the constructor,
 ``fit`` returns ``self``, fitted attributes end in ``_``, usable
 in a :class:`sklearn.pipeline.Pipeline` and with :func:`sklearn.base.clone`),
@@ -22,7 +23,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from sparkpriv.api import release_kmeans, release_regression
 
-__all__ = ["DPKMeans", "DPLinearRegression", "DPLogisticRegression", "DPGMSynthesizer"]
+__all__ = ["DPKMeans", "DPLinearRegression", "DPLogisticRegression", "DPTableSynthesizer", "DPGMSynthesizer"]
 
 
 class DPKMeans(ClusterMixin, TransformerMixin, BaseEstimator):
@@ -273,6 +274,117 @@ class DPLogisticRegression(ClassifierMixin, _DPRegressionBase):
 
     def predict(self, X):
         return np.where(self.decision_function(X) > 0, self.classes_[1], self.classes_[0])
+
+
+class DPTableSynthesizer(BaseEstimator):
+    """The synthetic person x item table release (docs/utility.md, docs/math.md section 10) as an estimator.
+
+    ``fit(X)`` is one release of the ``synthetic`` mechanism on the local engine
+    (:func:`sparkpriv.api.release_synthetic`): ``X`` is a person x item table in memory, one row per
+    person, a nonzero cell an item the person holds: a ``scipy.sparse`` matrix, a numpy array or a
+    pandas DataFrame (its columns the items). Each person keeps at most ``max_items`` items
+    (``"auto"``: chosen by the release from a DP histogram of the record lengths, in the same budget).
+    ``sample(n)`` draws ``n`` synthetic people from the released model: post-processing, no budget.
+
+    Parameters are those of :class:`sparkpriv.mechanisms.synthetic.SyntheticParams` with the same names
+    and defaults (``length_share``, ``anchors``, ``anchor_share``, ...), and ``max_items``.
+    ``ledger``/``table_id`` record the spend of each ``fit``. Bad parameters are refused by ``fit`` (a
+    :class:`~sparkpriv.errors.ParameterError` naming the parameter), before any data is read.
+
+    Attributes
+    ----------
+    model_ : SyntheticModel
+        The released (public) model; ``model_.union_answers(Q)`` gives its expected answers to
+        counting queries without sampling.
+    max_items_ : int
+        The contribution bound used (the chosen one with ``max_items="auto"``).
+    epsilon_, delta_ : float
+        What the fit spent (dp_accounting on the recorded events).
+    release_ : Release
+        The whole release (receipt, events; ``release_.write(path)`` publishes it with the model file,
+        which ``sparkpriv synthesize`` reads).
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+        The items (only when fitted on a pandas DataFrame).
+    """
+
+    def __init__(self, *, epsilon: float = 1.0, delta: float = 1e-6, max_items="auto", length_share: float = 0.15,
+                 length_limit: int = 256, shrink: str = "eb", anchors: int = 64, anchor_share: float = 0.2,
+                 neighbors: str = "replace-one", ledger=None, table_id=None):
+        self.epsilon = epsilon
+        self.delta = delta
+        self.max_items = max_items
+        self.length_share = length_share
+        self.length_limit = length_limit
+        self.shrink = shrink
+        self.anchors = anchors
+        self.anchor_share = anchor_share
+        self.neighbors = neighbors
+        self.ledger = ledger
+        self.table_id = table_id
+
+    _RELEASE_PARAMS = ("epsilon", "delta", "length_share", "length_limit", "shrink", "anchors", "anchor_share",
+                       "neighbors")
+
+    def fit(self, X, y=None):
+        """Release a private model of the person x item table ``X`` (spends epsilon, delta); returns self."""
+        from scipy import sparse
+
+        from sparkpriv.api import release_synthetic
+        from sparkpriv.errors import ParameterError
+
+        kind = "sparse" if sparse.issparse(X) else _input_kind(X)
+        if kind not in ("sparse", "numpy", "pandas"):
+            raise ParameterError(f"DPTableSynthesizer.fit takes a person x item table in memory (a scipy.sparse "
+                                 f"matrix, a numpy array or a pandas DataFrame); got {type(X).__name__}. For "
+                                 "event tables on Spark use `sparkpriv release synthetic --events`.")
+        names = None
+        if kind == "pandas":
+            names = np.asarray([str(c) for c in X.columns], dtype=object)
+            X = X.to_numpy()
+        if kind != "sparse":
+            X = np.asarray(X)
+            if X.ndim != 2:
+                raise ParameterError(f"X must be a 2-D table (n_people, n_items). Got shape {X.shape}.")
+            self._dtype = X.dtype
+        params = {name: getattr(self, name) for name in self._RELEASE_PARAMS}
+        rel = release_synthetic(X, max_items=self.max_items, ledger=self.ledger, table_id=self.table_id,
+                                source="DPTableSynthesizer.fit", **params)
+        self._kind = kind
+        self.release_ = rel
+        self.model_ = rel.model
+        self.max_items_ = int(rel.model.public["max_items"])
+        self.epsilon_, self.delta_ = rel.epsilon, rel.delta
+        self.n_features_in_ = int(rel.model.d)
+        if names is not None:
+            self.feature_names_in_ = names
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
+        return self
+
+    def sample(self, n: int, seed: int | None = None):
+        """``n`` synthetic people from the released model (post-processing: no budget), of the kind
+        ``fit`` was given: a CSR matrix, a numpy array of the input's dtype (1 for a held item, 0
+        else), or a pandas DataFrame with the items as columns. ``seed`` makes it reproducible; by
+        default fresh OS entropy."""
+        from sparkpriv.errors import ParameterError
+        from sparkpriv.privacy.random import new_secret_seed
+
+        check_is_fitted(self, "model_")
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise ParameterError(f"The 'n' parameter of DPTableSynthesizer.sample must be an integer >= 0. "
+                                 f"Got {n!r} instead.")
+        if seed is None:
+            seed = new_secret_seed("synthetic-table-synthesis")  # fresh entropy, never kept
+        S = self.model_.sample(int(n), int(seed) % 2**63)
+        if self._kind == "sparse":
+            return S
+        A = S.toarray().astype(self._dtype if self._dtype != object else np.float64)
+        if self._kind == "pandas":
+            import pandas as pd
+
+            return pd.DataFrame(A, columns=list(self.feature_names_in_))
+        return A
 
 
 class DPGMSynthesizer(BaseEstimator):
