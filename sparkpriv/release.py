@@ -571,7 +571,8 @@ def _plan_auto(mech, p, src, auto, caller):
     events = compose([qnoise.dp_event(), reserved])
     plan = dataclasses.replace(inner, events=events, epsilon=epsilon_of(events, inner.delta))
     own_rule = auto.quantile is None and getattr(mech, "choose_max_items", None) is not None
-    how = {**auto.to_public_dict(mech.max_items_rule if own_rule else None, resolved=True), "epsilon_share": share}
+    how = {**auto.to_public_dict(mech.max_items_rule if own_rule else None, resolved=True),
+           "epsilon_share": share}
     return plan, {"p": p_rest, "auto": auto, "noise": qnoise, "epsilon": eps_q, "inner_events": reserved, "share": share,
                   "how": how, "seed": new_secret_seed("contribution-bound-histogram")}
 

@@ -34,8 +34,8 @@ import numpy as np
 
 from sparkpriv.mechanisms.synthetic._post import expand_bins
 
-__all__ = ["ANCHOR_STDS", "MIN_ANCHORS", "TOP_ITEMS", "strata_fn", "strata_size", "choose_anchors", "implied_strata", "fit_strata",
-           "Strata"]
+__all__ = ["ANCHOR_STDS", "MIN_ANCHORS", "TOP_ITEMS", "strata_fn", "strata_size", "choose_anchors", "implied_strata",
+           "fit_strata", "Strata"]
 
 ANCHOR_STDS = 10.0  # an anchor's stratum must be expected to hold this many noise stds of people
 TOP_ITEMS = 1024  # M: the strata's item counts cover the M most popular items (the rest: the global profile)

@@ -63,8 +63,8 @@ class SyntheticParams(_p.Params):
     anchors: int = _p.option(64, help="at most this many popular items get a stratum of their own (the people whose "
                              "most popular item it is): their item profile and lengths are measured apart, so the "
                              "model learns which items go together; the number used is chosen from the first "
-                             "release (strata of at least 10 noise stds of people; fewer than 4 such: none, and their budget "
-                             "measures the per-item counts again); 0: one profile for everyone",
+                             "release (strata of at least 10 noise stds of people; fewer than 4 such: none, "
+                             "and their budget measures the per-item counts again); 0: one profile for everyone",
                              constraints=[Interval("integer", 0, 4096, "both")])
     anchor_share: float = _p.option(0.2, help="with anchors: the share of the counts' budget (after the length "
                                     "histogram) that measures the strata", constraints=[Interval("real", 0, 1, "neither")])

@@ -207,7 +207,7 @@ class SyntheticModel:
             ct = np.cumsum(st.top_profile[s])
             tmass, rmass = float(ct[-1]), float(st.rest_share[s])
             pos = balanced_positions(rng_items, tmass + rmass, sel.size)
-            is_top = pos < tmass
+            is_top = (pos < tmass) | (rmass <= 0.0)  # (a point rounded onto the total stays a measured item)
             t = sel[is_top]
             items[t] = st.top[np.minimum(np.searchsorted(ct, pos[is_top], side="right"), st.top.size - 1)]
             r = sel[~is_top]
