@@ -67,7 +67,7 @@ def test_all_four_notebooks_exist():
 
 # notebooks that read the real tables of ../shared/datasets (UCI tables, MNIST): skipped, naming the
 # folder, on a fresh clone without it (CI has it)
-NEEDS_SHARED = {"02_dprp", "03_kmeans", "05_mnist", "06_regression"}
+NEEDS_SHARED = {"02_dprp", "03_kmeans", "05_mnist", "06_regression", "07_synthetic"}
 
 
 def test_notebooks_that_read_the_shared_datasets_are_listed():
