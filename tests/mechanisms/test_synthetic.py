@@ -195,8 +195,7 @@ def test_balanced_draws_hit_every_outcome_its_expected_number_of_times_each_draw
 def test_a_sampled_table_holds_each_item_as_often_as_the_model_says():
     # one draw per person: the sampled holders of item i are floor or ceil of n p_i (independent
     # draws: Binomial(n, p_i), std up to 22 here); with longer records, the holders' spread over
-    # seeds is a fraction of independent sampling's (duplicate draws within
-    # a person still vary)
+    # seeds is a fraction of independent sampling's (duplicate draws within a person still vary)
     m = _model()
     one = SyntheticModel(m.d, 2000, np.eye(1, 11, 1).ravel(), m.counts, m.counts)
     off, idx = one.sample_sparse(2000, 5, 0)

@@ -18,8 +18,8 @@ from sparkpriv.local.records import bound_items
 from sparkpriv.mechanisms.auto_bound import length_edges
 from sparkpriv.mechanisms.protocol import SparseRows
 from sparkpriv.mechanisms.synthetic import SyntheticModel, SyntheticParams, plan_synthetic
-from sparkpriv.mechanisms.synthetic._anchors import (ANCHOR_STDS, MIN_ANCHORS, Strata, _miss, choose_anchors, fit_strata,
-                                                     implied_strata, strata_fn, strata_size)
+from sparkpriv.mechanisms.synthetic._anchors import (ANCHOR_STDS, MIN_ANCHORS, Strata, _miss, choose_anchors,
+                                                     fit_strata, implied_strata, strata_fn, strata_size)
 from sparkpriv.privacy.random import insecure_fixed_seed
 
 
