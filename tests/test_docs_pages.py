@@ -66,3 +66,19 @@ def test_the_research_notes_are_listed():
     unlisted = [p.name for p in (ROOT / "docs" / "research").glob("*.md")
                 if p.name != "README.md" and f"]({p.name})" not in readme]
     assert not unlisted, f"docs/research/README.md does not list {unlisted}"
+
+
+@pytest.mark.parametrize("page", _user_pages(), ids=lambda p: p.name)
+def test_user_page_has_no_unfilled_placeholder(page):
+    """A line that is one upper-case token (``SPEED_SECTION``) is a template's hole, not text."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    holes = re.findall(r"^[A-Z][A-Z0-9]*_[A-Z0-9_]+$", text, flags=re.M)
+    assert not holes, f"{page.relative_to(ROOT)} has unfilled placeholders: {holes}"
+
+
+@pytest.mark.parametrize("page", [p for p in _user_pages() if p.parent.name == "docs"], ids=lambda p: p.name)
+def test_user_page_links_the_research_notes_once(page):
+    """Studies and superseded figures live in docs/research/, linked once from a user page."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    links = re.findall(r"\]\((?:\./)?research/[^)\s]*\)", text)
+    assert len(links) <= 1, f"{page.relative_to(ROOT)} links the research notes {len(links)} times: {links}"
