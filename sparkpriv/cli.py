@@ -188,7 +188,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
           _cmd_synthesize, SYNTHESIZE_OPTIONS)
 
     demo_help = ("generate a sample call-detail table and make a useful private table of it on local Spark "
-                 "(a DPGM release and its synthetic table); 'demo projection': the JL projection demo")
+                 "(the synthetic release and its table, beside DP per-tower counts and the DPGM); 'demo projection': "
+                 "the JL projection demo")
     if wanted("demo"):
         from sparkpriv.demo import DEMO_OPTIONS, PROJECTION_DEMO_OPTIONS  # imports numpy
 

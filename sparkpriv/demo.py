@@ -1,19 +1,17 @@
 """``sparkpriv demo``: a useful private table from a sample event table, on local Spark.
 
 ``sparkpriv demo`` (the default) generates a call-detail table (people x cell
-towers) under ``<workdir>/input``, releases a DPGM model of it (DP k-means,
-then one RBM per cluster trained with DP-SGD; docs/research/dpgm.md) and a synthetic
-release (``sparkpriv release synthetic``: a DP length profile and per-tower
-counts; docs/utility.md) with a budget ledger, generates a synthetic table of
-the same number of people from each released model (post-processing), and
-prints where the synthetic tables, the models and their receipts are, with
-the counting-query error of each synthetic table beside that of an empty
-release and of independent Bernoullis from DP per-tower counts (a counts
-release at the same epsilon, the simplest DP answer). The generated table has
-the cluster structure the DPGM models; on real tables the synthetic release is
-usually the better one (docs/utility.md). ``sparkpriv demo projection`` is the JL projection demo (Gaussian
-blobs). The demos' ledger is their own and is reset on every run (a real
-ledger never is).
+towers) under ``<workdir>/cdr-<people>``, sets a budget in a ledger and makes
+three releases of it at the same epsilon: the synthetic release (``sparkpriv
+release synthetic`` at its defaults; docs/utility.md), whose synthetic table is
+the demo's private table; DP counts per tower (the simplest DP answer, used
+under independence); and the paper's DPGM (DP k-means, then one RBM per cluster
+trained with DP-SGD; docs/dpgm.md). It generates a synthetic table of the same
+number of people from each released model (post-processing) and prints where
+the private table, its receipt and the other releases are, with the
+counting-query error of each beside an empty release's. ``sparkpriv demo
+projection`` is the JL projection demo (Gaussian blobs). The demos' ledger is
+their own and is reset on every run (a real ledger never is).
 """
 
 from __future__ import annotations
@@ -37,7 +35,8 @@ DEMO_OPTIONS = (
     Option("people", "int", "people in the sample call-detail table (1,303 towers)", default=20_000),
     Option("epsilon", "float", "epsilon of each release (the DPGM, the synthetic release and the per-tower counts "
            "compared)", default=1.0),
-    Option("max_items", "int", "towers kept per person (a keyed uniform choice among more)", default=32),
+    Option("max_items", "int", "towers kept per person by the DPGM and the per-tower counts (a keyed uniform "
+           "choice among more); the synthetic release chooses its own cap with DP", default=32),
     Option("k", "int", "clusters of the DPGM (one RBM each)", default=10),
     Option("queries", "int", "random counting queries (sets of towers) of the utility summary", default=1000),
 )
@@ -73,7 +72,7 @@ def _demo_step(i: int, what: str) -> None:
 
 def run_demo(*, workdir: str, people: int, epsilon: float, max_items: int = 32, k: int = 10,
              queries: int = 1000, spark_conf=None) -> dict:
-    """The DPGM demo (module docstring). Returns the paths and the utility summary."""
+    """The demo (module docstring). Returns the paths and the utility summary."""
     from pyspark.sql import functions as F
 
     from sparkpriv.api import release_counts, release_dpgm, release_synthetic
@@ -107,30 +106,33 @@ def run_demo(*, workdir: str, people: int, epsilon: float, max_items: int = 32, 
     with open_ledger(url) as led:
         led.set_budget("demo.cdr", epsilon=10.0, delta=DELTA)
 
-    # 1. the DPGM release: each person's set of towers (at most max_items), a model file and receipt
-    _demo_step(1, f"the DPGM release of {people} people (epsilon {epsilon:g})")
-    records = bound_contributions(events, person="caller_id", item="tower_id", max_items=max_items,
-                                  vocabulary=vocabulary)
-    rel = release_dpgm(records, epsilon=epsilon, delta=DELTA, k=k, ledger=url, table_id="demo.cdr", source=src)
-    rel.write(out)
-    receipt_path = os.path.join(out, "_privacy_receipt.json")
-    # 2. a synthetic table of as many people from the released model (post-processing: no budget)
-    _demo_step(2, f"a synthetic table of {people} people from the released model (no budget)")
-    syn = synthesize_dpgm(out, rows=people, output=synthetic)
-    # 3. the simplest DP answer at the same epsilon: noisy per-tower counts (their own release)
-    _demo_step(3, f"DP counts per tower (epsilon {epsilon:g})")
+    # 1. the synthetic release at its defaults (max_items="auto": the cap chosen with DP from the towers per
+    #    person) and the demo's private table: as many synthetic people, drawn from it (post-processing)
+    _demo_step(1, f"the synthetic release of {people} people (epsilon {epsilon:g}) and a table of as many "
+                  "synthetic people from it (no budget)")
+    srec = bound_contributions(events, person="caller_id", item="tower_id", max_items="auto", vocabulary=vocabulary)
+    srel = release_synthetic(srec, epsilon=epsilon, delta=DELTA, ledger=url, table_id="demo.cdr", source=src)
+    srel.write(syn_release)
+    syn_receipt = os.path.join(syn_release, "_privacy_receipt.json")
+    syn2 = synthesize_items(syn_release, rows=people, output=syn_items)
+    # 2. the simplest DP answer at the same epsilon: noisy per-tower counts (their own release)
+    _demo_step(2, f"DP counts per tower (epsilon {epsilon:g})")
     domain = KeyDomain.product("tower_id", range(0, d))
     crec = bound_contributions(events, person="caller_id", item="tower_id", max_items=max_items,
                                vocabulary=vocabulary)
     crel = release_counts(crec, domain=domain, epsilon=epsilon, neighbors="replace-one", ledger=url,
                           table_id="demo.cdr", source=src)
     crel.write(counts_out)
-    # 4. the synthetic release at its defaults (max_items="auto": a DP quantile of the towers per person)
-    _demo_step(4, f"the synthetic release (epsilon {epsilon:g}) and a table of {people} people from it")
-    srec = bound_contributions(events, person="caller_id", item="tower_id", max_items="auto", vocabulary=vocabulary)
-    srel = release_synthetic(srec, epsilon=epsilon, delta=DELTA, ledger=url, table_id="demo.cdr", source=src)
-    srel.write(syn_release)
-    syn2 = synthesize_items(syn_release, rows=people, output=syn_items)
+    # 3. the paper's DPGM: each person's set of towers (at most max_items), a model file and receipt
+    _demo_step(3, f"the DPGM release (epsilon {epsilon:g})")
+    records = bound_contributions(events, person="caller_id", item="tower_id", max_items=max_items,
+                                  vocabulary=vocabulary)
+    rel = release_dpgm(records, epsilon=epsilon, delta=DELTA, k=k, ledger=url, table_id="demo.cdr", source=src)
+    rel.write(out)
+    receipt_path = os.path.join(out, "_privacy_receipt.json")
+    # 4. a synthetic table of as many people from the DPGM (post-processing: no budget)
+    _demo_step(4, f"a synthetic table of {people} people from the DPGM (no budget)")
+    syn = synthesize_dpgm(out, rows=people, output=synthetic)
 
     # utility (owner side): the paper's counting queries against the real (uncapped) table
     _demo_step(5, f"{queries} counting queries on the real table and on each release")
@@ -149,8 +151,8 @@ def run_demo(*, workdir: str, people: int, epsilon: float, max_items: int = 32, 
     counts = spark.read.parquet(counts_out).orderBy("tower_id").select("noisy_count").toPandas()["noisy_count"]
     ind_a = cq.answers_under_independence(counts.to_numpy(), n, qs.matrix)
     errors = {
-        "DPGM synthetic table": cq.relative_errors(true_a, syn_a * (n / max(n_syn, 1)), n),
         "synthetic release table": cq.relative_errors(true_a, syn2_a * (n / max(n_syn2, 1)), n),
+        "DPGM synthetic table": cq.relative_errors(true_a, syn_a * (n / max(n_syn, 1)), n),
         "independent Bernoullis (DP per-tower counts)": cq.relative_errors(true_a, ind_a, n),
         "empty release": cq.relative_errors(true_a, np.zeros_like(true_a), n),
     }
@@ -160,13 +162,16 @@ def run_demo(*, workdir: str, people: int, epsilon: float, max_items: int = 32, 
     with open(receipt_path) as f:
         receipt = json.load(f)
     spent = receipt["guarantee"]
-    print(f"private table: {syn.output}")
-    print(f"               (synthetic: {people} people x {d} towers, generated from the released model)")
-    print(f"receipt:       {receipt_path}")
+    with open(syn_receipt) as f:
+        syn_spent = json.load(f)["guarantee"]
+    print(f"private table: {syn2.output}")
+    print(f"               ({people} synthetic people x {d} towers, drawn from the synthetic release)")
+    print(f"receipt:       {syn_receipt}")
+    print(f"model:         {syn_release} (sparkpriv release synthetic, epsilon {syn_spent['epsilon']:.4g}, "
+          f"delta {syn_spent['delta']:g})")
     usable = ((receipt["mechanism_details"].get("model") or {}).get("clusters") or {}).get("usable", k)
-    print(f"model:         {out} (DPGM, {k} clusters, {usable} usable, epsilon {spent['epsilon']:.4g}, "
-          f"delta {spent['delta']:g})")
-    print(f"synthetic:     {syn2.output} (sparkpriv release synthetic: {syn_release}, epsilon {srel.epsilon:.4g})")
+    print(f"DPGM:          {syn.output} (from the paper's mixture {out}: {k} clusters, {usable} usable, "
+          f"epsilon {spent['epsilon']:.4g}, delta {spent['delta']:g}; its receipt in that folder)")
     print(f"tower counts:  {counts_out} (DP distinct people per tower, epsilon {crel.epsilon:g})")
     print(f"ledger:        {url} (table demo.cdr, budget epsilon 10, delta {DELTA:g}; three releases)")
     print(f"utility:       {qs.size} counting queries (how many people used at least one tower of a random set; "
@@ -175,11 +180,12 @@ def run_demo(*, workdir: str, people: int, epsilon: float, max_items: int = 32, 
         print(f"                 {name:46s} {v['mean']:.3f}   (by length: "
               + ", ".join(f"{x:.3f}" for x in v["groups"]) + ")")
     if people < FEW_PEOPLE:
-        print(f"note:          {people} people is few for a private release: at epsilon 1 and 3,000 people the "
-              "DPGM's error was 0.51-0.84 in our runs (the empty release 1.0, the per-tower counts 1.31-1.49), "
-              "0.19-0.20 at 5,000 people and 0.07 at the default 20,000; give more people or a larger epsilon")
-    return {"output": syn.output, "release": out, "receipt": receipt_path, "counts": counts_out,
-            "synthetic_release": syn_release, "synthetic_items": syn2.output, "utility": summary}
+        best = min(v["mean"] for name, v in summary.items() if name != "empty release")
+        print(f"note:          {people} people is few for a private release: the best release above is off by "
+              f"{best:.0%} of an answer on average (the empty release by 100%); give more people or a larger "
+              "epsilon")
+    return {"output": syn2.output, "release": syn_release, "receipt": syn_receipt, "counts": counts_out,
+            "dpgm": {"output": syn.output, "release": out, "receipt": receipt_path}, "utility": summary}
 
 
 def run_projection_demo(*, workdir: str, rows: int, cols: int, k: int, epsilon: float, pairs: int = 5000,

@@ -108,14 +108,18 @@ def test_cli_generate_release_and_job_end_to_end(tmp_path):
 @pytest.mark.slow
 @pytest.mark.main_leg
 def test_demo_command(tmp_path):
-    """The README's first command: a DPGM release of a generated call-detail table, its synthetic
-    table, and the counting-query errors beside the per-tower counts baseline and an empty release."""
+    """The README's first command: the synthetic release of a generated call-detail table and its
+    synthetic table as the private table, the DPGM and per-tower counts beside it, and the
+    counting-query errors of each and of an empty release."""
     env = _env(tmp_path)
     r = subprocess.run([sys.executable, "-m", "sparkpriv.cli", "demo", "--workdir", str(tmp_path / "d"),
                         "--people", "3000", "--queries", "200"], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout
-    assert "private table: file:" in out and "receipt:" in out and "counting queries" in out
+    assert f"private table: file:{tmp_path / 'd' / 'synthetic-items'}" in out
+    assert f"receipt:       {tmp_path / 'd' / 'synthetic-release' / '_privacy_receipt.json'}" in out
+    assert "counting queries" in out
+    assert out.index("synthetic release table") < out.index("DPGM synthetic table")  # the private table first
     for line in ("DPGM synthetic table", "synthetic release table", "independent Bernoullis", "empty release"):
         assert line in out
     empty = float(out.split("empty release")[1].split()[0])
