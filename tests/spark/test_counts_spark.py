@@ -111,6 +111,26 @@ def test_declared_pairs_with_strings(spark):
     assert rec.diagnostics()["events_out_of_vocabulary"] == 1  # (c, c)
 
 
+
+def test_item_pairs_recipe_counts_the_people_holding_both_items(spark):
+    """docs/utility.md's recipe for pairs of items (a self-join of each person's distinct items,
+    declared pairs, at most L pairs a person) against a brute-force count of who holds both."""
+    from pyspark.sql import functions as F
+
+    rng = np.random.default_rng(5)
+    held = {p: set(rng.choice(9, int(rng.integers(0, 6)), replace=False).tolist()) for p in range(200)}
+    rows = [(p, i) for p, items in held.items() for i in items for _ in range(int(rng.integers(1, 3)))]
+    events = spark.createDataFrame(rows, "person long, item long").repartition(3)
+    wanted = [(0, 1), (0, 8), (2, 5), (3, 4), (7, 8), (1, 0)]  # (1, 0): never formed (a < b)
+    domain = KeyDomain.pairs(("item_a", "item_b"), wanted)
+    e = events.select("person", "item").distinct()
+    pairs = (e.alias("a").join(e.alias("b"), "person").where(F.col("a.item") < F.col("b.item"))
+             .select("person", F.col("a.item").alias("item_a"), F.col("b.item").alias("item_b")))
+    records = bound_keys(pairs, person="person", domain=domain, max_keys=15)  # 5 items: at most 10 pairs
+    ref = [sum(a in items and b in items for items in held.values()) if a < b else 0 for a, b in wanted]
+    assert list(key_totals(records, domain.size)) == ref
+    assert ref[:5] != [0] * 5
+
 def _release(records, **kw):
     """release_counts, recording the noise seed it draws (to recompute its noise in numpy)."""
     import sparkpriv.mechanisms.counts as mc
