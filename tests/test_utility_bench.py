@@ -160,3 +160,28 @@ def test_the_command_line_names_the_benchmark():
     assert args.quick and args.out == "x"
     with pytest.raises(SystemExit, match="unknown table"):
         utility.run_from_args(argparse.Namespace(tables="nope", quick=False, epsilons=None, draws=None))
+
+
+def test_a_run_of_a_registered_method_alone_writes_its_plot(tmp_path, capsys):
+    """A study's own method (``--plugin``) run alone: its ``[table]`` rows are drawn, and a run with
+    nothing to draw still writes its results (the plot once failed on an empty legend)."""
+    from sparkpriv.bench import utility_methods as um
+
+    shared_dataset("groceries")
+    um.default_methods()
+    um.register("study[x]", lambda X, *, epsilon, delta, seed: {"table": X[: X.shape[0] // 2], "expected": X},
+                replace=True)
+    try:
+        for methods, legend in (("study[x]", True), ("empty", False)):
+            out = tmp_path / methods.replace("[", "_").replace("]", "_")
+            parser = argparse.ArgumentParser()
+            utility.add_arguments(parser)
+            utility.run_from_args(parser.parse_args(["--tables", "groceries", "--subsample", "600", "--epsilons",
+                                                     "1", "--draws", "2", "--queries", "50", "--methods", methods,
+                                                     "--out", str(out)]))
+            capsys.readouterr()
+            assert (out / "results.json").exists() and (out / "results.md").exists()
+            pytest.importorskip("matplotlib")
+            assert (out / "utility.png").stat().st_size > 5_000
+    finally:
+        um.REGISTRY.pop("study[x]", None)

@@ -313,7 +313,7 @@ def plot(doc: dict, path: str) -> str | None:
     for j, t in enumerate(tables):
         eps = [e for e in doc["epsilons"] if (t, e) in summary]
         names = {nm for e in eps for nm, en in summary[(t, e)].items() if not en.get("sweep")}
-        shown = [nm for nm in sorted(names) if nm.startswith("synthetic[table")] + \
+        shown = [nm for nm in sorted(names) if nm.endswith("[table]")] + \
                 [nm for nm in sorted(names) if nm.endswith("(best)") or nm in ("MST", "AIM", "dpgm")] + \
                 [nm for nm in ("sample 1%", "sample 10%") if nm in names]
         for i, w in enumerate(WORKLOADS):
@@ -340,7 +340,8 @@ def plot(doc: dict, path: str) -> str | None:
             if i == len(WORKLOADS) - 1:
                 ax.set_xlabel("epsilon")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=8)
+    if labels:  # a run of methods none of which is drawn (e.g. only the empty release) has no legend
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=8)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
