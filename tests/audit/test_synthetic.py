@@ -63,13 +63,12 @@ def test_anchor_strata(relation, control):
     neighbours move it by the calibrated sqrt(2 L) (replace-one: a person of anchor 0 with L - 1 other
     measured items replaced by a person of no anchor, another length, L - 1 other items; add-remove:
     one of them), checked by the library's own block function, noise from the plan's strata Gaussian."""
-    from sparkpriv.mechanisms.auto_bound import length_edges
-    from sparkpriv.mechanisms.synthetic._anchors import strata_fn
+    from sparkpriv.mechanisms.synthetic._anchors import strata_fn, strata_length_edges
 
     plan = plan_synthetic(SyntheticParams(epsilon=1.0, delta=DELTA, neighbors=relation), D, L,
                           lengths_given=True, caller="audit")
     K, M = 2, 6
-    fn = strata_fn(np.arange(D), K, M, L, length_edges(D))
+    fn = strata_fn(np.arange(D), K, M, L, strata_length_edges(D))  # the bins the release measures
 
     def vec(rows):
         off = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)

@@ -80,6 +80,15 @@ def test_expand_bins_spreads_each_bin_evenly():
         np.testing.assert_allclose(out[lo:hi], binned[j] / (hi - lo))
 
 
+def test_expand_bins_spreads_each_bin_like_a_shape():
+    """With a shape, a bin's mass goes to its lengths in the shape's proportions (even where the
+    shape has no mass in the bin)."""
+    e = np.array([0, 1, 3, 6])
+    shape = np.array([5.0, 1.0, 3.0, 0.0, 0.0, 0.0, 2.0, 2.0])  # lengths 0..7; bin [3, 6) has no mass
+    out = expand_bins(np.array([10.0, 8.0, 6.0, 4.0]), e, 7, shape=shape)
+    np.testing.assert_allclose(out, [10.0, 2.0, 6.0, 2.0, 2.0, 2.0, 2.0, 2.0])
+
+
 def _model(d=30, n=2000, seed=0):
     rng = np.random.default_rng(seed)
     lengths = np.zeros(11)

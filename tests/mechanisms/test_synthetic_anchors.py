@@ -19,7 +19,8 @@ from sparkpriv.mechanisms.auto_bound import length_edges
 from sparkpriv.mechanisms.protocol import SparseRows
 from sparkpriv.mechanisms.synthetic import SyntheticModel, SyntheticParams, plan_synthetic
 from sparkpriv.mechanisms.synthetic._anchors import (ANCHOR_STDS, MIN_ANCHORS, Strata, _miss, choose_anchors,
-                                                     fit_strata, implied_strata, strata_fn, strata_size)
+                                                     fit_strata, implied_strata, strata_fn, strata_length_edges,
+                                                     strata_size)
 from sparkpriv.privacy.random import insecure_fixed_seed
 
 
@@ -44,10 +45,10 @@ def _reference(rows, rank, K, M, L, edges):
     return out
 
 
-def test_strata_vector_matches_a_per_person_reference():
+@pytest.mark.parametrize("edges", [length_edges(20), strata_length_edges(20)], ids=["histogram bins", "strata bins"])
+def test_strata_vector_matches_a_per_person_reference(edges):
     rng = np.random.default_rng(0)
     d, K, M, L = 40, 5, 12, 4
-    edges = length_edges(20)
     rank = rng.permutation(d)
     rows = [sorted(rng.choice(d, rng.integers(0, 21), replace=False).tolist()) for _ in range(300)]
     got = strata_fn(rank, K, M, L, edges)(_block(rows, d))
@@ -56,11 +57,18 @@ def test_strata_vector_matches_a_per_person_reference():
     assert got.reshape(K + 1, -1)[:, M:].sum() == 300  # every person in exactly one stratum's lengths
 
 
+def test_strata_length_edges():
+    assert strata_length_edges(256).tolist() == [0, 1, 2, 3, 5, 8, 13, 22, 40, 256]
+    assert strata_length_edges(20).tolist() == [0, 1, 2, 3, 5, 8, 13, 20]
+    assert strata_length_edges(3).tolist() == [0, 1, 2, 3]
+    assert strata_length_edges(1).tolist() == [0, 1]
+
+
 def test_strata_sensitivity_by_brute_force():
     """Every pair of records over 6 items (any length: the pass reads records at the length limit): the
     vector moves by at most sqrt(2 L) in L2 under replace-one and sqrt(L) under add-remove, attained."""
     d, K, M, L = 6, 2, 4, 3
-    edges = length_edges(d)
+    edges = strata_length_edges(d)  # the release's bins: [0, 1, 2, 3, 5, 6]
     rank = np.array([2, 0, 5, 1, 3, 4])
     fn = strata_fn(rank, K, M, L, edges)
     recs = [[i for i in range(d) if bits[i]] for bits in itertools.product((0, 1), repeat=d)]
@@ -136,7 +144,7 @@ def test_fit_keeps_the_first_models_lengths_and_item_counts():
     order = np.argsort(-profile, kind="stable")
     rank = np.empty(d, np.int64)
     rank[order] = np.arange(d)
-    edges = length_edges(30)
+    edges = strata_length_edges(30)
     K, M, L = 4, 30, 8
     V = strata_fn(rank, K, M, L, edges)(_block([X.indices[X.indptr[i]:X.indptr[i + 1]].tolist() for i in range(n)], d))
     V = V.reshape(K + 1, -1)
@@ -229,7 +237,6 @@ def test_miss_is_the_probability_generating_function():
 
 def test_release_with_strata_round_trips_and_wins_on_pairs(tmp_path):
     X = _paired(n=20000, seed=4)
-    n = X.shape[0]
     with insecure_fixed_seed(7):
         rel = release("synthetic", bound_items(X, max_items="auto"), epsilon=2.0, delta=1e-6)
     with insecure_fixed_seed(7):

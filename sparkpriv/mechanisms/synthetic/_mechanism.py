@@ -368,13 +368,13 @@ def _anchors_chosen(sp: SyntheticPlan, lengths, profile, n) -> int:
 def _measure_strata(engine, source, sp: SyntheticPlan, seed, lengths, draws, profile, n, limit, K, progress):
     """The anchor strata (docs/math/10-synthetic.md, "Anchor strata"): ``K >= 1`` anchors chosen from the
     first release, one pass over the records bounded at the length limit, noise once, the fit."""
-    from sparkpriv.mechanisms.auto_bound import length_edges
-    from sparkpriv.mechanisms.synthetic._anchors import TOP_ITEMS, fit_strata, strata_fn, strata_size
+    from sparkpriv.mechanisms.synthetic._anchors import (TOP_ITEMS, fit_strata, strata_fn, strata_length_edges,
+                                                        strata_size)
 
     profile, order = _ranked_profile(profile)
     M = int(min(TOP_ITEMS, sp.d))
     std = float(sp.strata_noise.std)
-    edges = length_edges(limit)
+    edges = strata_length_edges(limit)
     rank = np.empty(sp.d, dtype=np.int64)
     rank[order] = np.arange(sp.d)
     source.set_max_items(limit)

@@ -99,14 +99,18 @@ def shrunk_counts(noisy: np.ndarray, std: float, *, grid: int = GRID, steps: int
     return np.maximum(np.interp(c, x, mean_used), 0.0)
 
 
-def expand_bins(binned: np.ndarray, edges: np.ndarray, limit: int) -> np.ndarray:
+def expand_bins(binned: np.ndarray, edges: np.ndarray, limit: int, shape: np.ndarray | None = None) -> np.ndarray:
     """People per single length ``0 .. limit`` from people per bin (bin ``j`` covers lengths
-    ``edges[j] .. edges[j + 1] - 1``; the last bin is ``limit``), each bin's mass spread evenly."""
+    ``edges[j] .. edges[j + 1] - 1``; the last bin is ``limit``), each bin's mass spread evenly, or
+    in proportion to ``shape`` (``(limit + 1,)``, e.g. a released length distribution) where
+    ``shape`` has mass in the bin."""
     out = np.zeros(int(limit) + 1)
     b = np.asarray(binned, dtype=np.float64)
+    w = None if shape is None else np.maximum(np.asarray(shape, dtype=np.float64), 0.0)
     for j, lo in enumerate(np.asarray(edges, dtype=np.int64)):
         hi = int(edges[j + 1]) if j + 1 < len(edges) else int(limit) + 1
-        out[lo:hi] = b[j] / (hi - lo)
+        mass = 0.0 if w is None else float(w[lo:hi].sum())
+        out[lo:hi] = b[j] * w[lo:hi] / mass if mass > 0 else b[j] / (hi - lo)
     return out
 
 
