@@ -126,13 +126,15 @@ class SyntheticPlan:
                             "epsilon": self.length_epsilon, "noise": self.length_noise.to_public_dict(),
                             "std": float(self.length_noise.std)})}
         if self.strata_noise is not None:
-            from sparkpriv.mechanisms.synthetic._anchors import ANCHOR_STDS, TOP_ITEMS
+            from sparkpriv.mechanisms.synthetic._anchors import ANCHOR_STDS, STRATA_LENGTH_CUTS, TOP_ITEMS
 
+            cuts = ", ".join(str(c) for c in STRATA_LENGTH_CUTS)
             out["strata"] = {"sensitivity_l2": self.counts_sensitivity, "noise": self.strata_noise.to_public_dict(),
                              "std": float(self.strata_noise.std), "anchors_max": self.anchors,
                              "measured_items": int(min(TOP_ITEMS, self.d)),
                              "note": f"per stratum (the people whose most popular item is one anchor, or none): "
-                                     f"the number of items per person and each person's at most max_items - 1 "
+                                     f"the number of items per person (length bins starting at {cuts} and the "
+                                     f"length limit) and each person's at most max_items - 1 "
                                      f"most popular other items among the {int(min(TOP_ITEMS, self.d))} most "
                                      f"popular; anchors: the most popular items whose stratum the first release "
                                      f"implies holds at least {ANCHOR_STDS:g} noise stds of people"}
