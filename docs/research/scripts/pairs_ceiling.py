@@ -90,16 +90,10 @@ def direct_counts(X, pairs, c, epsilon, delta, neighbors, rng):
 
 
 def main(name: str, epsilon: float = 1.0) -> None:
-    from sparkpriv.bench.utility import _seed
-    from sparkpriv.bench.utility_data import load_table
-    from sparkpriv.bench.utility_workloads import make_workload
+    from suite_tables import table_and_pairs
 
-    X = load_table(name).X.tocsr()
-    X.data[:] = 1
+    X, wl, truth, den = table_and_pairs(name)
     n, d = X.shape
-    wl = make_workload(X, seed=_seed("workload", name) % 2**31, n_queries=1000, n_pairs=1000)
-    truth = wl.truth["pairs"].astype(float)
-    den = np.maximum(truth, 0.001 * n)
 
     def err(a):
         return float(np.mean(np.abs(a - truth) / den))

@@ -21,17 +21,14 @@ def main(name: str, max_keys: int = 32, epsilon: float = 1.0) -> float:
     from pyspark.sql import functions as F
 
     from sparkpriv import release_counts
-    from sparkpriv.bench.utility import _seed
-    from sparkpriv.bench.utility_data import load_table
-    from sparkpriv.bench.utility_workloads import make_workload
     from sparkpriv.mechanisms.counts import KeyDomain
     from sparkpriv.spark.counts import bound_keys
     from sparkpriv.spark.session import get_spark
+    from suite_tables import table_and_pairs
 
-    X = load_table(name).X.tocoo()
+    X, wl, truth, den = table_and_pairs(name)
+    X = X.tocoo()
     n = X.shape[0]
-    wl = make_workload(X.tocsr(), seed=_seed("workload", name) % 2**31, n_queries=1000, n_pairs=1000)
-    truth = wl.truth["pairs"].astype(float)
     spark = get_spark(None)
     events = spark.createDataFrame(np.column_stack([X.row, X.col]).astype(int).tolist(), "person long, item long")
     wanted = [(int(a), int(b)) for a, b in wl.pairs]
@@ -45,7 +42,7 @@ def main(name: str, max_keys: int = 32, epsilon: float = 1.0) -> float:
     df = rel.df.toPandas()
     got = {(int(a), int(b)): float(v) for a, b, v in zip(df.item_a, df.item_b, df.noisy_count)}
     est = np.array([got[p] for p in wanted])
-    err = float(np.mean(np.abs(est - truth) / np.maximum(truth, 0.001 * n)))
+    err = float(np.mean(np.abs(est - truth) / den))
     print(f"{name}: {len(wanted)} pairs, epsilon {epsilon:g}, max_keys {max_keys}: noise std "
           f"{rel.uncertainty()['std']:.1f}, mean relative error {err:.3f}")
     return err

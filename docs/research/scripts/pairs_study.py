@@ -53,17 +53,11 @@ def _capped(X: sparse.csr_matrix, m: int, rng) -> sparse.csr_matrix:
 
 def study(name: str, epsilon: float = 1.0) -> None:
     from sparkpriv.api import release_synthetic
-    from sparkpriv.bench.utility import _seed
-    from sparkpriv.bench.utility_data import load_table
-    from sparkpriv.bench.utility_workloads import make_workload
     from sparkpriv.privacy.random import insecure_fixed_seed
+    from suite_tables import table_and_pairs
 
-    X = load_table(name).X.tocsr()
-    X.data[:] = 1
+    X, wl, truth, den = table_and_pairs(name)
     n, d = X.shape
-    wl = make_workload(X, seed=_seed("workload", name) % 2**31, n_queries=1000, n_pairs=1000)
-    truth = wl.truth["pairs"].astype(float)
-    den = np.maximum(truth, 0.001 * n)
     delta = 1 / n ** 1.1
     with insecure_fixed_seed(3):
         rel = release_synthetic(sparse.csr_matrix(X), epsilon=epsilon, delta=delta)

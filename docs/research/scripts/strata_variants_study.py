@@ -48,16 +48,10 @@ def register_variants():
 def reassign(name: str, K: int, std: float, steps: int = 6) -> None:
     """Anchor strata, then people reassigned to the nearest stratum profile (cosine), pairs' error of
     the model with independent items within a stratum; ``std``: Gaussian noise per cell, clamped."""
-    from sparkpriv.bench.utility import _seed
-    from sparkpriv.bench.utility_data import load_table
-    from sparkpriv.bench.utility_workloads import make_workload
+    from suite_tables import table_and_pairs
 
-    X = load_table(name).X.tocsr()
-    X.data[:] = 1
+    X, wl, truth, den = table_and_pairs(name)
     n, d = X.shape
-    wl = make_workload(X, seed=_seed("workload", name) % 2**31, n_queries=1000, n_pairs=1000)
-    truth = wl.truth["pairs"].astype(float)
-    den = np.maximum(truth, 0.001 * n)
     rng = np.random.default_rng(0)
     counts = np.asarray(X.sum(0)).ravel()
     order = np.argsort(-counts, kind="stable")
