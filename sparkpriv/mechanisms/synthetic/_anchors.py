@@ -47,8 +47,9 @@ RAKE_STEPS = 12
 RAKE_ROUNDS = 3
 PRIOR_SD = 0.5  # relative prior sd of a stratum's row total around the first model's
 # the first lengths of the strata's length bins (then the length limit): fewer, wider bins than the length
-# histogram's, so a stratum's lengths carry less noise; paired at epsilon 1 against the histogram's 24 bins
-# spread evenly, BMS-WebView-2's popular items 0.031 -> 0.029, nothing worse (docs/research/synthesizer.md)
+# histogram's, so a stratum's lengths carry less noise; paired over the utility suite against the histogram's
+# 24 bins spread evenly: 14 cells better, none worse, BMS-WebView-2's popular items at epsilon 1 0.0310 -> 0.0298
+# (docs/research/synthesizer.md)
 STRATA_LENGTH_CUTS = (0, 1, 2, 3, 5, 8, 13, 22, 40)
 
 
