@@ -99,7 +99,8 @@ def test_target_of_the_wrong_type_is_named(spark):
 
 def test_target_quantile_on_spark(spark):
     kw = dict(KW, target_lower=None, target_upper=None, target_quantile=0.98, epsilon=2.0)
-    rel = release_regression(_table(spark, 3), **kw)
+    with insecure_fixed_seed(11):  # a statistical check: fixed noise (it once drew fresh noise every run)
+        rel = release_regression(_table(spark, 3), **kw)
     lo, hi = rel.public["target_range"]["lower"], rel.public["target_range"]["upper"]
     assert lo < -0.4 and hi > 0.4 and hi - lo <= 4.0
     assert rel.epsilon <= 2.0

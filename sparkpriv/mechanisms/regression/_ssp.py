@@ -519,7 +519,7 @@ def target_histogram_fn(dom: SSPDomain, candidates: np.ndarray):
     return target_histogram
 
 
-def occupancy_threshold(hist: _noise.LaplaceNoise, false_positive: float = 0.01) -> float:
+def occupancy_threshold(hist: _noise.LaplaceNoise, false_positive: float = 0.001) -> float:
     """A noisy count above which a bin is taken to hold data: pure noise passes it in any of the
     histogram's bins with probability at most ``false_positive`` (Laplace tail ``e^{-t/b} / 2`` per
     bin, ``b`` the noise scale in counts). Public: a function of the noise only."""
